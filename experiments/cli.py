@@ -1,0 +1,79 @@
+"""The `specblock` command: one group, one module per subcommand, loaded only when it runs.
+
+Exit codes (the contract in DESIGN.md): 0 success; 2 bad input, with one line on stderr naming the
+problem and the fix; 1 a failure while running.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from policies.errors import InputError
+
+# name -> module under experiments.commands that defines a click command called `command`.
+COMMANDS = {
+    "pipeline": "pipeline",
+    "lp": "lp",
+    "generate": "generate",
+    "bench": "bench",
+    "train": "train",
+    "profile": "profile",
+    "trace": "trace",
+    "simulate": "simulate",
+    "tune": "tune",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use, so `--help` never imports torch."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if importlib.util.find_spec(self._module(name)) is not None]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or importlib.util.find_spec(self._module(name)) is None:
+            return None
+        return importlib.import_module(self._module(name)).command
+
+    @staticmethod
+    def _module(name: str) -> str:
+        return f"experiments.commands.{COMMANDS[name]}"
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specblock")
+def app() -> None:
+    """specblock: speculative decoding research, from a live engine to tuned policies."""
+
+
+def fail(message: str, code: int) -> None:
+    """Print one line on stderr and exit."""
+    click.echo(f"specblock: error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the group, mapping bad input to exit 2 and failures to exit 1."""
+    try:
+        app.main(args=argv, prog_name="specblock", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        fail("aborted", 1)
+    except click.UsageError as exc:
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        fail(f"{exc.format_message()}{hint}", 2)
+    except InputError as exc:
+        fail(str(exc), 2)
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted", 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One module per `specblock` subcommand; `experiments.cli` loads each only when it is called."""

@@ -1,0 +1,1 @@
+"""The live torch engine: target model, KV cache, draft trees, verifiers, drafters and the decode loop."""

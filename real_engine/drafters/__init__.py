@@ -1,0 +1,1 @@
+"""Drafters behind one protocol: each proposes a draft tree for the decode loop to verify."""

@@ -1,0 +1,106 @@
+"""A draft tree: the unit a drafter proposes and a verifier checks in one target forward.
+
+Node 0 is the root: the last committed token, whose key/value is not yet in the cache. Every other
+node is a drafted token whose parent has a smaller index (topological order). ``q[i]`` is the
+drafter's distribution at node ``i``, the law its children were drafted from; ``child_rule`` says
+how: ``"iid"`` (independent draws, duplicates allowed), ``"without_replacement"`` (Sequoia), or
+``"topk"`` (deterministic top-k candidates, as EAGLE and Medusa trees are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from policies.errors import InputError
+
+CHILD_RULES = ("iid", "without_replacement", "topk")
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Tokens and parents of a draft tree (root at index 0), with the draft law at each node."""
+
+    tokens: torch.Tensor  # [N] long
+    parents: torch.Tensor  # [N] long, parents[0] == -1, parents[i] < i
+    q: torch.Tensor | None = None  # [N, V] draft distribution at each node; None for greedy-only use
+    child_rule: str = "iid"
+    depths: torch.Tensor = field(init=False)  # [N] long, root depth 0
+
+    def __post_init__(self) -> None:
+        n = self.tokens.numel()
+        if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape or n < 1:
+            raise InputError("a draft tree needs 1-D tokens and parents of equal length >= 1")
+        if self.child_rule not in CHILD_RULES:
+            raise InputError(f"unknown child rule {self.child_rule!r}: use one of {', '.join(CHILD_RULES)}")
+        parents = self.parents.tolist()
+        if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise InputError("tree parents must satisfy parents[0] == -1 and 0 <= parents[i] < i")
+        if self.q is not None and self.q.shape[0] != n:
+            raise InputError(f"q has {self.q.shape[0]} rows for a tree of {n} nodes: give one row per node")
+        depths = [0] * n
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+        object.__setattr__(self, "depths", torch.tensor(depths, dtype=torch.long, device=self.tokens.device))
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included."""
+        return self.tokens.numel()
+
+    def children(self, node: int) -> list[int]:
+        """Children of ``node`` in drafting order."""
+        return [i for i, p in enumerate(self.parents.tolist()) if p == node]
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf node paths (root excluded), one per leaf, in leaf order."""
+        parents = self.parents.tolist()
+        is_parent = set(parents)
+        out = []
+        for leaf in range(1, self.size):
+            if leaf in is_parent:
+                continue
+            path = [leaf]
+            while parents[path[-1]] > 0:
+                path.append(parents[path[-1]])
+            out.append(path[::-1])
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """[N, N] bool: entry (i, j) is True iff node j is node i or one of its ancestors."""
+        n = self.size
+        mask = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        parents = self.parents.tolist()
+        for i in range(1, n):
+            mask[i] |= mask[parents[i]]
+        return mask
+
+    def positions(self, context_length: int) -> torch.Tensor:
+        """Position ids: each node's depth plus the context length (the root's position)."""
+        return self.depths + context_length
+
+    @classmethod
+    def chain(cls, root: int, tokens: list[int] | torch.Tensor, q: torch.Tensor | None = None,
+              child_rule: str = "iid") -> DraftTree:
+        """A single path ``root -> tokens[0] -> tokens[1] ...``."""
+        toks = torch.as_tensor([root, *torch.as_tensor(tokens).tolist()], dtype=torch.long)
+        parents = torch.arange(-1, toks.numel() - 1, dtype=torch.long)
+        return cls(toks, parents, q, child_rule)
+
+    @classmethod
+    def from_paths(cls, root: int, paths: list[list[int]], q: torch.Tensor | None = None,
+                   child_rule: str = "iid") -> DraftTree:
+        """K independent paths hanging from one root, unmerged (so their multiplicity is kept).
+
+        ``q``, if given, is [1 + sum of path lengths, V] in node order: root, then path 0's nodes,
+        then path 1's, and so on.
+        """
+        tokens, parents = [root], [-1]
+        for path in paths:
+            prev = 0
+            for tok in path:
+                tokens.append(int(tok))
+                parents.append(prev)
+                prev = len(tokens) - 1
+        return cls(torch.tensor(tokens), torch.tensor(parents), q, child_rule)

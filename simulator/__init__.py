@@ -1,0 +1,1 @@
+"""The simulator: cost profiles, acceptance models, Gymnasium environments, and the verification LP."""
