@@ -1,0 +1,346 @@
+"""A Llama/Qwen3-compatible decoder in plain torch, loaded from a Hugging Face checkpoint folder.
+
+Module names mirror Hugging Face's (``model.layers.0.self_attn.q_proj`` ...), so a checkpoint's
+state dict loads as it is and a saved one loads in ``transformers`` too. One forward handles prefill,
+single-token decoding and a whole draft tree (a boolean tree mask plus per-node positions), and
+returns the logits with the hidden states of three layers (low, middle, high) that drafters use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from policies.errors import InputError
+from real_engine.kv_cache import KVCache
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The shape of a decoder, in Hugging Face config names."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    model_type: str = "llama"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    feature_layers: tuple[int, int, int] = field(default=(-1, -1, -1))
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ARCHITECTURES:
+            raise InputError(f"unsupported model_type {self.model_type!r}: use one of {sorted(ARCHITECTURES)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise InputError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.feature_layers == (-1, -1, -1):
+            n = self.num_hidden_layers
+            object.__setattr__(self, "feature_layers", (min(1, n - 1), n // 2, max(n - 2, 0)))
+        if any(not 0 <= i < self.num_hidden_layers for i in self.feature_layers):
+            raise InputError(f"feature_layers {self.feature_layers} must index the model's layers")
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> ModelArgs:
+        """Read a Hugging Face ``config.json`` dict (Llama or Qwen3)."""
+        try:
+            heads = config["num_attention_heads"]
+            eos = config.get("eos_token_id")
+            # transformers >= 5 nests the theta and the scaling in `rope_parameters`.
+            rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+            theta = config.get("rope_theta", rope.pop("rope_theta", 10000.0))
+            if rope.get("rope_type", rope.get("type", "default")) == "default":
+                rope = {}
+            return cls(
+                vocab_size=config["vocab_size"],
+                hidden_size=config["hidden_size"],
+                intermediate_size=config["intermediate_size"],
+                num_hidden_layers=config["num_hidden_layers"],
+                num_attention_heads=heads,
+                num_key_value_heads=config.get("num_key_value_heads") or heads,
+                head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                model_type=config.get("model_type", "llama"),
+                rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                rope_theta=theta,
+                rope_scaling=rope or None,
+                max_position_embeddings=config.get("max_position_embeddings", 4096),
+                tie_word_embeddings=config.get("tie_word_embeddings", False),
+                attention_bias=config.get("attention_bias", False),
+                feature_layers=tuple(config.get("specblock_feature_layers", (-1, -1, -1))),
+                bos_token_id=config.get("bos_token_id"),
+                eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            )
+        except KeyError as exc:
+            raise InputError(f"config.json lacks {exc.args[0]!r}: give a Llama or Qwen3 config") from exc
+
+    def to_hf(self) -> dict[str, Any]:
+        """A ``config.json`` dict that ``transformers`` reads as the same architecture."""
+        config = {k: v for k, v in asdict(self).items() if k != "feature_layers"}
+        config["specblock_feature_layers"] = list(self.feature_layers)
+        config["architectures"] = [ARCHITECTURES[self.model_type]]
+        config["hidden_act"] = "silu"
+        config["torch_dtype"] = "bfloat16"
+        return config
+
+
+class Output(NamedTuple):
+    """What a forward returns: logits, the low/mid/high features (concatenated), the final hidden."""
+
+    logits: torch.Tensor  # [B, T, V]
+    features: torch.Tensor  # [B, T, 3H]
+    hidden: torch.Tensor  # [B, T, H], after the final norm
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm, computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_frequencies(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies of RoPE, with the ``linear`` and ``llama3`` scalings."""
+    dim = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = args.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv = inv / scaling["factor"]
+    elif kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = ((old / wavelen) - low) / (high - low)
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where((wavelen <= old / low) & (wavelen >= old / high), mid, scaled)
+    elif kind != "default":
+        raise InputError(f"unsupported rope scaling {kind!r}: use default, linear or llama3")
+    return inv.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ([B, H, T, D]) by the half-split convention of Hugging Face checkpoints."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with optional Qwen3 q/k norms, reading and writing the KV cache."""
+
+    def __init__(self, args: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.layer, self.heads, self.kv_heads, self.head_dim = (
+            layer, args.num_attention_heads, args.num_key_value_heads, args.head_dim)
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
+        if args.model_type == "qwen3":
+            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
+        if cache is not None:
+            k, v = cache.write(self.layer, k, v)
+        causal = mask is None and cache is None and t > 1
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention then pre-norm MLP, each with a residual."""
+
+    def __init__(self, args: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(args, layer)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Embeddings, decoder layers and the final norm (Hugging Face's ``model.`` prefix)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_hidden_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """The target decoder: ``forward`` returns logits, low/mid/high features and the final hidden."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = Backbone(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+
+    def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
+        """A cache sized for ``max_length`` positions, on this model's device and dtype."""
+        a, w = self.args, self.lm_head.weight
+        return KVCache(a.num_hidden_layers, batch, a.num_key_value_heads, a.head_dim, max_length,
+                       w.dtype, w.device)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+        """Run ``tokens`` ([B, T]) at ``positions`` ([T] or [B, T]; default after the cache).
+
+        With a cache the new tokens attend to the committed prefix and, among themselves, causally
+        or by ``tree_mask`` ([T, T] bool, True where attention is allowed). The cache's pending
+        region holds them afterwards: commit or ``keep`` it.
+        """
+        t = tokens.shape[1]
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(start, start + t, device=tokens.device)
+        angles = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq
+        angles = torch.cat((angles, angles), dim=-1)
+        dtype = self.lm_head.weight.dtype
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        if cos.dim() == 2:
+            cos, sin = cos[None, None], sin[None, None]
+        else:
+            cos, sin = cos[:, None], sin[:, None]
+        mask = self._mask(t, start, tree_mask, tokens.device) if cache is not None else None
+        x = self.model.embed_tokens(tokens)
+        feats = []
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, cache)
+            if i in self.args.feature_layers:
+                feats.append(x)
+        by_layer = dict(zip(sorted(set(self.args.feature_layers)), feats, strict=True))
+        features = torch.cat([by_layer[i] for i in self.args.feature_layers], dim=-1)
+        hidden = self.model.norm(x)
+        return Output(self.lm_head(hidden), features, hidden)
+
+    @staticmethod
+    def _mask(t: int, start: int, tree_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+        """[T, start + T] bool: the committed prefix, then causal or tree attention among new tokens."""
+        if tree_mask is None:
+            if t == 1:
+                return None
+            tree_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        prefix = torch.ones(t, start, dtype=torch.bool, device=device)
+        return torch.cat((prefix, tree_mask.to(device)), dim=1)
+
+
+def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise InputError(f"{index} is not a valid safetensors index: re-save the checkpoint") from exc
+    else:
+        shards = ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        path = folder / shard
+        if not path.exists():
+            raise InputError(f"missing weights file {path}: the checkpoint folder is incomplete")
+        try:
+            state.update(load_file(str(path)))
+        except (SafetensorError, OSError) as exc:
+            raise InputError(f"cannot read {path} ({exc}): the file is corrupt; re-save or re-copy it") from exc
+    return state
+
+
+def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+               ) -> Transformer:
+    """Load a Hugging Face checkpoint folder (``config.json`` and ``*.safetensors``, sharded or not)."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise InputError(f"no config.json in {folder}: give a Hugging Face checkpoint folder")
+    try:
+        args = ModelArgs.from_hf(json.loads(config_path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{config_path} is not valid JSON: fix or re-save it") from exc
+    state = _load_state_dict(folder)
+    with torch.device("meta"):
+        model = Transformer(args)
+    if args.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")}
+    missing = sorted(expected - state.keys())
+    if missing:
+        raise InputError(f"{folder} lacks weights such as {missing[0]!r}: it is not a complete "
+                         f"{args.model_type} checkpoint")
+    model.load_state_dict(state, strict=False, assign=True)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_frequencies(args)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Save in Hugging Face layout (``config.json`` + ``model.safetensors``)."""
+    from policies.io import atomic_write, write_json
+
+    folder = Path(folder)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    if model.args.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    write_json(folder / "config.json", model.args.to_hf())
+    return folder
