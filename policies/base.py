@@ -1,0 +1,152 @@
+"""The policy protocol, the registry of policy kinds and the versioned JSON policy file.
+
+A policy file is ``{"kind": str, "version": 1, "params": {...}}`` with every parameter of that kind
+present. Files are plain JSON, written atomically and validated when loaded; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
+
+from policies.errors import InputError
+from policies.io import write_json
+
+POLICY_FILE_VERSION = 1
+
+
+class Policy(Protocol):
+    """A decision rule the simulator and the engine drive the same way: act, then observe the outcome."""
+
+    kind: ClassVar[str]
+    params: Any
+
+    def reset(self, seed: int | None = None) -> None:
+        """Forget all learned state and reseed the random generator."""
+
+    def act(self, obs: np.ndarray) -> int:
+        """Choose an action for the observation built by ``policies.features``."""
+
+    def observe(self, obs: np.ndarray, action: int, reward: float, info: Mapping[str, float]) -> None:
+        """Learn from the outcome of taking ``action`` on ``obs``."""
+
+
+POLICY_KINDS: dict[str, type] = {}
+"""Every registered policy class, by its ``kind``."""
+
+P = TypeVar("P", bound=type)
+
+
+def register(cls: P) -> P:
+    """Class decorator: make a policy kind loadable from files (needs ``kind`` and ``params_type``)."""
+    POLICY_KINDS[cls.kind] = cls
+    return cls
+
+
+def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> int | float:
+    """Return ``value`` as a plain int/float; InputError naming ``name`` and its range if outside it."""
+    kind = "an integer" if integer else "a number"
+    valid = Integral if integer else Real
+    if isinstance(value, bool) or not isinstance(value, valid) or not (low <= value <= high):
+        raise InputError(f"parameter {name} = {value!r} is invalid: use {kind} in [{low}, {high}]")
+    return int(value) if integer else float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Base of each kind's frozen parameters, checked against ``RANGES`` when constructed.
+
+    ``RANGES`` maps each field to ``(low, high, integer)`` or to a tuple of allowed strings.
+    """
+
+    RANGES: ClassVar[Mapping[str, tuple]] = {}
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            spec, value = self.RANGES[field.name], getattr(self, field.name)
+            if all(isinstance(choice, str) for choice in spec):
+                if value not in spec:
+                    raise InputError(f"parameter {field.name} = {value!r} is invalid: "
+                                     f"use one of {', '.join(spec)}")
+            else:
+                object.__setattr__(self, field.name, check_number(field.name, value, *spec))
+
+
+def _kinds() -> str:
+    return ", ".join(sorted(POLICY_KINDS))
+
+
+def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int | None = None) -> Policy:
+    """Build a policy of ``kind``; parameters left out take their defaults, unknown ones are an error."""
+    if kind not in POLICY_KINDS:
+        raise InputError(f"unknown policy kind {kind!r}: use one of {_kinds()}")
+    cls = POLICY_KINDS[kind]
+    params = dict(params or {})
+    names = {f.name for f in dataclasses.fields(cls.params_type)}
+    extra = sorted(set(params) - names)
+    if extra:
+        raise InputError(f"unknown parameter(s) {', '.join(extra)} for policy kind {kind!r}: "
+                         f"use only {', '.join(sorted(names))}")
+    return cls(cls.params_type(**params), seed=seed)
+
+
+def policy_to_dict(policy: Policy) -> dict[str, Any]:
+    """The JSON-ready file content of ``policy``."""
+    return {"kind": policy.kind, "version": POLICY_FILE_VERSION, "params": dataclasses.asdict(policy.params)}
+
+
+def save_policy(policy: Policy, path: str | Path) -> Path:
+    """Write ``policy`` as a versioned JSON policy file, atomically."""
+    return write_json(path, policy_to_dict(policy))
+
+
+def policy_from_dict(data: Any, seed: int | None = None, source: str = "policy") -> Policy:
+    """Validate a decoded policy file (every key and parameter present, nothing extra) and build it."""
+    if not isinstance(data, dict) or set(data) != {"kind", "version", "params"}:
+        raise InputError(f"{source}: a policy file must be a JSON object with exactly the keys "
+                         "kind, version, params: re-export it with save_policy")
+    if data["version"] != POLICY_FILE_VERSION or isinstance(data["version"], bool):
+        raise InputError(f"{source}: policy file version {data['version']!r} is not supported: "
+                         f"re-export it with version {POLICY_FILE_VERSION}")
+    kind, params = data["kind"], data["params"]
+    if not isinstance(kind, str) or kind not in POLICY_KINDS:
+        raise InputError(f"{source}: unknown policy kind {kind!r}: use one of {_kinds()}")
+    if not isinstance(params, dict):
+        raise InputError(f"{source}: params must be a JSON object: write the {kind} parameters by name")
+    names = {f.name for f in dataclasses.fields(POLICY_KINDS[kind].params_type)}
+    missing = sorted(names - set(params))
+    if missing:
+        raise InputError(f"{source}: missing parameter(s) {', '.join(missing)} for policy kind {kind!r}: "
+                         "add them (save_policy writes every parameter)")
+    try:
+        return make_policy(kind, params, seed=seed)
+    except InputError as err:
+        raise InputError(f"{source}: {err}") from None
+
+
+def load_policy(path: str | Path, seed: int | None = None) -> Policy:
+    """Read and validate a policy file written by ``save_policy``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such policy file: pass the path of a file written by save_policy") \
+            from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not a JSON policy file ({str(err).splitlines()[0]}): "
+                         "pass a file written by save_policy") from None
+    return policy_from_dict(data, seed=seed, source=str(path))
+
+
+def info_value(info: Mapping[str, float], key: str, kind: str) -> float:
+    """``info[key]`` as a float; InputError naming the key the policy ``kind`` needs when it is absent."""
+    if key not in info:
+        raise InputError(f"policy {kind!r} needs info[{key!r}] after each step: have the environment or "
+                         "engine report it")
+    return float(info[key])
