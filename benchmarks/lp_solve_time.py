@@ -1,0 +1,79 @@
+"""Verification LP solve time against vocabulary V, draft length L and number of drafts K.
+
+For V = 2..4, L = 1..3, K = 1..3 it builds the LP of random Dirichlet(1) instances and solves it
+with Clarabel (the default) and HiGHS, recording wall time (build + solve), the variable count and
+the optimum. A problem over the size limit of ``simulator.lp`` is skipped with its variable count,
+and a solver that runs past the time budget is recorded as skipped for that shape. Saves
+``benchmarks/results/lp_solve_time.json``.
+
+    .venv/bin/python benchmarks/lp_solve_time.py [--instances 2] [--time-budget 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import numpy as np
+
+from experiments.provenance import save_result
+from simulator.instances import random_instance
+from simulator.lp import MAX_VARIABLES, SOLVERS, LPSolveError, lp_size, solve_lp
+
+SEED = 0
+VOCABS, LENGTHS, DRAFTS = (2, 3, 4), (1, 2, 3), (1, 2, 3)
+
+
+def measure(vocab: int, length: int, drafts: int, instances: int, budget: float,
+            rng: np.random.Generator) -> list[dict]:
+    """One row per solver for this shape: mean and max seconds and the mean optimum, or why it was skipped."""
+    size = lp_size(vocab, length, drafts)
+    shape = {"vocab": vocab, "length": length, "drafts": drafts, "variables": size}
+    if size > MAX_VARIABLES:
+        return [{**shape, "solver": s, "skipped": f"over the size limit of {MAX_VARIABLES:,} variables"}
+                for s in SOLVERS]
+    insts = [random_instance(vocab, length, rng) for _ in range(instances)]
+    rows = []
+    for solver in SOLVERS:
+        try:
+            results = [solve_lp(inst, drafts, solver=solver, time_limit=budget) for inst in insts]
+        except LPSolveError as exc:
+            skipped = f"over the time budget of {budget:g} s: {exc}"
+            rows.append({**shape, "solver": solver, "skipped": skipped})
+            continue
+        seconds = [r.seconds for r in results]
+        rows.append({**shape, "solver": solver, "instances": instances,
+                     "seconds_mean": statistics.mean(seconds), "seconds_max": max(seconds),
+                     "value_mean": statistics.mean(r.value for r in results),
+                     "fallbacks": sum(r.solver != solver for r in results)})
+    return rows
+
+
+def main() -> None:
+    """Measure every shape, print a table, save the rows with their provenance."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", type=int, default=2, help="random instances per shape")
+    parser.add_argument("--time-budget", type=float, default=60.0, help="seconds allowed per solve")
+    args = parser.parse_args()
+    rng = np.random.default_rng(SEED)
+    rows = []
+    print(f"{'V':>2} {'L':>2} {'K':>2} {'variables':>10} {'solver':>9} {'mean s':>8} {'max s':>8} "
+          f"{'LP mean':>8}")
+    for vocab in VOCABS:
+        for length in LENGTHS:
+            for drafts in DRAFTS:
+                for row in measure(vocab, length, drafts, args.instances, args.time_budget, rng):
+                    rows.append(row)
+                    figures = (f"skipped: {row['skipped'][:40]}" if "skipped" in row else
+                               f"{row['seconds_mean']:8.3f} {row['seconds_max']:8.3f} "
+                               f"{row['value_mean']:8.4f}")
+                    print(f"{vocab:>2} {length:>2} {drafts:>2} {row['variables']:>10,} {row['solver']:>9} "
+                          f"{figures}", flush=True)
+    path = save_result("lp_solve_time", rows, {"vocabs": VOCABS, "lengths": LENGTHS, "drafts": DRAFTS,
+                                               "instances": args.instances, "time_budget_s": args.time_budget,
+                                               "max_variables": MAX_VARIABLES, "drafter": "indep"}, SEED)
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
