@@ -1,0 +1,460 @@
+"""Cost profiles: what one decoding iteration costs on a device, stored as data and interpolated.
+
+A profile is measured by ``real_engine.profile`` (or derived from a paper, and then labeled so) and
+written as JSON in exactly this schema (``schema_version`` 1). Times are seconds; every ``seconds`` list
+holds one or more repeated measurements of one configuration, and the profile uses their median::
+
+    {
+      "schema_version": 1,
+      "device": "NVIDIA A100-SXM4-80GB",            non-empty text
+      "dtype": "bfloat16",                           non-empty text
+      "models": {"target": "Llama-3.1-8B-Instruct",  the target's name
+                 "drafters": {"specblock": "...",    drafter kind -> model name, one per samples.draft kind
+                              "eagle": "..."}},
+      "block_size": 4,                               SpecBlock's K; required iff samples.draft has specblock
+      "derived_from": null,                          or {"source": "...", "derivation": "..."} when the
+                                                     numbers come from publications, not measurements
+      "samples": {
+        "verify":  [{"nodes": 9, "context": 1024, "seconds": [0.0370, 0.0369]}, ...],
+        "vanilla": [{"context": 1024, "seconds": [...]}, ...],
+        "draft": {"specblock":   [{"starts": 1, "blocks": 2, "seconds": [...]}, ...],
+                  "eagle":       [{"depth": 7, "seconds": [...]}, ...],
+                  "draft-model": [{"tokens": 4, "seconds": [...]}, ...],
+                  "medusa":      [{"seconds": [...]}],
+                  "ngram":       [{"seconds": [...]}]},
+        "update": {"head": [...], "full": [...]}
+      },
+      "fits": {...}                                  optional; written by save_profile (see below)
+    }
+
+- ``verify``: one target forward that verifies a draft. ``nodes`` counts the tokens of that forward,
+  the root (last committed token) included, so n drafted positions take ``n + 1`` nodes (1..128 is
+  the usual grid); ``context`` is the number of tokens already in the KV cache.
+- ``vanilla``: one plain decoding step (one token, no tree) at ``context``.
+- ``draft``: all drafting of one iteration, per drafter kind, keyed by the kind's own parameters
+  (``DRAFT_KEYS``): specblock runs ``blocks`` block forwards (M) with ``starts`` start positions in
+  each later block; eagle runs ``depth`` sequential forwards; draft-model drafts ``tokens`` tokens
+  autoregressively; medusa and ngram make one call. Only the kinds that were measured appear.
+- ``update``: one backward pass plus optimizer step of a head-only or a whole-drafter update.
+- Grid rule: rows with two or more parameters must cover the full grid (every value of each
+  parameter with every value of the others); repeated rows of one configuration are pooled.
+- ``fits``: per series the grid axes and the median at every grid point, e.g.
+  ``{"verify": {"nodes": [...], "context": [...], "seconds": [[...], ...]}, "vanilla": {"context":
+  [...], "seconds": [...]}, "draft": {"medusa": {"seconds": 0.001}, ...}, "update": {"head": 0.1,
+  "full": 1.0}}``. They are recomputed from ``samples`` on load; a file whose fits disagree fails.
+
+Interpolation is piecewise linear along every parameter (bilinear on two-parameter grids): exact on
+the grid, monotone between neighbouring grid points, clamped to the first grid value below the grid
+and extended along the last segment's slope (never downward) above it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from policies.errors import InputError
+from policies.io import write_json
+
+SCHEMA_VERSION = 1
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
+PAPER_PROFILE = PROFILES_DIR / "a100_llama31_8b_paper.json"
+
+VERIFY_KEYS = ("nodes", "context")
+VANILLA_KEYS = ("context",)
+DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "specblock": ("starts", "blocks"),
+    "eagle": ("depth",),
+    "draft-model": ("tokens",),
+    "medusa": (),
+    "ngram": (),
+})
+"""Drafter kind -> the parameters its drafting time is measured over."""
+UPDATE_KINDS = ("head", "full")
+_MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1}
+
+
+def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Left grid index and the weight of the right neighbour; below the grid the weight is 0."""
+    x = np.maximum(x, grid[0])
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
+    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+def _blend(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Linear between lo and hi (exact at w = 0 and 1); past hi, the same slope floored at 0."""
+    inside = lo * (1.0 - w) + hi * w
+    return np.where(w > 1.0, hi + (w - 1.0) * np.maximum(hi - lo, 0.0), inside)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Median seconds on a full grid of parameters, interpolated piecewise linearly between them."""
+
+    keys: tuple[str, ...]
+    axes: tuple[np.ndarray, ...]
+    values: np.ndarray  # shape tuple(len(axis) for axis in axes)
+
+    def __call__(self, *coords: float | np.ndarray) -> float | np.ndarray:
+        """Seconds at the given parameter values (broadcast together; a float for scalars)."""
+        shape = np.broadcast_shapes(*(np.shape(c) for c in coords))
+        size = math.prod(shape)
+        values = np.broadcast_to(self.values, (size, *self.values.shape))
+        rows = np.arange(size)
+        for axis, coord in zip(self.axes, coords, strict=True):
+            if axis.size == 1:
+                values = values[:, 0]
+                continue
+            x = np.broadcast_to(np.asarray(coord, dtype=np.float64), shape).ravel()
+            i, w = _bracket(axis, x)
+            w = w.reshape(w.shape + (1,) * (values.ndim - 2))
+            values = _blend(values[rows, i], values[rows, i + 1], w)
+        out = values.reshape(shape)
+        return float(out) if out.ndim == 0 else out
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fits`` entry of this grid."""
+        out: dict[str, Any] = {key: axis.astype(int).tolist()
+                               for key, axis in zip(self.keys, self.axes, strict=True)}
+        out["seconds"] = self.values.tolist()
+        return out
+
+
+@dataclass(frozen=True)
+class Series:
+    """Repeated timings of one kind of call, one row per measured configuration."""
+
+    keys: tuple[str, ...]
+    rows: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]  # (parameter values, seconds)
+
+    def grid(self, where: str) -> Grid:
+        """The median of every configuration on a full grid; InputError when the grid has holes."""
+        pooled: dict[tuple[int, ...], list[float]] = {}
+        for point, seconds in self.rows:
+            pooled.setdefault(point, []).extend(seconds)
+        axes = tuple(np.array(sorted({p[k] for p in pooled}), dtype=np.float64)
+                     for k in range(len(self.keys)))
+        values = np.empty(tuple(a.size for a in axes))
+        for index in np.ndindex(values.shape):
+            point = tuple(int(axes[k][i]) for k, i in enumerate(index))
+            if point not in pooled:
+                named = ", ".join(f"{k}={v}" for k, v in zip(self.keys, point, strict=True))
+                raise InputError(f"{where} has no row for {named}: measure every combination of "
+                                 f"{', '.join(self.keys)} (a full grid)")
+            values[index] = float(np.median(pooled[point]))
+        return Grid(self.keys, axes, values)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The ``samples`` entry of this series."""
+        return [{**dict(zip(self.keys, point, strict=True)), "seconds": list(seconds)}
+                for point, seconds in self.rows]
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """Where a profile's numbers come from when they were not measured."""
+
+    source: str
+    derivation: str
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """T(n) = T_draft(n) + T_verify(n + 1 nodes) for n = 0..n_max (T(0) = vanilla) on a context grid.
+
+    Exactly ``CostProfile.step_seconds`` (up to rounding), precomputed so that the simulator evaluates
+    it for thousands of contexts in a few array operations.
+    """
+
+    context: np.ndarray  # (C,) union of the verify and vanilla context grids
+    table: np.ndarray  # (C, n_max + 1)
+
+    def __call__(self, context: np.ndarray) -> np.ndarray:
+        """(N, n_max + 1) iteration seconds at each of the N contexts."""
+        ctx = np.asarray(context, dtype=np.float64)
+        if self.context.size == 1:
+            return np.broadcast_to(self.table[0], (*ctx.shape, self.table.shape[1])).copy()
+        i, w = _bracket(self.context, ctx)
+        return _blend(self.table[i], self.table[i + 1], w[..., None])
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """A validated cost profile (see the module docstring for the schema); build it with ``load_profile``."""
+
+    device: str
+    dtype: str
+    target: str
+    drafters: Mapping[str, str]
+    block_size: int | None
+    derived_from: Derivation | None
+    verify: Series
+    vanilla: Series
+    draft: Mapping[str, Series]
+    update: Mapping[str, tuple[float, ...]]
+    schema_version: int = SCHEMA_VERSION
+    fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
+    _tables: dict[tuple[str, int], StepTable] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise InputError(f"schema_version {self.schema_version!r} is not supported: this code reads "
+                             f"version {SCHEMA_VERSION}; re-run `specblock profile`")
+        if set(self.drafters) != set(self.draft):
+            raise InputError(f"models.drafters names {sorted(self.drafters)} but samples.draft holds "
+                             f"{sorted(self.draft)}: name exactly the drafter kinds that were measured")
+        if "specblock" in self.draft and not (isinstance(self.block_size, int) and self.block_size >= 1):
+            raise InputError("block_size is missing or not a positive integer: set it to SpecBlock's K "
+                             "(positions per block forward) when samples.draft has specblock")
+        if set(self.update) != set(UPDATE_KINDS):
+            raise InputError(f"samples.update must hold exactly {', '.join(UPDATE_KINDS)}: measure both")
+        fits = {
+            "verify": self.verify.grid("samples.verify"),
+            "vanilla": self.vanilla.grid("samples.vanilla"),
+            "draft": {kind: s.grid(f"samples.draft.{kind}") for kind, s in self.draft.items()},
+            "update": {kind: float(np.median(s)) for kind, s in self.update.items()},
+        }
+        object.__setattr__(self, "fits", MappingProxyType(fits))
+        object.__setattr__(self, "_tables", {})
+
+    def verify_seconds(self, nodes: float | np.ndarray, context: float | np.ndarray) -> float | np.ndarray:
+        """One verify forward of ``nodes`` tokens (root included) at ``context`` cached tokens."""
+        return self.fits["verify"](nodes, context)
+
+    def vanilla_seconds(self, context: float | np.ndarray) -> float | np.ndarray:
+        """One plain decoding step at ``context`` cached tokens."""
+        return self.fits["vanilla"](context)
+
+    def draft_seconds(self, kind: str, **params: float | np.ndarray) -> float | np.ndarray:
+        """All drafting of one iteration of drafter ``kind`` with its parameters (``DRAFT_KEYS``)."""
+        grid = self._draft_grid(kind)
+        if set(params) != set(grid.keys):
+            raise InputError(f"drafter {kind!r} is timed by ({', '.join(grid.keys)}), got "
+                             f"({', '.join(sorted(params))}): pass exactly those parameters")
+        return grid(*(params[k] for k in grid.keys))
+
+    def update_seconds(self, kind: str) -> float:
+        """One backward + optimizer step of a ``head`` or ``full`` drafter update."""
+        if kind not in UPDATE_KINDS:
+            raise InputError(f"unknown update kind {kind!r}: use one of {', '.join(UPDATE_KINDS)}")
+        return self.fits["update"][kind]
+
+    def chain_draft_seconds(self, kind: str, depth: int) -> float:
+        """Drafting one chain of ``depth`` positions with drafter ``kind`` (0 for depth 0)."""
+        if depth == 0:
+            return 0.0
+        grid = self._draft_grid(kind)
+        if kind == "specblock":  # one start position per block: a chain of ceil(depth / K) blocks
+            params = {"starts": 1, "blocks": math.ceil(depth / (self.block_size or 1))}
+        else:  # eagle: one forward per depth; draft-model: one per token; medusa, ngram: one call
+            params = {key: depth for key in grid.keys}
+        return float(grid(*(params[k] for k in grid.keys)))
+
+    def step_table(self, kind: str, n_max: int) -> StepTable:
+        """The T(0..n_max) of drafter ``kind`` over the context grid (see ``StepTable``), built once."""
+        if n_max < 0:
+            raise InputError(f"n_max = {n_max} is negative: pass the largest draft length to cost")
+        if (kind, n_max) in self._tables:
+            return self._tables[kind, n_max]
+        context = np.union1d(self.fits["verify"].axes[1], self.fits["vanilla"].axes[0])
+        n = np.arange(1, n_max + 1)
+        draft = np.array([self.chain_draft_seconds(kind, int(k)) for k in n])
+        verify = self.verify_seconds(n[None, :] + 1, context[:, None]) + draft[None, :]
+        vanilla = np.asarray(self.vanilla_seconds(context)).reshape(-1, 1)
+        table = StepTable(context, np.hstack([vanilla, np.asarray(verify).reshape(context.size, n_max)]))
+        table.table.setflags(write=False)  # shared by every caller through the cache
+        self._tables[kind, n_max] = table
+        return table
+
+    def step_seconds(self, kind: str, n_range: Sequence[int] | np.ndarray,
+                     context: float | np.ndarray) -> np.ndarray:
+        """T(n) = T_draft(n) + T_verify(n + 1 nodes) for each n in ``n_range`` (T(0) = vanilla decode).
+
+        Shape ``np.shape(context) + (len(n_range),)``: the length features' step seconds.
+        """
+        n = np.asarray(n_range, dtype=np.int64)
+        if n.ndim != 1 or np.any(n < 0):
+            raise InputError("n_range must be a 1-D sequence of draft lengths >= 0: e.g. range(17)")
+        table = self.step_table(kind, int(n.max(initial=0)))
+        return table(np.asarray(context, dtype=np.float64))[..., n]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of the schema, fits included."""
+        fits = self.fits
+        return {
+            "schema_version": self.schema_version,
+            "device": self.device,
+            "dtype": self.dtype,
+            "models": {"target": self.target, "drafters": dict(self.drafters)},
+            "block_size": self.block_size,
+            "derived_from": None if self.derived_from is None else {
+                "source": self.derived_from.source, "derivation": self.derived_from.derivation},
+            "samples": {
+                "verify": self.verify.to_json(),
+                "vanilla": self.vanilla.to_json(),
+                "draft": {kind: s.to_json() for kind, s in self.draft.items()},
+                "update": {kind: list(s) for kind, s in self.update.items()},
+            },
+            "fits": {
+                "verify": fits["verify"].to_json(),
+                "vanilla": fits["vanilla"].to_json(),
+                "draft": {kind: g.to_json() for kind, g in fits["draft"].items()},
+                "update": dict(fits["update"]),
+            },
+        }
+
+    def _draft_grid(self, kind: str) -> Grid:
+        if kind not in self.fits["draft"]:
+            raise InputError(f"this profile has no drafter {kind!r}: use one of "
+                             f"{', '.join(sorted(self.fits['draft']))} or profile that drafter")
+        return self.fits["draft"][kind]
+
+
+def _need(obj: Any, key: str, path: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """``obj[key]`` checked to be ``kind``; InputError naming the field and what to put there."""
+    if key not in obj:
+        raise InputError(f"missing field {path}: add {what}")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise InputError(f"field {path} must be {what}, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _seconds(values: Any, path: str) -> tuple[float, ...]:
+    if not isinstance(values, list) or not values:
+        raise InputError(f"field {path} must be a non-empty list of seconds: record at least one timing")
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise InputError(f"field {path}[{i}] = {json.dumps(value)} is not a positive finite time: "
+                             "re-measure that configuration (times are seconds > 0)")
+    return tuple(float(v) for v in values)
+
+
+def _series(rows: Any, keys: tuple[str, ...], path: str) -> Series:
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"field {path} must be a non-empty list of rows: record at least one timing")
+    parsed = []
+    for r, row in enumerate(rows):
+        where = f"{path}[{r}]"
+        if not isinstance(row, dict):
+            raise InputError(f"field {where} must be an object with {', '.join((*keys, 'seconds'))}")
+        extra = sorted(set(row) - {*keys, "seconds"})
+        if extra:
+            raise InputError(f"field {where} has unknown key(s) {', '.join(extra)}: "
+                             f"rows of {path} hold only {', '.join((*keys, 'seconds'))}")
+        point = []
+        for key in keys:
+            value = _need(row, key, f"{where}.{key}", int, f"an integer >= {_MIN_VALUE[key]}")
+            if value < _MIN_VALUE[key]:
+                raise InputError(f"field {where}.{key} = {value} is below {_MIN_VALUE[key]}: fix the row")
+            point.append(value)
+        parsed.append((tuple(point), _seconds(row.get("seconds"), f"{where}.seconds")))
+    return Series(keys, tuple(parsed))
+
+
+def _text(obj: Any, key: str, path: str) -> str:
+    value = _need(obj, key, path, str, "non-empty text")
+    if not value.strip():
+        raise InputError(f"field {path} is empty: write non-empty text")
+    return value
+
+
+def profile_from_json(data: Any) -> CostProfile:
+    """Validate a decoded profile (every field, type and time) and build the ``CostProfile``."""
+    if not isinstance(data, dict):
+        raise InputError("a cost profile must be a JSON object: write it with save_profile")
+    version = _need(data, "schema_version", "schema_version", int, f"the integer {SCHEMA_VERSION}")
+    models = _need(data, "models", "models", dict, 'an object {"target": ..., "drafters": {...}}')
+    drafters = _need(models, "drafters", "models.drafters", dict, "an object: drafter kind -> model name")
+    for kind in drafters:
+        _text(drafters, kind, f"models.drafters.{kind}")
+    derived = data.get("derived_from")
+    if derived is not None:
+        if not isinstance(derived, dict):
+            raise InputError('field derived_from must be null or {"source": ..., "derivation": ...}')
+        derived = Derivation(_text(derived, "source", "derived_from.source"),
+                             _text(derived, "derivation", "derived_from.derivation"))
+    block_size = data.get("block_size")
+    if block_size is not None:
+        block_size = _need(data, "block_size", "block_size", int, "a positive integer (SpecBlock's K)")
+    samples = _need(data, "samples", "samples", dict, "an object with verify, vanilla, draft, update")
+    draft = _need(samples, "draft", "samples.draft", dict, "an object: drafter kind -> rows")
+    unknown = sorted(set(draft) - set(DRAFT_KEYS))
+    if unknown:
+        raise InputError(f"samples.draft has unknown drafter kind(s) {', '.join(unknown)}: "
+                         f"use {', '.join(DRAFT_KEYS)}")
+    update = _need(samples, "update", "samples.update", dict, 'an object {"head": [...], "full": [...]}')
+    profile = CostProfile(
+        schema_version=version,
+        device=_text(data, "device", "device"),
+        dtype=_text(data, "dtype", "dtype"),
+        target=_text(models, "target", "models.target"),
+        drafters=MappingProxyType(dict(drafters)),
+        block_size=block_size,
+        derived_from=derived,
+        verify=_series(_need(samples, "verify", "samples.verify", list, "a list of rows"),
+                       VERIFY_KEYS, "samples.verify"),
+        vanilla=_series(_need(samples, "vanilla", "samples.vanilla", list, "a list of rows"),
+                        VANILLA_KEYS, "samples.vanilla"),
+        draft=MappingProxyType({kind: _series(rows, DRAFT_KEYS[kind], f"samples.draft.{kind}")
+                                for kind, rows in draft.items()}),
+        update=MappingProxyType({kind: _seconds(update.get(kind), f"samples.update.{kind}")
+                                 for kind in UPDATE_KINDS}),
+    )
+    if data.get("fits") is not None:
+        _check_fits(data["fits"], profile.to_json()["fits"])
+    return profile
+
+
+def _check_fits(stored: Any, fitted: dict[str, Any], path: str = "fits") -> None:
+    """The file's fits must equal the ones recomputed from its samples."""
+    stale = InputError(f"{path} does not match the samples: delete the fits block to refit from samples")
+    if isinstance(fitted, dict):
+        if not isinstance(stored, dict) or set(stored) != set(fitted):
+            raise stale
+        for key, value in fitted.items():
+            _check_fits(stored[key], value, f"{path}.{key}")
+        return
+    try:
+        stored_arr = np.asarray(stored, dtype=np.float64)
+        same = stored_arr.shape == np.shape(fitted) and np.allclose(stored_arr, fitted, rtol=1e-9, atol=0.0)
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise stale
+
+
+def load_profile(path: str | Path) -> CostProfile:
+    """Read and validate a cost profile JSON file (InputError naming the file, the field and the fix)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such cost profile: pass a file written by `specblock profile`") \
+            from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not a JSON cost profile ({str(err).splitlines()[0]}): "
+                         "pass a file written by `specblock profile`") from None
+    try:
+        return profile_from_json(data)
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+
+
+def save_profile(profile: CostProfile, path: str | Path) -> Path:
+    """Write ``profile`` as JSON atomically (samples and their fits)."""
+    return write_json(path, profile.to_json())
+
+
+def resolve_profile(profile: str | Path | CostProfile | None) -> CostProfile:
+    """A profile given as a ``CostProfile``, a path, or None for the shipped paper-derived A100 profile."""
+    if isinstance(profile, CostProfile):
+        return profile
+    return load_profile(PAPER_PROFILE if profile is None else profile)

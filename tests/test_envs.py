@@ -1,0 +1,227 @@
+"""The Gymnasium environments: the checker, seeding, the vector forms against the single ones, the rules."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import simulator  # noqa: F401  (registers the environments)
+from policies.adaptation import ADAPT_INFO_KEYS
+from policies.features import LENGTH_CAP, adapt_features, length_features
+from simulator.acceptance import default_acceptance, synthetic_traces
+from simulator.costs import PAPER_PROFILE, load_profile
+from simulator.envs import AdaptStreamEnv, SpecLengthEnv
+from simulator.traces import save_traces
+from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
+
+SHORT = {"tokens_per_query": 48}
+STREAM = {"phases": ((6, {"code": 1.0}), (10, None)), "tokens_per_query": 64}
+
+
+def actions(step: int) -> int:
+    return (3 * step + 1) % (LENGTH_CAP + 1)
+
+
+@pytest.mark.filterwarnings("ignore:.*Box observation space.*infinity")
+@pytest.mark.parametrize("name", ["specblock/SpecLength-v0", "specblock/AdaptStream-v0"])
+def test_environments_pass_the_gymnasium_checker(name):
+    check_env(gym.make(name).unwrapped, skip_render_check=True)
+
+
+def rollout(env: gym.Env, seed: int, policy=actions) -> tuple[list, list]:
+    obs, _ = env.reset(seed=seed)
+    observations, rewards = [obs], []
+    for step in range(10_000):
+        obs, reward, terminated, truncated, _ = env.step(policy(step))
+        observations.append(obs)
+        rewards.append(reward)
+        if terminated or truncated:
+            return observations, rewards
+    raise AssertionError("episode did not end")
+
+
+@pytest.mark.parametrize(("cls", "kwargs", "policy"), [(SpecLengthEnv, SHORT, actions),
+                                                       (AdaptStreamEnv, STREAM, lambda s: s % 3)])
+def test_rollouts_are_deterministic_under_a_seed(cls, kwargs, policy):
+    first, second, other = (rollout(cls(**kwargs), seed, policy) for seed in (4, 4, 5))
+    np.testing.assert_array_equal(np.array(first[0]), np.array(second[0]))
+    assert first[1] == second[1]
+    assert first[1] != other[1]
+
+
+def test_speclength_return_is_minus_latency_and_tokens_add_up():
+    env = SpecLengthEnv(**SHORT)
+    env.reset(seed=2)
+    total, tokens, seconds, forwards = 0.0, 0, 0.0, 0
+    terminated = False
+    while not terminated:
+        _, reward, terminated, _, info = env.step(8)
+        total += reward
+        tokens += info["tokens"]
+        seconds += info["seconds"]
+        forwards += 1
+        assert 0 <= info["accepted"] <= info["drafted"] <= 8 and info["tokens"] <= info["accepted"] + 1
+    assert tokens == SHORT["tokens_per_query"] and total == pytest.approx(-seconds)
+    assert forwards < tokens  # speculation emits more than one token per target forward on average
+
+
+def test_vanilla_action_emits_one_token_at_the_vanilla_cost():
+    profile = load_profile(PAPER_PROFILE)
+    env = SpecLengthEnv(profile, **SHORT)
+    obs, _ = env.reset(seed=0)
+    context = int(obs[0])
+    _, reward, _, _, info = env.step(0)
+    assert (info["tokens"], info["accepted"], info["drafted"]) == (1, 0, 0)
+    assert reward == pytest.approx(-profile.vanilla_seconds(context), rel=1e-12)
+    assert obs[17] == pytest.approx(profile.vanilla_seconds(context), rel=1e-12)
+
+
+def test_step_before_reset_and_invalid_actions_are_refused():
+    env = SpecLengthEnv(**SHORT)
+    with pytest.raises(AssertionError, match="reset"):
+        env.step(1)
+    env.reset(seed=0)
+    with pytest.raises(AssertionError, match="invalid"):
+        env.step(LENGTH_CAP + 1)
+
+
+def test_vector_speclength_with_one_slot_replays_the_single_env_exactly():
+    single, vector = SpecLengthEnv(**SHORT), SpecLengthVectorEnv(1, **SHORT)
+    expected = []
+    obs, _ = single.reset(seed=9)
+    expected.append(obs)
+    step = 0
+    for _ in range(3):
+        terminated = False
+        while not terminated:
+            obs, reward, terminated, _, _ = single.step(actions(step))
+            expected.append(reward)
+            step += 1
+        obs, _ = single.reset()
+        expected.append(obs)
+    got = []
+    obs, _ = vector.reset(seed=9)
+    got.append(obs[0])
+    step = 0
+    while len(got) < len(expected):
+        obs, reward, terminated, _, _ = vector.step(np.array([actions(step)]))
+        step += 1
+        got.append(float(reward[0]))
+        if terminated[0]:
+            obs, reward, _, _, _ = vector.step(np.array([0]))  # next-step autoreset: the new episode
+            assert reward[0] == 0.0
+            got.append(obs[0])
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_vector_speclength_matches_the_single_env_in_distribution():
+    queries = 48
+    single = SpecLengthEnv(**SHORT)
+    single_returns = [sum(rollout(single, seed, lambda s: 6)[1]) for seed in range(queries)]
+    vector = SpecLengthVectorEnv(queries, **SHORT)
+    vector.reset(seed=1000)
+    returns, alive = np.zeros(queries), np.ones(queries, dtype=bool)
+    while alive.any():
+        _, reward, terminated, _, _ = vector.step(np.full(queries, 6))
+        returns += reward * alive
+        alive &= ~terminated
+    spread = np.sqrt(np.var(single_returns) / queries + np.var(returns) / queries)
+    assert abs(np.mean(single_returns) - returns.mean()) < 4 * spread
+
+
+def test_vector_observations_are_the_length_features_of_each_slot():
+    env = SpecLengthVectorEnv(5, **SHORT)
+    obs, _ = env.reset(seed=3)
+    obs, *_ = env.step(np.arange(5))
+    batch = env.batch
+    for i in range(5):
+        expected = length_features(batch.draws.confidences[i], int(batch.context[i]), batch.step_seconds[i])
+        np.testing.assert_array_equal(obs[i], expected)
+
+
+def test_vector_adaptstream_observations_are_the_adapt_features_of_each_slot():
+    env = AdaptStreamVectorEnv(4, **STREAM)
+    env.reset(seed=3)
+    for step in range(4):
+        obs, *_ = env.step(np.array([0, 1, 2, step % 3]))
+    s = env.batch.state
+    head_fill, full_fill = env.batch.fills()
+    for i in range(4):
+        expected = adapt_features(head_fill[i], full_fill[i], s["trigger"][i], s["recent"][i],
+                                  s["recent"][i] - s["long"][i], int(s["since"][i]), s["shares"][i])
+        np.testing.assert_array_equal(obs[i], expected)
+
+
+def test_make_vec_uses_the_numpy_vector_envs():
+    envs = gym.make_vec("specblock/SpecLength-v0", num_envs=3, vectorization_mode="vector_entry_point")
+    assert isinstance(envs.unwrapped, SpecLengthVectorEnv)
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (3, 34)
+    envs = gym.make_vec("specblock/AdaptStream-v0", num_envs=2, vectorization_mode="vector_entry_point")
+    assert isinstance(envs.unwrapped, AdaptStreamVectorEnv)
+
+
+def test_replaying_a_trace_file(tmp_path):
+    traces = synthetic_traces(default_acceptance(), queries=8, iterations=20, seed=0)
+    env = gym.make("specblock/SpecLength-v0", acceptance=save_traces(traces, tmp_path / "t.pq"), **SHORT)
+    _, rewards = rollout(env, 0)
+    assert len(rewards) >= 2 and all(r < 0 for r in rewards)
+
+
+def test_adaptstream_info_carries_what_adaptation_policies_read():
+    env = AdaptStreamEnv(**STREAM)
+    obs, _ = env.reset(seed=0)
+    assert not obs.any()
+    _, reward, _, _, info = env.step(0)
+    assert set(ADAPT_INFO_KEYS) <= set(info)
+    assert info["update_seconds"] == 0.0 and reward == pytest.approx(-info["query_seconds"])
+    assert info["tokens_per_second"] == pytest.approx(STREAM["tokens_per_query"] / info["query_seconds"])
+    obs, reward, _, _, info = env.step(2)
+    full = load_profile(PAPER_PROFILE).update_seconds("full")
+    assert info["updated"] and info["update_seconds"] == full
+    assert reward == pytest.approx(-(info["query_seconds"] + full))
+
+
+def late_tau(env: AdaptStreamEnv, update: bool, seed: int) -> float:
+    """Mean tau of the last 20 queries; with ``update``, train the full drafter when its buffer is full."""
+    obs, _ = env.reset(seed=seed)
+    taus, terminated = [], False
+    while not terminated:
+        obs, _, terminated, _, info = env.step(2 if update and obs[1] >= 1.0 else 0)
+        taus.append(info["tau"])
+    return float(np.mean(taus[-20:]))
+
+
+def test_updates_raise_acceptance_and_revert_restores_the_drafter():
+    kwargs = {"phases": ((80, None),)}
+    skip = np.mean([late_tau(AdaptStreamEnv(**kwargs), False, seed) for seed in range(4)])
+    full = np.mean([late_tau(AdaptStreamEnv(**kwargs), True, seed) for seed in range(4)])
+    assert full > skip + 0.1
+    env = AdaptStreamEnv(**kwargs)
+    env.reset(seed=0)
+    env.checkpoint()
+    for _ in range(5):
+        env.step(2)
+    assert np.all(env.batch.state["level"] < 1.0)
+    env.revert()
+    np.testing.assert_array_equal(env.batch.state["level"], 1.0)
+
+
+def test_vector_adaptstream_with_one_slot_replays_the_single_env_exactly():
+    single, vector = AdaptStreamEnv(**STREAM), AdaptStreamVectorEnv(1, **STREAM)
+    single.reset(seed=2)
+    vector.reset(seed=2)
+    for _ in range(2):
+        terminated, step = False, 0
+        while not terminated:
+            obs, reward, terminated, _, info = single.step(step % 3)
+            vobs, vreward, vterminated, _, vinfo = vector.step(np.array([step % 3]))
+            np.testing.assert_array_equal(vobs[0], obs)
+            assert (vreward[0], bool(vterminated[0]), vinfo["tau"][0]) == (reward, terminated, info["tau"])
+            step += 1
+        single.reset()
+        vobs, vreward, *_ = vector.step(np.array([1]))
+        assert vreward[0] == 0.0 and not vobs.any()
