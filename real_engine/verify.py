@@ -1,0 +1,441 @@
+"""Lossless verifiers: check a draft tree against one target forward and emit the accepted tokens.
+
+Every verifier takes the tree, ``p`` ([nodes, vocab]; row ``i`` is the target's already-warped
+next-token law after the prefix ending at node ``i``) and a :class:`Sampler` through which all its
+randomness flows. Real decoding passes a :class:`TorchSampler`; ``real_engine.exact`` passes a sampler
+that enumerates every outcome, so the same code is proven lossless exactly (see ALGORITHMS.md).
+
+- ``greedy``: argmax matching on any tree (temperature 0).
+- ``token``: token-level speculative sampling (Leviathan et al. 2023) on the first path.
+- ``block``: block verification, BV (Sun et al., ICLR 2025, arXiv 2403.10444) on the first path.
+- ``rrs``: recursive rejection sampling over the whole tree (SpecInfer, arXiv 2305.09781), with a rule
+  per ``child_rule``: i.i.d. children, children without replacement (Sequoia), top-k point masses.
+- ``gbv``: greedy multi-path block verification (Thomas & Pal, arXiv 2602.16961).
+- ``seqbv``: sequential BV with residual hand-off over the paths (this project's own).
+
+Each sampling verifier is written as a ``*_law`` function returning a :class:`Decision` (the accepted
+nodes and the law of the token to emit); ``VERIFIERS`` wraps each with that one final draw. Nothing
+larger than [nodes, vocab] is built, and host syncs are a handful per call (one Bernoulli draw
+covers a whole path in ``token`` and ``block``, one more draws the emitted token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from policies.errors import InputError
+from real_engine.tree import DraftTree
+
+
+class Sampler(Protocol):
+    """The source of every random choice a verifier makes."""
+
+    def bernoulli(self, prob: torch.Tensor) -> torch.Tensor:
+        """Independent draws, one per element of ``prob``: a bool tensor of its shape."""
+        ...
+
+    def categorical(self, weights: torch.Tensor) -> int:
+        """One index drawn with probability proportional to the 1-D non-negative ``weights``."""
+        ...
+
+
+class TorchSampler:
+    """Draws from a (seeded) ``torch.Generator`` on the tensors' device; ``None`` uses torch's global one."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    def bernoulli(self, prob: torch.Tensor) -> torch.Tensor:
+        """``U < prob`` elementwise with ``U ~ U[0, 1)``, so prob 0 never and prob 1 always passes."""
+        return torch.rand(prob.shape, generator=self.generator, device=prob.device, dtype=prob.dtype) < prob
+
+    def categorical(self, weights: torch.Tensor) -> int:
+        """One draw by inverting the float64 cumulative weights (several times faster than
+        ``torch.multinomial`` at 128k tokens on CPU); a zero-weight token is never drawn; one host sync."""
+        cdf = weights.double().cumsum(0)
+        u = torch.rand(1, generator=self.generator, device=cdf.device, dtype=cdf.dtype) * cdf[-1]
+        return int(torch.minimum(torch.searchsorted(cdf, u, right=True), torch.searchsorted(cdf, cdf[-1:])))
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What one verification emits: the accepted nodes, then one token from the target's law."""
+
+    path: tuple[int, ...]  # accepted node indices, root excluded, root-to-deepest order
+    token: int  # the emitted token after the path (correction or bonus)
+    bonus: bool  # True when the whole drafted path was accepted
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A verifier's outcome before its last draw: the accepted nodes and the law of the emitted token.
+
+    Every verifier ends by drawing one token from ``law``; ``real_engine.exact`` reads the law itself
+    instead of enumerating that final draw.
+    """
+
+    path: tuple[int, ...]
+    law: torch.Tensor  # [V] non-negative weights, not necessarily normalized
+    bonus: bool
+
+
+def _check(name: str, tree: DraftTree, p: torch.Tensor, needs_q: bool) -> None:
+    if p.dim() != 2 or p.shape[0] != tree.size:
+        raise InputError(f"{name}: p has shape {tuple(p.shape)} for a tree of {tree.size} nodes: "
+                         "pass p as [nodes, vocab], one target row per tree node")
+    if needs_q and tree.q is None:
+        raise InputError(f"{name} needs the draft law: build the DraftTree with q ([nodes, vocab])")
+    if needs_q and tree.q.shape[1] != p.shape[1]:
+        raise InputError(f"{name}: q has vocabulary {tree.q.shape[1]} but p has {p.shape[1]}: "
+                         "pass p and q over the same vocabulary")
+
+
+def _children(tree: DraftTree) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in range(tree.size)]
+    for node, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        kids[parent].append(node)
+    return kids
+
+
+def _normalize(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``v / sum(v)``, or ``fallback`` when ``v`` is all zero (a zero-probability branch; no host sync)."""
+    total = v.sum()
+    return torch.where(total > 0, v / total, fallback)
+
+
+def _min_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``min(1, num / den)`` elementwise, 0 where ``num`` is 0 (even when ``den`` is 0 too)."""
+    return torch.where(num > 0, num / torch.maximum(num, den), torch.zeros_like(num))
+
+
+def _without(v: torch.Tensor, token: int) -> torch.Tensor:
+    v = v.clone()
+    v[token] = 0
+    return v
+
+
+@dataclass(frozen=True)
+class _Path:
+    """The rows one path's verification reads: target ``p0`` and draft ``q0`` at the prefix the path
+    hangs from, the target at each of its nodes ``p`` [L, V], the draft at each node but the last
+    ``q`` [L-1, V], and its tokens ``x`` [L]. ``p`` and ``q`` are views when the nodes are
+    consecutive (chains and ``from_paths`` trees), so no [L, V] copy is made."""
+
+    p0: torch.Tensor
+    q0: torch.Tensor
+    p: torch.Tensor
+    q: torch.Tensor
+    x: torch.Tensor
+
+    def target(self, i: int) -> torch.Tensor:
+        """Target row after ``i`` accepted tokens."""
+        return self.p0 if i == 0 else self.p[i - 1]
+
+    def draft(self, i: int) -> torch.Tensor:
+        """Draft row after ``i`` accepted tokens (``i < L``)."""
+        return self.q0 if i == 0 else self.q[i - 1]
+
+    def at_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target and draft probability of each drafted token at its prefix, [L] each."""
+        first, rest = self.x[:1], self.x[1:, None]
+        return (torch.cat([self.p0[first], self.p[:-1].gather(1, rest)[:, 0]]),
+                torch.cat([self.q0[first], self.q.gather(1, rest)[:, 0]]))
+
+
+def _rows(t: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+    """``t[nodes]`` for increasing ``nodes``: a view when they are consecutive."""
+    if nodes and nodes[-1] - nodes[0] == len(nodes) - 1:
+        return t[nodes[0]: nodes[-1] + 1]
+    return t[nodes]
+
+
+def _path(tree: DraftTree, p: torch.Tensor, nodes: list[int], prefix: int = 0) -> _Path:
+    """The rows of the path ``nodes`` hanging from node ``prefix``. Top-k children are deterministic
+    candidates, so their draft law is a point mass at the drafted token (lossless for any draft)."""
+    x = tree.tokens[nodes]
+    if tree.child_rule == "topk":
+        point = F.one_hot(x, p.shape[1]).to(p.dtype)
+        q0 = point[0] if nodes else torch.zeros_like(p[prefix])
+        return _Path(p[prefix], q0, _rows(p, nodes), point[1:], x)
+    q = tree.q.to(p.dtype)
+    return _Path(p[prefix], q[prefix], _rows(p, nodes), _rows(q, nodes[:-1]), x)
+
+
+def _stop_index(passed: torch.Tensor) -> int:
+    """BV's stopping time ``tau = max{i : eta_i <= h_i}``, scanning from the END (0 if none passed).
+
+    The first passing ``i``, or the last before the first failure, is NOT lossless (ALGORITHMS 1.3).
+    """
+    steps = torch.arange(1, passed.numel() + 1, device=passed.device)
+    return int((passed.long() * steps).max())
+
+
+def _token_core(path: _Path, sampler: Sampler) -> tuple[int, torch.Tensor]:
+    """Token-level rule: accept ``x_i`` with prob ``min(1, p/q)`` until the first rejection.
+
+    All ``L`` coins are drawn at once (only those up to the first failure matter). Returns the number
+    accepted and the law of the emitted token (``[p - q]_+`` normalized, or ``p`` after the last node).
+    """
+    n = path.x.numel()
+    if n == 0:
+        return 0, path.p0
+    tau = int(sampler.bernoulli(_min_ratio(*path.at_tokens())).long().cumprod(0).sum())
+    if tau == n:
+        return n, path.p[n - 1]
+    target = path.target(tau)
+    return tau, _normalize(torch.relu(target - path.draft(tau)), target)
+
+
+def _block_core(path: _Path, sampler: Sampler) -> tuple[int, torch.Tensor]:
+    """Block verification of one path (Sun et al. 2025), for any first-position target ``path.p0``
+    (a residual law in SeqBV) and any draft law.
+
+    Returns ``tau`` and the law of the emitted token: the bonus (target at the last node) if
+    ``tau == L``, else the residual ``normalize([w_tau p - q]_+)`` after ``tau`` tokens (which SeqBV
+    hands to the next path).
+    """
+    n = path.x.numel()
+    if n == 0:
+        return 0, path.p0
+    px, qx = path.at_tokens()
+    # w_i = min(1, w_{i-1} p/q) = exp(S_i - max_{j<=i} S_j) with S the running sum of log-ratios.
+    log_ratio = torch.log(px) - torch.log(qx.clamp_min(torch.finfo(qx.dtype).tiny))
+    running = torch.cat([log_ratio.new_zeros(1), log_ratio.cumsum(0)])
+    w = torch.exp(running - running.cummax(0).values)  # [L+1], w[0] = 1
+    inner = w[1:n]
+    residual_mass = torch.relu(inner[:, None] * path.p[:-1] - path.q).sum(1)
+    h = torch.where(inner >= 1, torch.ones_like(inner), residual_mass / (residual_mass + 1 - inner))
+    tau = _stop_index(sampler.bernoulli(torch.cat([h, w[n:]])))
+    if tau == n:
+        return n, path.p[n - 1]
+    target = path.target(tau)
+    return tau, _normalize(torch.relu(w[tau] * target - path.draft(tau)), target)
+
+
+def _first_path(tree: DraftTree) -> list[int]:
+    paths = tree.paths()
+    return paths[0] if paths else []
+
+
+def _chains(name: str, tree: DraftTree) -> list[list[int]]:
+    """The tree's paths, checked to be unmerged chains of equal length (``DraftTree.from_paths``)."""
+    paths = tree.paths() or [[]]
+    inner_parents = [parent for parent in tree.parents.tolist()[1:] if parent]
+    if len(set(inner_parents)) != len(inner_parents) or len({len(path) for path in paths}) != 1:
+        raise InputError(f"{name} verifies K unmerged draft paths of equal length: "
+                         "build the tree with DraftTree.from_paths and equal-length paths")
+    return paths
+
+
+def greedy(tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None) -> VerifyResult:
+    """Greedy verification (temperature 0) on any tree: follow the child whose token is the target's
+    argmax, emit the argmax where no child matches. ``p`` may be logits. Ties go to the lowest token
+    id (``torch.argmax``); among duplicate children the first in index order is followed. No
+    randomness: ``sampler`` is accepted for a uniform signature and unused."""
+    _check("greedy", tree, p, needs_q=False)
+    best = p.argmax(-1).tolist()
+    tokens, kids = tree.tokens.tolist(), _children(tree)
+    node, path = 0, []
+    while True:
+        match = next((child for child in kids[node] if tokens[child] == best[node]), None)
+        if match is None:
+            return VerifyResult(tuple(path), best[node], not kids[node])
+        node = match
+        path.append(node)
+
+
+def greedy_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None) -> Decision:
+    """Greedy verification as a :class:`Decision` whose law is a point mass at the argmax."""
+    result = greedy(tree, p)
+    law = torch.zeros_like(p[0])
+    law[result.token] = 1
+    return Decision(result.path, law, result.bonus)
+
+
+def token_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Token-level speculative sampling (Leviathan et al. 2023; Chen et al. 2023) on the first path."""
+    _check("token", tree, p, needs_q=tree.child_rule != "topk")
+    nodes = _first_path(tree)
+    tau, law = _token_core(_path(tree, p, nodes), sampler)
+    return Decision(tuple(nodes[:tau]), law, tau == len(nodes))
+
+
+def block_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Block verification, BV (Sun et al., ICLR 2025, arXiv 2403.10444) on the first path."""
+    _check("block", tree, p, needs_q=tree.child_rule != "topk")
+    nodes = _first_path(tree)
+    tau, law = _block_core(_path(tree, p, nodes), sampler)
+    return Decision(tuple(nodes[:tau]), law, tau == len(nodes))
+
+
+def rrs_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Recursive rejection sampling over the whole tree (SpecInfer, Miao et al., arXiv 2305.09781).
+
+    At each node the children are tried in index order against a residual ``r`` (initially the
+    target row). ``iid``: accept with ``min(1, r/q)``, on rejection ``r <- [r - q]_+``.
+    ``without_replacement`` (Sequoia): the same, and ``q`` loses the rejected token. ``topk``: each
+    candidate is a point mass, accepted with prob ``r(x)``; on rejection ``r`` loses ``x``. Every
+    rule is renormalized after a rejection; applying the i.i.d. rule to top-k children is lossy.
+    """
+    rule = tree.child_rule
+    _check("rrs", tree, p, needs_q=rule != "topk")
+    tokens, kids = tree.tokens.tolist(), _children(tree)
+    node, path = 0, []
+    while kids[node]:
+        r = p[node]
+        q = None if rule == "topk" else tree.q[node].to(p.dtype)
+        for child in kids[node]:
+            x = tokens[child]
+            if bool(sampler.bernoulli(r[x] if q is None else _min_ratio(r[x], q[x]))):
+                break
+            r = _normalize(_without(r, x) if q is None else torch.relu(r - q), r)
+            if rule == "without_replacement":
+                q = _normalize(_without(q, x), q)
+        else:
+            return Decision(tuple(path), r, False)
+        node = child
+        path.append(node)
+    return Decision(tuple(path), p[node], True)
+
+
+def _greatest_path(paths: list[list[int]], tokens: list[int], keys: list[list[float]]) -> int:
+    """Index of the lexicographically greatest path; at each node tokens are ordered by ``p/q``, ties
+    by token id (larger id is greater); identical paths keep the first."""
+    best = 0
+    for k in range(1, len(paths)):
+        for i, (a, b) in enumerate(zip(paths[k], paths[best], strict=True)):
+            if tokens[a] != tokens[b]:
+                if (keys[k][i], tokens[a]) > (keys[best][i], tokens[b]):
+                    best = k
+                break
+    return best
+
+
+def _selected_law(path: _Path, drafts: int) -> _Path:
+    """``path`` with its draft law replaced by ``q_G``, the law of the greatest of ``drafts`` i.i.d. paths.
+
+    With ``t = D(s) / (D(s) + M(s))`` (``t = 0`` at the root), ``B(y)`` the ``q``-mass ordered before
+    ``y``, ``beta = t + (1 - t) B(y)`` and ``alpha = beta + (1 - t) q(y)``, the ratio
+    ``G(sy) / G(s)`` of ALGORITHMS 2.2 is ``q(y) sum_j alpha^j beta^(K-1-j) / sum_j t^j``: the
+    cancellation-free ``a^K - b^K`` form (summed by Horner's rule), with every quantity in [0, 1].
+    Then ``t(sy) = beta / alpha`` at the selected token.
+    """
+    P = torch.cat([path.p0[None], path.p[:-1]])  # [L, V]: target and draft at each prefix
+    Q = torch.cat([path.q0[None], path.q])
+    keys = torch.where(Q > 0, P / Q, torch.full_like(Q, float("inf")))
+    order = keys.argsort(dim=1, stable=True)  # ascending: ties put the lower token id first
+    ordered = Q.gather(1, order)
+    before = torch.empty_like(Q).scatter_(1, order, ordered.cumsum(1) - ordered)
+    picked_before = before.gather(1, path.x[:, None])[:, 0].tolist()
+    picked_q = Q.gather(1, path.x[:, None])[:, 0].tolist()
+    ts = [0.0]
+    for b, qy in zip(picked_before[:-1], picked_q[:-1], strict=True):
+        t = ts[-1]
+        beta = t + (1 - t) * b
+        ts.append(beta / (beta + (1 - t) * qy))
+    t = torch.tensor(ts, dtype=Q.dtype, device=Q.device)[:, None]
+    beta = t + (1 - t) * before
+    alpha = beta + (1 - t) * Q
+    num, beta_power = torch.ones_like(Q), torch.ones_like(Q)
+    den, t_power = torch.ones_like(t), torch.ones_like(t)
+    for _ in range(drafts - 1):
+        beta_power, t_power = beta_power * beta, t_power * t
+        num, den = num * alpha + beta_power, den + t_power
+    law = Q * num / den
+    return _Path(path.p0, law[0], path.p, law[1:], path.x)
+
+
+def gbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Greedy multi-path block verification (Thomas & Pal, arXiv 2602.16961).
+
+    Of ``K`` i.i.d. paths, select the lexicographically greatest under the ``p/q`` order at each
+    node, compute its exact law ``q_G`` and run BV on it with ``q_G`` in place of ``q``: lossless
+    because BV is lossless for any draft law. Needs i.i.d. paths (``child_rule == "iid"``).
+    """
+    _check("gbv", tree, p, needs_q=True)
+    if tree.child_rule != "iid":
+        raise InputError(f"gbv needs i.i.d. drafted paths, not child rule {tree.child_rule!r}: "
+                         "draft with child_rule='iid' or use rrs/seqbv")
+    paths = _chains("gbv", tree)
+    tokens = tree.tokens.tolist()
+    if paths[0]:
+        nodes = torch.tensor(paths, device=p.device)
+        prefixes = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
+        x = tree.tokens[nodes]
+        q_x = tree.q[prefixes, x].to(p.dtype)
+        keys = torch.where(q_x > 0, p[prefixes, x] / q_x, torch.full_like(q_x, float("inf"))).tolist()
+        selected = paths[_greatest_path(paths, tokens, keys)]
+    else:
+        selected = []
+    path = _path(tree, p, selected)
+    tau, law = _block_core(_selected_law(path, len(paths)) if selected else path, sampler)
+    return Decision(tuple(selected[:tau]), law, tau == len(selected))
+
+
+def seqbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Sequential block verification with residual hand-off, SeqBV (this project's own; ALGORITHMS 2.3).
+
+    Runs BV on the first unused path that extends the committed prefix ``s``, with the residual ``r``
+    as the target at its first position (the target row deeper). If BV stops at ``tau < L`` it
+    commits ``tau`` tokens, hands its residual to the next path extending the new prefix, and emits
+    from the residual when none is left. The accepted nodes are reported along the last path
+    verified, which carries the whole committed prefix. Equal to RRS at ``L = 1``; never worse than
+    single-path BV. The first-position draft law follows ``child_rule`` as RRS does (tokens already
+    tried at ``s`` are removed for ``without_replacement``; point masses for ``topk``).
+    """
+    rule = tree.child_rule
+    _check("seqbv", tree, p, needs_q=rule != "topk")
+    paths = _chains("seqbv", tree)
+    tokens = tree.tokens.tolist()
+    strings = [[tokens[node] for node in path] for path in paths]
+    remaining, depth, tried = list(range(len(paths))), 0, []
+    r = p[0]
+    while True:
+        m = remaining.pop(0)
+        nodes = paths[m][depth:]
+        path = replace(_path(tree, p, nodes, paths[m][depth - 1] if depth else 0), p0=r)
+        if rule == "without_replacement" and tried:
+            unseen = path.q0.index_fill(0, torch.tensor(tried, device=p.device), 0)
+            path = replace(path, q0=_normalize(unseen, path.q0))
+        tau, law = _block_core(path, sampler)
+        if tau == len(nodes):
+            return Decision(tuple(paths[m]), law, True)
+        if tau:
+            depth, tried = depth + tau, []
+        tried.append(strings[m][depth])
+        remaining = [k for k in remaining if strings[k][:depth] == strings[m][:depth]]
+        if not remaining:  # the accepted prefix, as nodes of the last path verified (a tree chain)
+            return Decision(tuple(paths[m][:depth]), law, False)
+        r = law
+
+
+Verifier = Callable[[DraftTree, torch.Tensor, Sampler], VerifyResult]
+LawFn = Callable[[DraftTree, torch.Tensor, Sampler], Decision]
+LAWS: dict[str, LawFn] = {
+    "greedy": greedy_law, "token": token_law, "block": block_law, "rrs": rrs_law, "gbv": gbv_law,
+    "seqbv": seqbv_law,
+}
+
+
+def _emit(law: LawFn, tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> VerifyResult:
+    decision = law(tree, p, sampler)
+    return VerifyResult(decision.path, sampler.categorical(decision.law), decision.bonus)
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "greedy": greedy, **{name: partial(_emit, law) for name, law in LAWS.items() if name != "greedy"},
+}
+
+
+def verify(name: str, tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None) -> VerifyResult:
+    """Run verifier ``name`` (a key of ``VERIFIERS``) on ``tree`` with target rows ``p``; the default
+    sampler draws from torch's global generator."""
+    if name not in VERIFIERS:
+        raise InputError(f"unknown verifier {name!r}: use one of {', '.join(VERIFIERS)}")
+    return VERIFIERS[name](tree, p, sampler if sampler is not None else TorchSampler())
