@@ -50,7 +50,8 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         if self.model_type not in ARCHITECTURES:
-            raise InputError(f"unsupported model_type {self.model_type!r}: use one of {sorted(ARCHITECTURES)}")
+            raise InputError(f"unsupported model_type {self.model_type!r}: "
+                             f"use one of {sorted(ARCHITECTURES)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise InputError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.feature_layers == (-1, -1, -1):
@@ -246,8 +247,9 @@ class Transformer(nn.Module):
         """Run ``tokens`` ([B, T]) at ``positions`` ([T] or [B, T]; default after the cache).
 
         With a cache the new tokens attend to the committed prefix and, among themselves, causally
-        or by ``tree_mask`` ([T, T] bool, True where attention is allowed). The cache's pending
-        region holds them afterwards: commit or ``keep`` it.
+        or by ``tree_mask`` ([T, T] bool, True where attention is allowed; or [T, length + T] to mask
+        committed positions too, as a drafter expanding a tree depth by depth needs). The cache's
+        pending region holds them afterwards: commit or ``keep`` it.
         """
         t = tokens.shape[1]
         start = cache.length if cache is not None else 0
@@ -274,12 +276,15 @@ class Transformer(nn.Module):
         return Output(self.lm_head(hidden), features, hidden)
 
     @staticmethod
-    def _mask(t: int, start: int, tree_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    def _mask(t: int, start: int, tree_mask: torch.Tensor | None,
+              device: torch.device) -> torch.Tensor | None:
         """[T, start + T] bool: the committed prefix, then causal or tree attention among new tokens."""
         if tree_mask is None:
             if t == 1:
                 return None
             tree_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        elif tree_mask.shape[1] == start + t:
+            return tree_mask.to(device)
         prefix = torch.ones(t, start, dtype=torch.bool, device=device)
         return torch.cat((prefix, tree_mask.to(device)), dim=1)
 
@@ -301,7 +306,8 @@ def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(path)))
         except (SafetensorError, OSError) as exc:
-            raise InputError(f"cannot read {path} ({exc}): the file is corrupt; re-save or re-copy it") from exc
+            raise InputError(f"cannot read {path} ({exc}): the file is corrupt; re-save or re-copy it"
+                             ) from exc
     return state
 
 

@@ -1,0 +1,205 @@
+"""Engine benchmark: our decode step against ``transformers``', tree verification cost against node count,
+and the decode loop's overhead share in speculative decoding.
+
+Run: ``.venv/bin/python benchmarks/engine.py [--quick] [--threads 1]``; writes
+``benchmarks/results/engine.json``. Other processes share this CPU, so each comparison runs side by
+side, interleaved round by round, and the figures kept are medians and ratios of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from experiments.provenance import save_result
+from real_engine.decode import generate, make_drafter, prefill
+from real_engine.model import ModelArgs, Transformer, load_model, save_model
+from real_engine.tree import DraftTree
+from real_engine.warp import Sampling
+
+TARGET = ModelArgs(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048)
+DRAFT = ModelArgs(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048)
+
+
+def random_model(args: ModelArgs, seed: int) -> Transformer:
+    """A seeded random model with weights of a trained model's scale (std 0.02, unit norms)."""
+    torch.manual_seed(seed)
+    model = Transformer(args)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, TARGET.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def hf_loop(hf: torch.nn.Module, prompt: torch.Tensor, n: int) -> tuple[float, list[int]]:
+    """Seconds per token of a greedy decode loop on ``transformers``' own cache, and the tokens."""
+    out = hf(prompt[None], use_cache=True)
+    past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    emitted = [int(token)]
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        out = hf(token, past_key_values=past, use_cache=True)
+        past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        emitted.append(int(token))
+    return (time.perf_counter() - start) / (n - 1), emitted
+
+
+@torch.inference_mode()
+def hf_generate(hf: torch.nn.Module, prompt: torch.Tensor, n: int) -> float:
+    """Seconds per decoded token of ``model.generate`` (greedy), prefill removed by differencing."""
+    def run(count: int) -> float:
+        start = time.perf_counter()
+        hf.generate(prompt[None], max_new_tokens=count, min_new_tokens=count, do_sample=False,
+                    attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long), pad_token_id=0)
+        return time.perf_counter() - start
+    return (run(n) - run(1)) / (n - 1)
+
+
+def ours(model: Transformer, prompt: torch.Tensor, n: int) -> tuple[float, list[int]]:
+    """Seconds per token of our vanilla greedy loop (prefill excluded), and the tokens."""
+    out = generate(model, prompt, max_new_tokens=n + 1)
+    # The first new token comes from the step that runs the last prompt token; drop it like hf_loop.
+    return (out.stats.seconds - out.stats.prefill_seconds) / (n + 1), list(out.tokens[:n])
+
+
+def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Median of each timing over ``rounds`` rounds, the runs alternating within each round."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            samples[name].append(run())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def decode_step(rounds: int, new_tokens: int) -> list[dict[str, Any]]:
+    """Our decode step against transformers' (manual cache loop and generate), fp32 and bf16."""
+    from transformers import AutoModelForCausalLM
+
+    rows = []
+    base = random_model(TARGET, seed=0)
+    prompt = tokens(128, seed=1)
+    with tempfile.TemporaryDirectory() as folder:
+        save_model(base, folder, dtype=torch.float32)
+        for dtype in (torch.float32, torch.bfloat16):
+            model = load_model(folder, dtype=dtype)
+            hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+            _, ours_tokens = ours(model, prompt, new_tokens)
+            _, hf_tokens = hf_loop(hf, prompt, new_tokens)
+            times = interleaved({
+                "ours": lambda m=model: ours(m, prompt, new_tokens)[0],
+                "transformers_loop": lambda h=hf: hf_loop(h, prompt, new_tokens)[0],
+                "transformers_generate": lambda h=hf: hf_generate(h, prompt, new_tokens),
+            }, rounds)
+            row = {"benchmark": "decode_step", "dtype": str(dtype).removeprefix("torch."),
+                   "context": prompt.numel(), "new_tokens": new_tokens,
+                   **{f"{k}_ms": 1e3 * v for k, v in times.items()},
+                   "ratio_vs_loop": times["ours"] / times["transformers_loop"],
+                   "ratio_vs_generate": times["ours"] / times["transformers_generate"],
+                   "greedy_tokens_match": ours_tokens == hf_tokens}
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def random_tree(size: int, seed: int) -> DraftTree:
+    """A random tree of ``size`` nodes (each node's parent uniform among earlier nodes)."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, size)]
+    return DraftTree(tokens(size, seed), torch.tensor(parents))
+
+
+@torch.inference_mode()
+def tree_verify(rounds: int, context: int = 256) -> list[dict[str, Any]]:
+    """Target forward time over a draft tree of 1..128 nodes after ``context`` committed tokens."""
+    model = random_model(TARGET, seed=0)
+    cache = model.new_cache(context + 256)
+    prefill(model, cache, tokens(context, seed=2))
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    trees = {n: random_tree(n, seed=n) for n in sizes}
+
+    def run(tree: DraftTree) -> float:
+        start = time.perf_counter()
+        mask = tree.mask() if tree.size > 1 else None
+        model(tree.tokens[None], tree.positions(cache.length), cache, mask)
+        cache.keep([0])
+        elapsed = time.perf_counter() - start
+        cache.truncate(context)
+        return elapsed
+
+    times = interleaved({n: lambda t=trees[n]: run(t) for n in sizes}, rounds)
+    mask_ms = {n: 1e3 * statistics.median(_time(trees[n].mask) for _ in range(rounds)) for n in sizes}
+    rows = [{"benchmark": "tree_verify", "nodes": n, "context": context, "forward_ms": 1e3 * times[n],
+             "relative_to_one_node": times[n] / times[1], "mask_build_ms": mask_ms[n]} for n in sizes]
+    for row in rows:
+        print(row, flush=True)
+    return rows
+
+
+def _time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def overhead(prompts: int, new_tokens: int) -> list[dict[str, Any]]:
+    """Overhead share (wall time outside model forwards) of vanilla and speculative decoding."""
+    target, draft = random_model(TARGET, seed=0), random_model(DRAFT, seed=5)
+    configs = [("none", {}, "greedy", 0.0), ("draft-model", {"depth": 4}, "greedy", 0.0),
+               ("draft-model", {"depth": 4}, "block", 1.0),
+               ("draft-model", {"paths": 4, "depth": 4}, "seqbv", 1.0),
+               ("draft-model", {"width": 4, "budget": 16, "depth": 4}, "rrs", 1.0),
+               ("ngram", {"depth": 4}, "greedy", 0.0)]
+    rows = []
+    for name, shape, verifier, temperature in configs:
+        keys = ("seconds", "overhead_seconds", "draft_seconds", "new_tokens", "iterations")
+        totals = dict.fromkeys(keys, 0.0)
+        for i in range(prompts):
+            drafter = make_drafter(name, target, draft, **shape)
+            stats = generate(target, tokens(64, seed=10 + i), drafter=drafter, verifier=verifier,
+                             sampling=Sampling(temperature), max_new_tokens=new_tokens, seed=i).stats
+            for key in totals:
+                totals[key] += getattr(stats, key)
+        row = {"benchmark": "overhead", "drafter": name, "shape": shape, "verifier": verifier,
+               "temperature": temperature, "overhead_share": totals["overhead_seconds"] / totals["seconds"],
+               "draft_share": totals["draft_seconds"] / totals["seconds"],
+               "tau": totals["new_tokens"] / totals["iterations"],
+               "tokens_per_second": totals["new_tokens"] / totals["seconds"]}
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and tokens (a smoke run)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    # Many short interleaved rounds: the medians then resist the load swings of a shared machine.
+    rounds, new_tokens = (2, 16) if args.quick else (12, 32)
+    rows = [*decode_step(rounds, new_tokens), *tree_verify(rounds),
+            *overhead(2 if args.quick else 4, 2 * new_tokens)]
+    config = {"target": TARGET.to_hf(), "draft": DRAFT.to_hf(), "rounds": rounds, "new_tokens": new_tokens,
+              "threads": args.threads, "quick": args.quick,
+              "target_parameters": sum(p.numel() for p in random_model(TARGET, 0).parameters())}
+    print(save_result("engine", rows, config, seed=0))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""`specblock generate`: decode one prompt with the live engine, vanilla or speculative."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from policies.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEFAULT_MODEL = REPO / "data" / "models" / "target"
+DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
+DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
+VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _folder(path: Path, flag: str, train: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise InputError(f"{flag} {path} is not a model folder (no config.json): train one with "
+                         f"`specblock train {train}` or pass {flag} DIR")
+    return path
+
+
+def _check_policy(path: Path) -> None:
+    try:
+        json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"--policy {path} is not valid JSON ({exc}): give a policy file") from exc
+    raise InputError(f"--policy {path}: deploying a policy in generate is not supported yet; drop --policy")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"--prompt-file {path} is not UTF-8 text ({exc.reason}): give a text file") from exc
+
+
+def _check_verifier(verifier: str, drafter: str, tree_width: int) -> None:
+    """gbv needs i.i.d. sampled paths; gbv and seqbv need unmerged paths of equal length."""
+    if verifier == "gbv" and (drafter == "ngram" or tree_width > 1):
+        raise InputError("gbv verifies i.i.d. sampled paths: use --drafter draft-model with --tree-width 1 "
+                         "(and --paths K), or another verifier")
+    if verifier == "seqbv" and drafter == "draft-model" and tree_width > 1:
+        raise InputError("seqbv verifies unmerged paths, not a top-k tree: use --paths K instead of "
+                         "--tree-width, or --verifier rrs")
+
+
+def _auto_verifier(temperature: float, tree_width: int, paths: int) -> str:
+    if temperature == 0:
+        return "greedy"
+    return "seqbv" if paths > 1 else "rrs" if tree_width > 1 else "block"
+
+
+class _Stream:
+    """Prints the decoded text as tokens arrive, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, decode: Any) -> None:
+        self.decode, self.ids, self.shown = decode, [], ""
+
+    def __call__(self, new: list[int]) -> None:
+        self.ids.extend(new)
+        text = self.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            self.show(text)
+
+    def show(self, text: str) -> None:
+        """Print what ``text`` adds to the text shown so far."""
+        click.echo(text[len(self.shown):] if text.startswith(self.shown) else f"\n{text}", nl=False)
+        sys.stdout.flush()
+        self.shown = text
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+              show_default="data/models/target", help="Target checkpoint folder (config.json + safetensors).")
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT,
+              show_default="data/models/draft", help="Draft model folder, for --drafter draft-model.")
+@click.option("--drafter", type=click.Choice(DRAFTERS), default="ngram", show_default=True,
+              help="none is vanilla decoding; specblock, eagle and medusa are not available yet.")
+@click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
+              help="Default: greedy at temperature 0, else block (chain), rrs (tree) or seqbv (paths).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k likeliest tokens (0: off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus mass to keep (1: off).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds every random draw.")
+@click.option("--draft-length", type=int, default=4, show_default=True,
+              help="Draft depth: tokens per chain or path, levels of a tree.")
+@click.option("--tree-width", type=int, default=1, show_default=True,
+              help="Draft model: >1 drafts a top-k tree this wide per level (child rule topk).")
+@click.option("--tree-budget", type=int, default=16, show_default=True,
+              help="Draft model tree: most draft nodes kept (the likeliest).")
+@click.option("--paths", type=int, default=1, show_default=True,
+              help="Draft model: >1 samples this many independent paths (for rrs, gbv, seqbv).")
+@click.option("--ngram-max", type=int, default=3, show_default=True, help="n-gram drafter: longest n tried.")
+@click.option("--policy", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A policy file (JSON); not supported by generate yet, so it is rejected.")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Read the prompt from this file instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
+def command(model_dir: Path, draft_dir: Path, drafter: str, verifier: str | None, temperature: float,
+            top_k: int, top_p: float, max_new_tokens: int, seed: int, draft_length: int, tree_width: int,
+            tree_budget: int, paths: int, ngram_max: int, policy: Path | None, device: str | None, dtype: str,
+            prompt: str | None, prompt_file: Path | None, as_json: bool) -> None:
+    """Generate text from a prompt, with speculative decoding unless --drafter none.
+
+    Without --json the text streams to stdout and a stats line goes to stderr.
+    """
+    if (prompt is None) == (prompt_file is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if policy is not None:
+        _check_policy(policy)
+    import torch
+
+    from real_engine.decode import generate, make_drafter
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.warp import Sampling
+
+    sampling = Sampling(temperature, top_k, top_p)
+    verifier = verifier or _auto_verifier(temperature, tree_width, paths)
+    _check_verifier(verifier, drafter, tree_width)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
+    draft = None
+    if drafter == "draft-model":
+        draft = load_model(_folder(draft_dir, "--draft-model", "draft-model"), getattr(torch, dtype), device)
+    spec = make_drafter(drafter, target, draft, depth=draft_length, width=tree_width, budget=tree_budget,
+                        paths=paths, max_ngram=ngram_max)
+    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
+    text = prompt if prompt is not None else _read(prompt_file)
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
+    stream = None if as_json else _Stream(tokenizer.decode)
+    result = generate(target, ids, drafter=spec, verifier=verifier, sampling=sampling,
+                      max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed, on_tokens=stream)
+    stats = result.stats
+    if as_json:
+        click.echo(json.dumps({
+            "text": tokenizer.decode(list(result.tokens)), "token_ids": list(result.tokens),
+            "prompt_tokens": len(ids), **stats.to_dict(), "drafter": drafter,
+            "verifier": verifier if spec is not None else None, "temperature": temperature, "seed": seed,
+        }))
+        return
+    stream.show(tokenizer.decode(list(result.tokens)))
+    click.echo()
+    click.echo(f"{stats.new_tokens} tokens in {stats.seconds:.2f} s ({stats.tokens_per_second:.1f} tok/s), "
+               f"tau {stats.tau:.2f} over {stats.iterations} target forwards; "
+               f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s, "
+               f"overhead {stats.overhead_seconds:.2f} s", err=True)

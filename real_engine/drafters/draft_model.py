@@ -1,0 +1,209 @@
+"""An independent small causal LM as the drafter, with its own KV cache.
+
+Three shapes of draft:
+
+- ``chain``: ``depth`` tokens, each sampled from the warped draft law ``q`` (the argmax at
+  temperature 0); child rule ``iid``.
+- ``tree``: a deterministic top-k tree (child rule ``topk``). Depth by depth the ``width`` best
+  frontier nodes (by path probability) are expanded into their ``width`` most likely children, in
+  one forward per depth; the ``budget`` best nodes form the tree, in depth-first order so that
+  ``paths()[0]`` is the most likely path. At temperature 0 the ranking uses the unwarped softmax.
+- ``paths``: ``paths`` independent chains of length ``depth`` sampled from ``q`` and left unmerged
+  (``DraftTree.from_paths``), one batched forward per depth, for RRS, GBV and SeqBV.
+
+The cache holds the committed tokens it has run; a proposal first runs the *backlog* (committed
+tokens not yet run) and the root, then writes each depth's forwarded nodes after them. ``accept``
+keeps exactly the accepted nodes that were forwarded and puts the rest in the backlog, so the cache
+always equals a fresh prefill of the committed sequence. The deepest drafted nodes are never run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from policies.errors import InputError
+from real_engine.drafters.base import clock
+from real_engine.model import Output, Transformer
+from real_engine.tree import DraftTree
+from real_engine.warp import Sampling, warp
+
+SHAPES = ("chain", "tree", "paths")
+
+
+class DraftModelDrafter:
+    """Drafts with ``model`` (sharing the target's vocabulary) as a chain, a top-k tree or K paths."""
+
+    def __init__(self, model: Transformer, shape: str = "chain", depth: int = 4, width: int = 4,
+                 budget: int = 16, paths: int = 4) -> None:
+        if shape not in SHAPES:
+            raise InputError(f"unknown draft shape {shape!r}: use one of {', '.join(SHAPES)}")
+        if min(depth, width, budget, paths) < 1:
+            raise InputError("draft depth, tree width, tree budget and path count must all be >= 1")
+        self.model, self.shape = model, shape
+        self.depth, self.width, self.budget, self.paths = depth, width, budget, paths
+        self.device = model.lm_head.weight.device
+        self.model_seconds = 0.0
+        # Per-proposal state: the committed length once the root has run, the cache slot (offset
+        # after it) of each forwarded tree node, and the tree's tokens.
+        self._base: int | None = None
+        self._slots: dict[int, int] = {}
+        self._tokens: list[int] = []
+
+    @property
+    def max_slots(self) -> int:
+        """Most nodes a proposal writes into the cache after the root."""
+        if self.shape == "chain":
+            return self.depth - 1
+        if self.shape == "paths":
+            return self.paths * (self.depth - 1)
+        return self.width * (self.depth - 1)
+
+    def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
+              max_length: int) -> None:
+        """Check the vocabulary and context, then prefill the draft cache with ``prompt[:-1]``."""
+        vocab, own = target.logits.shape[-1], self.model.args.vocab_size
+        if vocab != own:
+            raise InputError(f"the draft model's vocabulary ({own}) differs from the target's ({vocab}): "
+                             "use a draft model trained with the target's tokenizer")
+        if max_length > self.model.args.max_position_embeddings:
+            raise InputError(f"the draft model's context is {self.model.args.max_position_embeddings} "
+                             f"positions but {max_length} are needed: shorten the prompt or max new tokens")
+        self.sampling, self.generator = sampling, generator
+        self.cache = self.model.new_cache(max_length + self.max_slots + 1)
+        self.backlog = prompt[:-1].tolist()
+        self.root = int(prompt[-1])
+        self._base = None
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``tokens`` ([T]) into the cache, commit them, return their logits ([T, V])."""
+        start = clock(self.device)
+        logits = self.model(tokens[None], positions, self.cache, mask).logits[0]
+        self.cache.commit()
+        self.model_seconds += clock(self.device) - start
+        return logits
+
+    def _sample(self, q: torch.Tensor, n: int = 1) -> torch.Tensor:
+        """``n`` i.i.d. draws from each row of ``q`` ([..., V] -> [..., n]); the argmax when greedy."""
+        if self.sampling.greedy:
+            return q.argmax(-1, keepdim=True).expand(*q.shape[:-1], n)
+        return torch.multinomial(q, n, replacement=True, generator=self.generator)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """Run the backlog and the root, then draft a tree of the configured shape."""
+        depth = min(self.depth, max_depth)
+        if depth < 1:
+            self._base, self._tokens = None, [self.root]
+            return DraftTree(torch.tensor([self.root], device=self.device),
+                             torch.tensor([-1], device=self.device),
+                             torch.zeros(1, self.model.args.vocab_size, device=self.device), "iid")
+        run = torch.tensor([*self.backlog, self.root], device=self.device)
+        logits = self._forward(run)[-1]
+        self.backlog, self._base, self._slots = [], self.cache.length, {}
+        draft = {"chain": self._chain, "tree": self._tree, "paths": self._paths}[self.shape]
+        tree = draft(logits, depth)
+        self._tokens = tree.tokens.tolist()
+        return tree
+
+    def _chain(self, logits: torch.Tensor, depth: int) -> DraftTree:
+        qs = [warp(logits, self.sampling)]
+        tokens = []
+        for d in range(1, depth + 1):
+            tokens.append(self._sample(qs[-1])[0])
+            if d < depth:
+                self._slots[d] = d - 1
+                qs.append(warp(self._forward(tokens[-1][None])[0], self.sampling))
+        qs.append(torch.zeros_like(qs[0]))
+        return DraftTree.chain(self.root, torch.stack(tokens).cpu(), torch.stack(qs), "iid")
+
+    def _paths(self, logits: torch.Tensor, depth: int) -> DraftTree:
+        k = self.paths
+        q_root = warp(logits, self.sampling)
+        columns, qs = [self._sample(q_root, k)], []  # columns[d - 1]: the K tokens at depth d
+        eye = torch.eye(k, dtype=torch.bool, device=self.device)
+        for d in range(1, depth):
+            mask = torch.cat((torch.ones(k, self._base, dtype=torch.bool, device=self.device),
+                              eye.repeat(1, d)), dim=1)
+            positions = torch.full((k,), self._base - 1 + d, device=self.device)
+            qs.append(warp(self._forward(columns[-1], positions, mask), self.sampling))
+            columns.append(self._sample(qs[-1])[:, 0])
+        qs.append(torch.zeros(k, q_root.shape[-1], device=self.device))
+        # Node order of from_paths: root, then path 0's nodes by depth, then path 1's, ...
+        q = torch.cat((q_root[None], torch.stack(qs, dim=1).reshape(k * depth, -1)))
+        for path in range(k):
+            for d in range(1, depth):
+                self._slots[1 + path * depth + d - 1] = (d - 1) * k + path
+        return DraftTree.from_paths(self.root, torch.stack(columns, dim=1).tolist(), q, "iid")
+
+    def _rank(self, logits: torch.Tensor) -> torch.Tensor:
+        """The law that orders candidates: the warped ``q``, or the softmax at temperature 0."""
+        return logits.float().softmax(-1) if self.sampling.greedy else warp(logits, self.sampling)
+
+    def _tree(self, logits: torch.Tensor, depth: int) -> DraftTree:
+        parents, tokens, scores = [-1], [self.root], [0.0]
+        laws = {0: self._rank(logits)}  # node -> its law, for forwarded nodes
+        ancestors: dict[int, list[int]] = {0: []}  # node -> cache slots of its forwarded ancestry
+        frontier = [0]
+        for d in range(1, depth + 1):
+            rows = torch.stack([laws[n] for n in frontier])
+            probs, ids = rows.topk(min(self.width, rows.shape[-1]), dim=-1)
+            created = []
+            for parent, ps, ts in zip(frontier, probs.log().tolist(), ids.tolist(), strict=True):
+                for logp, tok in zip(ps, ts, strict=True):
+                    if logp > float("-inf"):
+                        created.append(len(tokens))
+                        parents.append(parent)
+                        tokens.append(tok)
+                        scores.append(scores[parent] + logp)
+            if d == depth or not created:
+                break
+            frontier = sorted(created, key=lambda n: -scores[n])[:self.width]
+            start = self.cache.length
+            mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
+            mask[:, :self._base] = True
+            for row, node in enumerate(frontier):
+                ancestors[node] = [*ancestors[parents[node]], start - self._base + row]
+                mask[row, [self._base + s for s in ancestors[node]]] = True
+                self._slots[node] = start - self._base + row
+            positions = torch.full((len(frontier),), self._base - 1 + d, device=self.device)
+            run = torch.tensor([tokens[n] for n in frontier], device=self.device)
+            for node, law in zip(frontier, self._forward(run, positions, mask.to(self.device)), strict=True):
+                laws[node] = self._rank(law)
+        return self._select(parents, tokens, scores, laws)
+
+    def _select(self, parents: list[int], tokens: list[int], scores: list[float],
+                laws: dict[int, torch.Tensor]) -> DraftTree:
+        """The ``budget`` most likely nodes (an ancestor-closed set), renumbered depth first."""
+        best = sorted(range(1, len(tokens)), key=lambda n: (-scores[n], n))[:self.budget]
+        kept = {0, *best}
+        children: dict[int, list[int]] = {n: [] for n in kept}
+        for n in sorted(kept - {0}):  # creation order is most likely first among siblings
+            children[parents[n]].append(n)
+        order, stack = [], [0]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(reversed(children[node]))
+        index = {old: new for new, old in enumerate(order)}
+        zero = torch.zeros_like(laws[0])
+        self._slots = {index[n]: s for n, s in self._slots.items() if n in index}
+        return DraftTree(torch.tensor([tokens[n] for n in order], device=self.device),
+                         torch.tensor([index.get(parents[n], -1) for n in order], device=self.device),
+                         torch.stack([laws.get(n, zero) for n in order]), "topk")
+
+    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
+        """Keep the accepted forwarded nodes in the cache; the rest join the backlog."""
+        if self._base is None:
+            self.backlog.append(self.root)
+        else:
+            slots = [self._slots[n] for n in path if n in self._slots]
+            forwarded = self.cache.length - self._base
+            self.cache.truncate(self._base)
+            self.cache.pending = forwarded  # reopen the drafted region, then compact the kept nodes
+            self.cache.keep(slots)
+            path = path[len(slots):]
+        self.backlog.extend(self._tokens[n] for n in path)
+        self.root = token
+        self._base = None

@@ -1,0 +1,59 @@
+"""Logit warping: temperature, top-k and top-p turn logits into the law that is sampled and verified.
+
+The target's warped law is the distribution a lossless verifier reproduces; a drafter warps its own
+logits with the same settings to get its draft law ``q``. Temperature 0 means greedy decoding: the
+law is a point mass on the argmax (ties to the lowest token id, as ``torch.argmax``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from policies.errors import InputError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings: ``temperature`` (0 = greedy), ``top_k`` (0 = off), ``top_p`` (1 = off)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise InputError(f"temperature {self.temperature} is negative: give 0 (greedy) or more")
+        if self.top_k < 0:
+            raise InputError(f"top-k {self.top_k} is negative: give 0 (off) or a positive count")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top-p {self.top_p} is outside (0, 1]: give 1 (off) or a fraction")
+
+    @property
+    def greedy(self) -> bool:
+        """True at temperature 0."""
+        return self.temperature == 0
+
+
+def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Probabilities (float32, ``[..., V]``) from ``logits`` under ``sampling``.
+
+    Top-k keeps the ``k`` largest logits (ties at the k-th included); top-p then keeps the smallest
+    set of most likely tokens whose mass reaches ``p`` (the most likely token always stays).
+    """
+    vocab = logits.shape[-1]
+    if sampling.greedy:
+        return F.one_hot(logits.argmax(-1), vocab).to(torch.float32)
+    x = logits.float() / sampling.temperature
+    if 0 < sampling.top_k < vocab:
+        kth = x.topk(sampling.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if sampling.top_p < 1:
+        ordered, order = x.sort(dim=-1, descending=True)
+        probs = ordered.softmax(-1)
+        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+        ordered = ordered.masked_fill(before >= sampling.top_p, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(-1, order, ordered)
+    return x.softmax(-1)

@@ -1,0 +1,107 @@
+"""Shared fixtures: tiny random checkpoints written by ``transformers``' ``save_pretrained``.
+
+Session-scoped so ``transformers`` is imported and each checkpoint built once per test run. Every
+checkpoint is seeded; the engine loads them with ``real_engine.model.load_model``.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+CHARS = string.ascii_letters + string.digits + " .,:;()=+-*/_'\"\n"
+EOS = "<|endoftext|>"
+# Two busy cores shared with other jobs: one intra-op thread avoids oversubscription stalls.
+torch.set_num_threads(1)
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
+def save_char_tokenizer(folder: Path) -> None:
+    """A character-level ``tokenizer.json``: EOS is id 0, then one id per character of ``CHARS``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {EOS: 0, **{ch: i + 1 for i, ch in enumerate(CHARS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=" "))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([EOS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def build_checkpoint(folder: Path, kind: str = "llama", *, seed: int = 0, vocab: int = 96, hidden: int = 64,
+                     layers: int = 2, init: float = 0.02, tied: bool = False, noise: float = 0.0,
+                     noise_seed: int = 1, tokenizer: bool = False, max_positions: int = 256) -> Path:
+    """Save a random Llama (llama3 rope scaling) or Qwen3 model with ``save_pretrained``.
+
+    ``noise`` adds seeded Gaussian noise of that scale to every weight after the seeded init, so two
+    calls that differ only in ``noise`` give a model and a perturbed copy of it.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    shape = {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+             "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": hidden // 4, "max_position_embeddings": max_positions, "initializer_range": init,
+             "tie_word_embeddings": tied, "eos_token_id": 0, "bos_token_id": None}
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shape, rope_scaling=LLAMA3_ROPE, rope_theta=10000.0))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**shape, rope_theta=1000000.0))
+    if noise:
+        generator = torch.Generator().manual_seed(noise_seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(noise * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(folder)
+    if tokenizer:
+        save_char_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def build() -> Callable[..., Path]:
+    """``build_checkpoint``, for tests that need checkpoints of their own."""
+    return build_checkpoint
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Llama (untied, llama3 rope scaling) with a character tokenizer."""
+    return build_checkpoint(tmp_path_factory.mktemp("llama"), "llama", init=0.1, tokenizer=True)
+
+
+@pytest.fixture(scope="session")
+def draft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A perturbed copy of ``llama_dir``'s model: a draft model that is often, not always, right."""
+    return build_checkpoint(tmp_path_factory.mktemp("draft"), "llama", init=0.1, noise=0.02)
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Qwen3 (qk-norm, tied embeddings)."""
+    return build_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=3, init=0.1, tied=True)
+
+
+@pytest.fixture(scope="session")
+def other_vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A draft model whose vocabulary (80) differs from the target's (96)."""
+    return build_checkpoint(tmp_path_factory.mktemp("other_vocab"), "llama", vocab=80)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One quiet local Ray (2 CPUs, no dashboard) shared by every test that runs Ray Tune."""
+    import ray
+
+    from experiments.tune import start_ray  # sets Ray's quiet environment before ray starts
+
+    started = start_ray()
+    yield
+    if started:
+        ray.shutdown()

@@ -1,0 +1,246 @@
+"""The decode loop and the first drafters: greedy equality, exact drafter state, losslessness, stopping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from policies.errors import InputError
+from real_engine.decode import generate, make_drafter
+from real_engine.drafters.draft_model import DraftModelDrafter
+from real_engine.drafters.ngram import NgramDrafter
+from real_engine.model import ModelArgs, Output, Transformer, load_model
+from real_engine.tree import DraftTree
+from real_engine.warp import Sampling, warp
+
+ALL = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
+SINGLE = ("greedy", "token", "block", "rrs")
+# (drafter, draft shape, verifiers): gbv needs i.i.d. paths, gbv and seqbv equal-length unmerged paths.
+CONFIGS = [("ngram", {}, (*SINGLE, "seqbv")), ("draft-model", {"depth": 3}, ALL),
+           ("draft-model", {"width": 3, "budget": 8, "depth": 3}, SINGLE),
+           ("draft-model", {"paths": 2, "depth": 3}, ALL)]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def target(llama_dir: Path) -> Transformer:
+    return load_model(llama_dir)
+
+
+@pytest.fixture(scope="module")
+def draft(draft_dir: Path) -> Transformer:
+    return load_model(draft_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(1, 96, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+            for _ in range(20)]
+
+
+@pytest.fixture(scope="module")
+def vanilla(target: Transformer, prompts: list[list[int]]) -> list[tuple[int, ...]]:
+    return [generate(target, prompt, max_new_tokens=NEW_TOKENS).tokens for prompt in prompts]
+
+
+@pytest.mark.parametrize(("name", "shape", "verifier"),
+                         [(name, shape, v) for name, shape, vs in CONFIGS for v in vs])
+def test_greedy_speculative_equals_vanilla(name: str, shape: dict, verifier: str, target: Transformer,
+                                           draft: Transformer, prompts: list[list[int]],
+                                           vanilla: list[tuple[int, ...]]) -> None:
+    accepted = 0
+    for prompt, expected in zip(prompts, vanilla, strict=True):
+        drafter = make_drafter(name, target, draft, **shape)
+        out = generate(target, prompt, drafter=drafter, verifier=verifier, max_new_tokens=NEW_TOKENS)
+        assert out.tokens == expected
+        assert out.stats.new_tokens == NEW_TOKENS
+        assert out.stats.tau == pytest.approx(NEW_TOKENS / out.stats.iterations)
+        accepted += sum(out.stats.accepted)
+    assert accepted > 0
+
+
+def test_vanilla_stats() -> None:
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=8)).eval()
+    stats = generate(model, [1, 2, 3], max_new_tokens=5).stats
+    assert (stats.new_tokens, stats.iterations, stats.tau, stats.accepted) == (5, 5, 1.0, (0,) * 5)
+    assert 0 <= stats.overhead_seconds <= stats.seconds
+
+
+class Recorder:
+    """Wraps a drafter and records each proposal with the committed context it was drafted from."""
+
+    def __init__(self, inner: DraftModelDrafter) -> None:
+        self.inner, self.proposals = inner, []
+
+    @property
+    def model_seconds(self) -> float:
+        return self.inner.model_seconds
+
+    def begin(self, prompt: torch.Tensor, target: Output, *args: object) -> None:
+        self.context = prompt.tolist()
+        self.inner.begin(prompt, target, *args)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        self.tree = self.inner.propose(max_depth)
+        self.proposals.append((list(self.context), self.tree))
+        return self.tree
+
+    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
+        self.context += [int(self.tree.tokens[n]) for n in path] + [token]
+        self.inner.accept(path, token, target)
+
+
+def ancestry(tree: DraftTree, node: int) -> list[int]:
+    parents, path = tree.parents.tolist(), []
+    while node > 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("shape", [{}, {"width": 3, "budget": 12}, {"paths": 3}])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@torch.inference_mode()
+def test_draft_model_laws_equal_a_fresh_forward(shape: dict, temperature: float, target: Transformer,
+                                                draft: Transformer) -> None:
+    """Every drafted-from law equals the draft model run afresh on the committed context plus the node's
+    path: the draft cache stays exact across keep, backlog and tree masks, step after step."""
+    sampling = Sampling(temperature)
+    recorder = Recorder(make_drafter("draft-model", target, draft, depth=3, **shape))
+    verifier = "greedy" if sampling.greedy else "rrs"
+    generate(target, [5, 6, 7], drafter=recorder, verifier=verifier, sampling=sampling, max_new_tokens=16)
+    topk_ranking = "width" in shape and sampling.greedy
+    checked = 0
+    for context, tree in recorder.proposals:
+        assert tree.tokens[0] == context[-1]
+        with_children = set(tree.parents.tolist()[1:])
+        for node in range(tree.size):
+            if node not in with_children:
+                continue
+            sequence = torch.tensor(context + tree.tokens[ancestry(tree, node)].tolist())
+            logits = draft(sequence[None]).logits[0, -1]
+            law = logits.softmax(-1) if topk_ranking else warp(logits, sampling)
+            torch.testing.assert_close(tree.q[node], law, atol=1e-5, rtol=0)
+            checked += 1
+    assert checked > 2 * len(recorder.proposals)
+
+
+@pytest.fixture(scope="module")
+def tiny(build: Callable[..., Path],
+         tmp_path_factory: pytest.TempPathFactory) -> tuple[Transformer, Transformer]:
+    """A 4-token target and a perturbed copy as its draft model (total variation ~0.2 on two tokens)."""
+    kw = {"vocab": 4, "hidden": 16, "layers": 1, "init": 0.2, "seed": 10}
+    return (load_model(build(tmp_path_factory.mktemp("tiny_target"), **kw)),
+            load_model(build(tmp_path_factory.mktemp("tiny_draft"), noise=0.05, **kw)))
+
+
+@torch.inference_mode()
+def pair_law(model: Transformer, prompt: list[int], sampling: Sampling) -> torch.Tensor:
+    """Exact law [V, V] of the first two sampled tokens after ``prompt``."""
+    vocab = model.args.vocab_size
+    sequences = torch.tensor([[*prompt, a] for a in range(vocab)])
+    logits = model(sequences).logits
+    first = warp(logits[0, -2], sampling)
+    return first[:, None] * warp(logits[:, -1], sampling)
+
+
+def pvalue(counts: torch.Tensor, law: torch.Tensor) -> float:
+    """Chi-square p-value of ``counts`` under ``law`` (0 if a zero-probability outcome occurred)."""
+    if counts[law == 0].sum() > 0:
+        return 0.0
+    counts, law = counts[law > 0].double(), law[law > 0].double()
+    return float(chisquare(counts.numpy(), (law / law.sum() * counts.sum()).numpy()).pvalue)
+
+
+STATISTICAL = [("none", {}, "token", 1.0), ("draft-model", {}, "token", 1.0),
+               ("draft-model", {}, "block", 0.9), ("draft-model", {}, "rrs", 1.0),
+               ("draft-model", {"width": 2, "budget": 4}, "rrs", 1.0),
+               ("draft-model", {"paths": 3}, "gbv", 1.0), ("draft-model", {"paths": 3}, "seqbv", 0.9)]
+
+
+@pytest.mark.parametrize(("name", "shape", "verifier", "top_p"), STATISTICAL)
+def test_sampled_continuations_follow_the_target(name: str, shape: dict, verifier: str, top_p: float,
+                                                 tiny: tuple[Transformer, Transformer]) -> None:
+    """Through the real loop at temperature 1: the first two tokens' frequencies match the target's
+    exact law, and with this many runs they would reject the draft model's law (the test has power)."""
+    target, draft = tiny
+    prompt, runs, sampling = [1, 3, 0], 300, Sampling(1.0, top_p=top_p)
+    counts = torch.zeros(4, 4)
+    accepted = 0
+    for seed in range(runs):
+        drafter = make_drafter(name, target, draft, depth=2, **shape)
+        out = generate(target, prompt, drafter=drafter, verifier=verifier, sampling=sampling,
+                       max_new_tokens=3, seed=seed)
+        counts[out.tokens[0], out.tokens[1]] += 1
+        accepted += sum(out.stats.accepted)
+    assert pvalue(counts, pair_law(target, prompt, sampling)) > 1e-4
+    assert pvalue(counts, pair_law(draft, prompt, sampling)) < 1e-4
+    assert name == "none" or accepted > 0
+
+
+@pytest.mark.parametrize("name", ["none", "ngram", "draft-model"])
+def test_stops_at_eos_and_max_new_tokens(name: str, target: Transformer, draft: Transformer,
+                                         prompts: list[list[int]], vanilla: list[tuple[int, ...]]) -> None:
+    prompt, expected = prompts[0], vanilla[0]
+    stop = next(i for i in range(2, NEW_TOKENS) if expected[i] not in expected[:i])
+    out = generate(target, prompt, drafter=make_drafter(name, target, draft), max_new_tokens=NEW_TOKENS,
+                   eos_id=expected[stop])
+    assert out.tokens == expected[:stop + 1]
+    for limit in range(1, 8):
+        streamed: list[int] = []
+        out = generate(target, prompt, drafter=make_drafter(name, target, draft, depth=4),
+                       max_new_tokens=limit, on_tokens=streamed.extend)
+        assert out.tokens == expected[:limit] == tuple(streamed)
+
+
+def test_ngram_lookup_takes_the_latest_longest_match() -> None:
+    drafter = NgramDrafter(depth=3, max_ngram=3)
+    drafter.tokens = [1, 2, 3, 4, 1, 2, 5, 6, 9, 1, 2]
+    assert drafter.lookup(3) == [5, 6, 9]  # [1, 2] last occurred at 4; no earlier [9, 1, 2]
+    drafter.tokens = [5, 2, 8, 6, 1, 2, 8, 4, 3, 2, 8, 9, 1, 2, 8]
+    assert drafter.lookup(2) == [4, 3]  # the trigram [1, 2, 8] at 4 beats the later bigram [2, 8] at 9
+    drafter.tokens = [1, 2, 3]
+    assert drafter.lookup(3) == []
+
+
+def test_warp() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    assert warp(logits, Sampling()).tolist() == [1.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(warp(logits, Sampling(2.0)), (logits / 2).softmax(-1))
+    assert (warp(logits, Sampling(1.0, top_k=2)) > 0).tolist() == [True, True, False, False]
+    probs = logits.softmax(-1)  # 0.64, 0.24, 0.09, 0.03
+    assert (warp(logits, Sampling(1.0, top_p=0.64)) > 0).tolist() == [True, False, False, False]
+    assert (warp(logits, Sampling(1.0, top_p=0.65)) > 0).tolist() == [True, True, False, False]
+    torch.testing.assert_close(warp(logits, Sampling(1.0, top_p=0.9)), torch.cat((probs[:3] / probs[:3].sum(),
+                                                                                   torch.zeros(1))))
+    for bad in ({"temperature": -1.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(InputError):
+            Sampling(**bad)
+
+
+def test_bad_input_raises_input_error(target: Transformer, draft: Transformer, other_vocab_dir: Path) -> None:
+    with pytest.raises(InputError, match="empty"):
+        generate(target, [])
+    with pytest.raises(InputError, match="context"):
+        generate(target, [1] * 250, max_new_tokens=10)
+    with pytest.raises(InputError, match="vocabulary"):
+        make_drafter("draft-model", target, load_model(other_vocab_dir))
+    with pytest.raises(InputError, match="vocabulary"):
+        generate(target, [1, 2], drafter=DraftModelDrafter(load_model(other_vocab_dir)))
+    with pytest.raises(InputError, match="unknown verifier"):
+        generate(target, [1, 2], drafter=make_drafter("ngram", target), verifier="nope")
+    with pytest.raises(InputError, match="temperature 0"):
+        generate(target, [1, 2], drafter=make_drafter("ngram", target), sampling=Sampling(1.0))
+    with pytest.raises(InputError, match="unknown drafter"):
+        make_drafter("nope", target)
+    with pytest.raises(InputError, match="not available yet"):
+        make_drafter("eagle", target)
+    with pytest.raises(InputError, match="token ids"):
+        generate(target, [1, 96])
