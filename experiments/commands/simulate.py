@@ -26,7 +26,7 @@ SHIPPED_TRACES = ROOT / "data" / "traces" / "default.parquet"
 BASELINES = (1, 2, 4, 8)
 
 
-def _drafter(profile: Any, traces: Any) -> str:
+def default_drafter(profile: Any, traces: Any) -> str:
     kinds = sorted(profile.drafters)
     if traces is not None:
         used = sorted(set(traces["drafter"]))
@@ -51,7 +51,7 @@ def _evaluate(profile_path: Path | None, traces_path: Path | None, policy_paths:
     traces_path = traces_path or (SHIPPED_TRACES if SHIPPED_TRACES.exists() else None)
     profile = load_profile(profile_path)
     traces = None if traces_path is None else load_traces(traces_path)
-    drafter = _drafter(profile, traces)
+    drafter = default_drafter(profile, traces)
     model = default_acceptance() if traces is None else TraceReplay.from_traces(traces)
     named = [("vanilla", make_policy("fixed", {"length": 0}))]
     if policy_paths:

@@ -1,0 +1,87 @@
+"""`specblock tune length|adapt`: tune the policies on the simulator with Ray Tune; export the best.
+
+``length`` tunes speculation-length policies on SpecLength queries, ``adapt`` adaptation policies on
+AdaptStream streams with a domain shift (``experiments.tune`` describes the objective, the common
+random numbers and the out folder). Local Ray on 2 CPUs by default; ``--address`` joins a running
+cluster. ``--resume`` continues an interrupted study in the same ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+TASKS = ("length", "adapt")
+
+
+def _table(task: str, report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Tuned {task} policies: best configuration per kind (simulated)",
+                  caption=f"{report['trials']} trials in {report['tune_seconds']:.1f} s "
+                          f"({report['trials_per_minute']:.1f} trials/min); files in {report['out']}")
+    for name in ("kind", "tokens/s", "params"):
+        table.add_column(name, justify="right" if name == "tokens/s" else "left")
+    for chosen in report["best_by_kind"].values():
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in chosen["params"].items())
+        table.add_row(chosen["kind"], f"{chosen['tokens_per_second']:.2f}", params)
+    Console().print(table)
+    click.echo(f"best: {report['best']['kind']} -> {Path(report['out']) / 'best_policy.json'}")
+
+
+@click.command("tune")
+@click.argument("task", metavar="length|adapt", type=click.Choice(TASKS))
+@click.option("--samples", type=int, default=16, show_default=True,
+              help="Configurations per policy kind (random: the defaults, then random draws; "
+                   "grid: values per parameter).")
+@click.option("--policy-kind", "kinds", multiple=True,
+              help="Policy kind to tune (repeatable or comma-separated) [default: length -> libraspec, "
+                   "threshold, heuristic, fixed; adapt -> cost_aware_bandit, epsilon_greedy].")
+@click.option("--search", type=click.Choice(("random", "grid")), default="random", show_default=True,
+              help="How configurations are drawn from each kind's parameter ranges.")
+@click.option("--scheduler", type=click.Choice(("fifo", "asha")), default="fifo", show_default=True,
+              help="asha stops poor trials after a chunk of queries.")
+@click.option("--queries", type=int, default=None,
+              help="length: queries per trial [256]; adapt: queries per stream [2000].")
+@click.option("--chunks", type=int, default=None,
+              help="length: batches the queries are served in [4]; adapt: streams per trial [2]. "
+                   "One report per chunk.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the simulated work (the same in every trial) and of the random search.")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path),
+              help="Cost profile JSON [default: data/profiles/cpu_shipped.json, else the A100 paper "
+                   "profile].")
+@click.option("--traces", "traces_path", type=click.Path(path_type=Path),
+              help="Acceptance traces (parquet) [default: data/traces/default.parquet, else the "
+                   "parametric model].")
+@click.option("--address", default=None, help="Address of a running Ray cluster [default: local Ray].")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Study folder [default: runs/tune/TASK].")
+@click.option("--resume", is_flag=True, help="Continue the study already in --out.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def command(task: str, samples: int, kinds: tuple[str, ...], search: str, scheduler: str, queries: int | None,
+            chunks: int | None, seed: int, profile_path: Path | None, traces_path: Path | None,
+            address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
+    """Tune speculation-length or adaptation policies with Ray Tune; write the results and best policy."""
+    from experiments.tune import StudyError, check_kinds, make_setting, tune_policies
+
+    setting = make_setting(task, profile_path, traces_path, queries, chunks, seed)
+    names = check_kinds(task, [k.strip() for group in kinds for k in group.split(",") if k.strip()])
+    out = out or Path("runs") / "tune" / task
+    try:
+        result = tune_policies(setting, names, samples, out, search, scheduler, resume, address,
+                               progress=lambda line: click.echo(line, err=True))
+    except StudyError as err:
+        raise click.ClickException(str(err)) from None
+    report = {"kind": task, "policy_kinds": list(names), "samples": samples, "search": search,
+              "scheduler": scheduler, "setting": setting.describe(), **result.summary()}
+    if as_json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        _table(task, report)

@@ -1,0 +1,447 @@
+"""Ray Tune studies: search each policy kind's parameters on the simulator and export the best policy.
+
+A study tunes one task (``length``: speculation-length policies on SpecLength; ``adapt``: adaptation
+policies on AdaptStream streams with a domain shift) as one Ray Tune experiment whose trials are the
+configurations of every policy kind, drawn from search spaces derived from each kind's parameter
+``RANGES`` (``configurations``). The objective is simulated tokens/s. Every trial serves the same
+simulated work: chunk k of every trial runs with seed ``seed + k`` (common random numbers), so trials
+differ only by their policy. A trial reports its cumulative tokens/s after each chunk, which is what
+the ASHA scheduler stops early on.
+
+``length`` chunks split ``queries`` queries into ``chunks`` batches; ``adapt`` chunks are
+``chunks`` independent streams of ``queries`` queries each (a stream cannot be cut without changing
+what the policy learns). Out folder: ``results.parquet`` and ``results.csv`` (one row per trial),
+``best_policy.json`` (the best complete trial's policy file), ``best_<kind>.json`` per kind,
+``study.json`` (the configuration and summary), and ``ray/study/`` (Ray Tune's state, for ``resume``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import math
+import os
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies.base import POLICY_KINDS, make_policy, policy_to_dict, save_policy
+from policies.errors import InputError
+from policies.io import atomic_write, write_json
+from simulator.acceptance import PAPER_DOMAINS, AcceptanceModel, TraceReplay, paper_acceptance
+from simulator.costs import CostProfile, load_profile
+from simulator.envs import AdaptStreamEnv, default_phases
+from simulator.rollout import Outcome, is_adaptation, run_adapt, run_length
+from simulator.traces import load_traces
+from simulator.vector_envs import SpecLengthVectorEnv
+
+for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
+                      ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1"), ("RAY_AIR_NEW_OUTPUT", "0")):
+    os.environ.setdefault(_name, _value)  # read when ray is imported, so set before any import of it
+
+TASKS: Mapping[str, tuple[str, ...]] = {
+    "length": ("libraspec", "threshold", "heuristic", "fixed"),
+    "adapt": ("cost_aware_bandit", "epsilon_greedy"),
+}
+"""Each task and the policy kinds it tunes by default."""
+DEFAULT_QUERIES = {"length": 256, "adapt": 2000}
+DEFAULT_CHUNKS = {"length": 4, "adapt": 2}
+SEARCHES = ("random", "grid")
+SCHEDULERS = ("fifo", "asha")
+MAX_GRID = 4096
+"""Most trials one kind's grid search may hold."""
+METRIC = "tokens_per_second"
+EXPERIMENT = "study"
+"""Name of the Ray Tune experiment under ``out/ray``."""
+
+SEARCH_BOUNDS: Mapping[str, Mapping[str, tuple[float, float]]] = {
+    "cost_aware_bandit": {"warmup": (0, 50), "cold_start_events": (0, 16), "cooldown": (0, 8),
+                          "s_min": (0.0, 200.0), "window": (1, 16), "revert_windows": (1, 6)},
+}
+"""Searched sub-ranges of parameters whose valid range is unbounded or far wider than a useful search."""
+ORDERED: Mapping[str, tuple[str, ...]] = {"heuristic": ("min_length", "initial", "max_length")}
+"""Parameters that must be non-decreasing: a sampled configuration takes their values sorted."""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A paper-derived parametric acceptance model (``simulator.acceptance.paper_acceptance``)."""
+
+    domains: tuple[tuple[str, float], ...] = tuple(PAPER_DOMAINS.items())
+    shared_sd: float = 1.0
+    own_sd: float = 0.75
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every trial of a study simulates: plain data, shipped to the Ray workers as is."""
+
+    task: str
+    profile: str
+    drafter: str
+    traces: str | None = None
+    traffic: Traffic | None = Traffic()
+    """The parametric acceptance model when ``traces`` is None (else None)."""
+    queries: int = 256
+    chunks: int = 4
+    seed: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready form (for results and resume checks)."""
+        return dataclasses.asdict(self)
+
+
+def make_setting(task: str, profile: str | Path | None = None, traces: str | Path | None = None,
+                 queries: int | None = None, chunks: int | None = None, seed: int = 0,
+                 traffic: Traffic | None = None, drafter: str | None = None) -> Setting:
+    """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
+    them; a ``traffic`` replaces the shipped traces."""
+    from experiments.commands.simulate import SHIPPED_PROFILE, SHIPPED_TRACES, default_drafter
+    from simulator.costs import PAPER_PROFILE
+
+    _check_task(task)
+    queries = DEFAULT_QUERIES[task] if queries is None else queries
+    chunks = DEFAULT_CHUNKS[task] if chunks is None else chunks
+    for name, value, low in (("queries", queries, 1), ("chunks", chunks, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"{name} = {value!r} is invalid: use an integer >= {low}")
+    if task == "length" and queries < chunks:
+        raise InputError(f"{queries} queries cannot fill {chunks} chunks: use queries >= chunks")
+    if profile is None:
+        profile = SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
+    if traces is None and traffic is None and SHIPPED_TRACES.exists():
+        traces = SHIPPED_TRACES
+    loaded = load_profile(profile)
+    recorded = None if traces is None else load_traces(traces)
+    drafter = drafter or default_drafter(loaded, recorded)
+    if drafter not in loaded.drafters:
+        raise InputError(f"drafter {drafter!r} is not in the profile: "
+                         f"use one of {', '.join(loaded.drafters)}")
+    if traces is not None:
+        traces, traffic = str(Path(traces).resolve()), None
+    elif traffic is None:
+        traffic = Traffic()
+    return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed)
+
+
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise InputError(f"unknown study {task!r}: use one of {', '.join(TASKS)}")
+
+
+def check_kinds(task: str, kinds: Sequence[str]) -> tuple[str, ...]:
+    """The policy kinds to tune for ``task`` (its defaults when empty); InputError for a wrong one."""
+    _check_task(task)
+    kinds = tuple(dict.fromkeys(kinds)) or TASKS[task]
+    for kind in kinds:
+        if kind not in POLICY_KINDS:
+            raise InputError(f"unknown policy kind {kind!r}: use one of {', '.join(sorted(POLICY_KINDS))}")
+        if is_adaptation(make_policy(kind)) != (task == "adapt"):
+            other = "adapt" if task == "length" else "length"
+            raise InputError(f"policy kind {kind!r} belongs to the {other} study, not {task}: "
+                             f"tune it with `specblock tune {other}`")
+    return kinds
+
+
+@functools.lru_cache(maxsize=8)
+def _world(profile: str, traces: str | None, traffic: Traffic | None) -> tuple[CostProfile, AcceptanceModel]:
+    """The cost profile and acceptance model of a setting, built once per process (and Ray worker)."""
+    if traffic is None:
+        model: AcceptanceModel = TraceReplay.from_traces(load_traces(traces))
+    else:
+        model = paper_acceptance(dict(traffic.domains), shared_sd=traffic.shared_sd, own_sd=traffic.own_sd)
+    return load_profile(profile), model
+
+
+def simulate_chunks(setting: Setting, kind: str, params: Mapping[str, Any]) -> Iterator[Outcome]:
+    """The outcome of each chunk of ``setting`` for the policy ``kind(params)``; chunk k uses seed + k."""
+    profile, model = _world(setting.profile, setting.traces, setting.traffic)
+    policy = make_policy(kind, params, seed=setting.seed)
+    if setting.task == "length":
+        for k, size in enumerate(np.diff(np.linspace(0, setting.queries, setting.chunks + 1).astype(int))):
+            env = SpecLengthVectorEnv(int(size), profile, model, setting.drafter)
+            yield run_length(policy, env, setting.seed + k)
+    else:
+        phases = default_phases(model.domains, setting.queries)
+        for k in range(setting.chunks):
+            env = AdaptStreamEnv(profile, model, setting.drafter, phases=phases)
+            yield run_adapt(policy, env, setting.seed + k)
+
+
+def combine(outcomes: Sequence[Outcome]) -> Outcome:
+    """Totals of several runs as one outcome."""
+    return Outcome(*(sum(getattr(o, f.name) for o in outcomes) for f in dataclasses.fields(Outcome)))
+
+
+def evaluate(setting: Setting, kind: str, params: Mapping[str, Any] | None = None) -> Outcome:
+    """The study's objective for one configuration: totals over every chunk of ``setting``."""
+    return combine(list(simulate_chunks(setting, kind, params or {})))
+
+
+def _domain(kind: str, name: str) -> Any:
+    """Ray Tune's sampling domain of one parameter: its ``RANGES`` entry, narrowed by ``SEARCH_BOUNDS``."""
+    from ray import tune
+
+    spec = POLICY_KINDS[kind].params_type.RANGES[name]
+    if all(isinstance(choice, str) for choice in spec):
+        return tune.choice(list(spec))
+    low, high, integer = spec
+    low, high = SEARCH_BOUNDS.get(kind, {}).get(name, (low, high))
+    return tune.randint(int(low), int(high) + 1) if integer else tune.uniform(float(low), float(high))
+
+
+def _grid_values(domain: Any, samples: int) -> list[Any]:
+    """``samples`` evenly spaced values of a numeric domain (every integer when fewer), or every choice."""
+    from ray.tune.search.sample import Categorical, Integer
+
+    if isinstance(domain, Categorical):
+        return list(domain.categories)
+    if isinstance(domain, Integer):  # randint's upper bound is exclusive
+        return sorted({round(v) for v in np.linspace(domain.lower, domain.upper - 1, samples)})
+    return [float(v) for v in np.linspace(domain.lower, domain.upper, samples)]
+
+
+def configurations(kind: str, search: str = "random", samples: int = 16,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """The parameter sets a study tries for ``kind``.
+
+    ``random``: the defaults, then ``samples - 1`` draws from each parameter's Ray Tune domain (seeded by
+    ``seed`` and the kind). ``grid``: every combination of ``samples`` evenly spaced values per parameter.
+    Duplicates are dropped.
+    """
+    if search not in SEARCHES:
+        raise InputError(f"unknown search {search!r}: use one of {', '.join(SEARCHES)}")
+    names = tuple(POLICY_KINDS[kind].params_type.RANGES)
+    domains = [_domain(kind, name) for name in names]
+    if search == "grid":
+        axes = [_grid_values(domain, samples) for domain in domains]
+        size = math.prod(len(axis) for axis in axes)
+        if size > MAX_GRID:
+            raise InputError(f"a grid over the parameters of {kind!r} holds {size} configurations (more than "
+                             f"{MAX_GRID}): use --search random, or fewer --samples")
+        combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*axes)]
+    else:
+        rng = np.random.default_rng([seed, zlib.crc32(kind.encode())])
+        combos = [default_params(kind)] + [{name: domain.sample(random_state=rng) for name, domain
+                                            in zip(names, domains, strict=True)} for _ in range(samples - 1)]
+    unique = {json.dumps(params := policy_params(kind, combo), sort_keys=True): params for combo in combos}
+    return list(unique.values())
+
+
+def policy_params(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The valid parameters ``config`` stands for: plain int/float/str by the kind's ``RANGES``, the
+    ``ORDERED`` ones sorted."""
+    params: dict[str, Any] = {}
+    for name, spec in POLICY_KINDS[kind].params_type.RANGES.items():
+        value = config[name]
+        if all(isinstance(choice, str) for choice in spec):
+            params[name] = str(value)
+        else:
+            params[name] = int(value) if spec[2] else float(value)
+    names = ORDERED.get(kind, ())
+    params.update(zip(names, sorted(params[name] for name in names), strict=True))
+    return params
+
+
+def default_params(kind: str) -> dict[str, Any]:
+    """Every parameter of ``kind`` at its default (the first point each random search evaluates)."""
+    return policy_to_dict(make_policy(kind))["params"]
+
+
+def _trial(config: dict[str, Any], setting: Setting) -> None:
+    """One Ray Tune trial: simulate chunk by chunk, reporting cumulative tokens/s after each."""
+    from ray import tune
+
+    policy = config["policy"]
+    done: list[Outcome] = []
+    for outcome in simulate_chunks(setting, policy["kind"], policy["params"]):
+        done.append(outcome)
+        total = combine(done)
+        tune.report({METRIC: total.tokens_per_second, "tau": total.tau, "chunks": len(done)})
+
+
+def _trial_dirname(trial: Any) -> str:
+    """Short trial folder names (Ray's default spells the whole configuration out)."""
+    return trial.trial_id
+
+
+class StudyError(RuntimeError):
+    """A study ended without a result: interrupted (it can be resumed), or no trial ran to the end."""
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """A finished study: the trial table, the best trial, where the files went, and how fast it ran."""
+
+    table: pd.DataFrame
+    best: dict[str, Any]
+    best_by_kind: dict[str, dict[str, Any]]
+    out: Path
+    seconds: float
+    tune_seconds: float
+
+    @property
+    def trials_per_minute(self) -> float:
+        """Trials per minute of Ray Tune time (the experiment's fit; Ray's start excluded)."""
+        return 60.0 * len(self.table) / self.tune_seconds if self.tune_seconds > 0 else math.nan
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary (the ``specblock tune --json`` object, less the command's own keys)."""
+        return {"trials": len(self.table), "best": self.best, "best_by_kind": self.best_by_kind,
+                "out": str(self.out), "seconds": self.seconds, "tune_seconds": self.tune_seconds,
+                "trials_per_minute": self.trials_per_minute}
+
+
+def start_ray(address: str | None = None) -> bool:
+    """Connect to Ray at ``address`` or start a quiet local Ray on 2 CPUs; False when Ray was already up."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    return True
+
+
+def _tuner(setting: Setting, policies: list[dict[str, Any]], scheduler: str, storage: Path,
+           resume: bool) -> Any:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    trainable = tune.with_parameters(_trial, setting=setting)
+    path = storage / EXPERIMENT
+    if resume and tune.Tuner.can_restore(str(path)):
+        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, restart_errored=True)
+    stopper = (ASHAScheduler(time_attr="chunks", max_t=setting.chunks, grace_period=1, reduction_factor=2)
+               if scheduler == "asha" else FIFOScheduler())
+    return tune.Tuner(
+        trainable,
+        param_space={"policy": tune.grid_search(policies)},
+        tune_config=tune.TuneConfig(metric=METRIC, mode="max", search_alg=BasicVariantGenerator(),
+                                    scheduler=stopper, reuse_actors=True,
+                                    trial_dirname_creator=_trial_dirname),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(storage), verbose=0),
+    )
+
+
+def _table(grid: Any, policies: list[dict[str, Any]], chunks: int) -> pd.DataFrame:
+    rows = []
+    for result in grid:
+        metrics = result.metrics or {}
+        index = int(Path(result.path).name.rsplit("_", 1)[1])  # trial ids count up the grid's list
+        policy = result.config["policy"] if result.config else policies[index]  # no report: no config
+        done = int(metrics.get("chunks", 0))
+        rows.append({"kind": policy["kind"], "trial_id": metrics.get("trial_id", Path(result.path).name),
+                     **{f"params/{name}": value for name, value in policy["params"].items()},
+                     METRIC: float(metrics.get(METRIC, math.nan)), "tau": float(metrics.get("tau", math.nan)),
+                     "chunks": done, "complete": done == chunks and result.error is None,
+                     "error": None if result.error is None else str(result.error).splitlines()[0]})
+    table = pd.DataFrame(rows).sort_values("trial_id", ignore_index=True)
+    params = sorted(name for name in table.columns if name.startswith("params/"))
+    return table[["kind", "trial_id", *params, METRIC, "tau", "chunks", "complete", "error"]]
+
+
+def best_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The best trial of each kind among its error-free trials that ran the most chunks (ASHA may have
+    stopped every trial of a kind early); complete ones first, then by tokens/s."""
+    ok = table[table["error"].isna() & (table["chunks"] > 0)]
+    deepest = ok[ok["chunks"] == ok.groupby("kind")["chunks"].transform("max")]
+    best = deepest.loc[deepest.groupby("kind")[METRIC].idxmax()]
+    return best.sort_values(["complete", METRIC], ascending=False)
+
+
+def row_policy(row: pd.Series) -> dict[str, Any]:
+    """``{"kind", "params", "tokens_per_second"}`` of a table row."""
+    names = POLICY_KINDS[row["kind"]].params_type.RANGES
+    params = policy_params(row["kind"], {name: row[f"params/{name}"] for name in names})
+    return {"kind": row["kind"], "params": params, METRIC: float(row[METRIC])}
+
+
+def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16,
+                  out: str | Path = "runs/tune", search: str = "random", scheduler: str = "fifo",
+                  resume: bool = False, address: str | None = None,
+                  progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Tune the policy kinds ``kinds`` (the task's defaults when empty) on ``setting`` in one Ray Tune run.
+
+    ``samples``: configurations per kind (``configurations``). Writes the out folder described in the
+    module docstring. ``resume`` continues the study already in ``out`` (it must have the same
+    configuration); without it, ``out`` must not hold a study yet. ``progress`` receives one line once
+    the inputs are checked.
+    """
+    start = time.perf_counter()
+    kinds = check_kinds(setting.task, kinds)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise InputError(f"samples = {samples!r} is invalid: use an integer >= 1 (configurations per kind)")
+    if scheduler not in SCHEDULERS:
+        raise InputError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)}")
+    policies = [{"kind": kind, "params": params} for kind in kinds
+                for params in configurations(kind, search, samples, setting.seed)]
+    out = Path(out).resolve()
+    config = {"setting": setting.describe(), "kinds": list(kinds), "samples": samples, "search": search,
+              "scheduler": scheduler}
+    _check_out(out, config, resume)
+    write_json(out / "study.json", {"config": config})
+    if progress:
+        progress(f"tuning {len(policies)} configurations of {', '.join(kinds)} ({search} search, "
+                 f"{scheduler}) on {address or 'local Ray'}: drafter {setting.drafter}, "
+                 f"profile {setting.profile}")
+    started = start_ray(address)
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")  # it warns that no result.json
+    level = quiet.level  # exists: the automatic result loggers are off on purpose
+    quiet.setLevel(logging.ERROR)
+    try:
+        fit_start = time.perf_counter()
+        grid = _tuner(setting, policies, scheduler, out / "ray", resume).fit()
+        tune_seconds = time.perf_counter() - fit_start
+    finally:
+        quiet.setLevel(level)
+        if started:
+            import ray
+
+            ray.shutdown()
+    if any(result.error is None and not (result.metrics or {}).get("chunks") for result in grid):
+        raise StudyError(f"the study in {out} stopped before every trial ran: "
+                               "continue it with --resume")
+    table = _table(grid, policies, setting.chunks)
+    best = best_rows(table)
+    if best.empty or not best["complete"].iloc[0]:
+        errors = table["error"].dropna()
+        detail = f": {errors.iloc[0]}" if len(errors) else ""
+        raise StudyError(f"no trial ran to the end (see {out / 'ray'}){detail}")
+    by_kind = {row["kind"]: {**row_policy(row), "complete": bool(row["complete"])}
+               for _, row in best.iterrows()}
+    for kind, chosen in by_kind.items():  # a kind whose trials all stopped early: its best so far
+        save_policy(make_policy(kind, chosen["params"]), out / f"best_{kind}.json")
+    overall = row_policy(best.iloc[0])
+    save_policy(make_policy(overall["kind"], overall["params"]), out / "best_policy.json")
+    atomic_write(out / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
+    atomic_write(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    result = TuneResult(table, overall, by_kind, out, time.perf_counter() - start, tune_seconds)
+    write_json(out / "study.json", {"config": config, "summary": result.summary()})
+    return result
+
+
+def _check_out(out: Path, config: dict[str, Any], resume: bool) -> None:
+    stored = out / "study.json"
+    if not resume:
+        if (out / "ray").exists():
+            raise InputError(f"{out} already holds a tune study: pass --resume to continue it, "
+                             "or choose another --out")
+        return
+    if stored.exists():
+        previous = json.loads(stored.read_text()).get("config")
+        if previous != json.loads(json.dumps(config)):
+            raise InputError(f"{out} holds a study with another configuration: resume it with the same "
+                             "options (see its study.json), or choose another --out")

@@ -1,0 +1,135 @@
+"""Ray Tune studies: results and policy files, common random numbers, the best row, resume, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+from experiments.tune import (
+    SEARCH_BOUNDS,
+    Traffic,
+    TuneResult,
+    best_rows,
+    configurations,
+    default_params,
+    evaluate,
+    make_setting,
+    tune_policies,
+)
+from policies.base import load_policy
+from policies.errors import InputError
+from simulator.costs import PAPER_PROFILE
+
+SETTING = make_setting("length", PAPER_PROFILE, queries=24, chunks=2, traffic=Traffic())
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", *argv])
+        sys.exit(0)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def study(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> TuneResult:
+    """A 4-sample study of the threshold policy on the simulator."""
+    return tune_policies(SETTING, ("threshold",), samples=4, out=tmp_path_factory.mktemp("study"))
+
+
+def test_study_writes_results_and_a_loadable_best_policy(study: TuneResult):
+    table = pd.read_parquet(study.out / "results.parquet")
+    assert len(table) == 4 and table["complete"].all() and (table["chunks"] == SETTING.chunks).all()
+    pd.testing.assert_frame_equal(table, study.table)
+    assert len(pd.read_csv(study.out / "results.csv")) == 4
+    policy = load_policy(study.out / "best_policy.json")
+    assert policy.kind == "threshold"
+    assert dataclasses.asdict(policy.params) == study.best["params"]
+    assert load_policy(study.out / "best_threshold.json").params == policy.params
+
+
+def test_best_row_is_the_argmax_of_the_table(study: TuneResult):
+    table = study.table
+    top = table.loc[table["tokens_per_second"].idxmax()]
+    assert study.best["tokens_per_second"] == top["tokens_per_second"]
+    assert study.best["params"] == {"threshold": top["params/threshold"],
+                                    "max_length": top["params/max_length"]}
+    assert table["tokens_per_second"].nunique() > 1  # configurations differ, so the argmax means something
+
+
+def test_best_rows_prefer_trials_that_ran_every_chunk():
+    table = pd.DataFrame({  # as ASHA leaves it: fixed trial b stopped early, epsilon_greedy entirely
+        "kind": ["fixed", "fixed", "fixed", "epsilon_greedy", "epsilon_greedy"],
+        "trial_id": ["a", "b", "c", "d", "e"],
+        "tokens_per_second": [80.0, 95.0, 70.0, 90.0, 60.0],
+        "chunks": [4, 1, 4, 1, 2],
+        "complete": [True, False, True, False, False],
+        "error": [None] * 5,
+    })
+    best = best_rows(table)
+    assert list(best["trial_id"]) == ["a", "e"]  # complete first; a stopped kind keeps its deepest trial
+
+
+def test_common_random_numbers(study: TuneResult):
+    params = study.best["params"]
+    first, again = evaluate(SETTING, "threshold", params), evaluate(SETTING, "threshold", params)
+    assert first == again
+    # the Ray trial (another process) simulated exactly the same queries
+    assert first.tokens_per_second == pytest.approx(study.best["tokens_per_second"], rel=1e-12)
+    other = evaluate(dataclasses.replace(SETTING, seed=1), "threshold", params)
+    assert other.tokens_per_second != first.tokens_per_second
+
+
+def test_resume_continues_and_a_second_study_is_refused(study: TuneResult):
+    with pytest.raises(InputError, match="--resume"):
+        tune_policies(SETTING, ("threshold",), samples=4, out=study.out)
+    resumed = tune_policies(SETTING, ("threshold",), samples=4, out=study.out, resume=True)
+    pd.testing.assert_frame_equal(resumed.table, study.table)
+    with pytest.raises(InputError, match="another configuration"):
+        tune_policies(SETTING, ("threshold",), samples=5, out=study.out, resume=True)
+
+
+def test_configurations_start_at_the_defaults_and_respect_the_ranges():
+    bandit = configurations("cost_aware_bandit", "random", 12, seed=3)
+    assert bandit[0] == default_params("cost_aware_bandit") and len(bandit) == 12
+    for name, (low, high) in SEARCH_BOUNDS["cost_aware_bandit"].items():
+        assert all(low <= params[name] <= high for params in bandit)
+    assert configurations("cost_aware_bandit", "random", 12, seed=3) == bandit
+    for params in configurations("heuristic", "random", 30, seed=0):
+        assert params["min_length"] <= params["initial"] <= params["max_length"]
+    assert [p["length"] for p in configurations("fixed", "grid", 5)] == [0, 4, 8, 12, 16]
+    with pytest.raises(InputError, match="--search random"):
+        configurations("cost_aware_bandit", "grid", 4)
+
+
+@pytest.mark.parametrize("argv", [
+    ["bogus"],
+    ["length", "--samples", "0"],
+    ["adapt", "--policy-kind", "nope"],
+    ["length", "--policy-kind", "never"],
+    ["adapt", "--search", "grid", "--policy-kind", "cost_aware_bandit"],
+    ["length", "--queries", "2", "--chunks", "3"],
+])
+def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("specblock: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_cli_json(ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, out, err = run(["adapt", "--policy-kind", "epsilon_greedy", "--samples", "2", "--queries", "30",
+                          "--chunks", "1", "--profile", str(PAPER_PROFILE), "--out", str(tmp_path), "--json"],
+                         capsys)
+    assert code == 0, err
+    data = json.loads(out)  # exactly one JSON object on stdout
+    assert {"kind", "samples", "best", "out", "seconds", "trials_per_minute"} <= set(data)
+    assert (data["kind"], data["samples"], data["trials"]) == ("adapt", 2, 2)
+    assert set(data["best"]) == {"kind", "params", "tokens_per_second"}
+    assert data["best"]["kind"] == "epsilon_greedy" and data["trials_per_minute"] > 0
+    assert load_policy(Path(data["out"]) / "best_policy.json").kind == "epsilon_greedy"
