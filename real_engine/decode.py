@@ -52,6 +52,18 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Iteration:
+    """One speculative iteration, as ``generate``'s ``on_iteration`` callback sees it (for traces)."""
+
+    tree: DraftTree  # the proposal the target verified
+    path: tuple[int, ...]  # accepted node indices, root excluded
+    token: int  # the emitted token after the path
+    context_length: int  # tokens in the target's KV cache when the iteration started
+    draft_seconds: float  # the drafter's propose and accept calls of this iteration
+    verify_seconds: float  # the target's tree forward, warping, verification and cache compaction
+
+
+@dataclass(frozen=True)
 class Generation:
     """The new tokens of one call and its stats."""
 
@@ -148,11 +160,13 @@ def _speculative_step(model: Transformer, cache: KVCache, tree: DraftTree, verif
 def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: Drafter | None = None,
              verifier: str = "greedy", sampling: Sampling = GREEDY, max_new_tokens: int = 64,
              eos_id: int | None = None, seed: int = 0,
-             on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+             on_tokens: Callable[[list[int]], None] | None = None,
+             on_iteration: Callable[[Iteration], None] | None = None) -> Generation:
     """Generate up to ``max_new_tokens`` after ``prompt``: vanilla without a drafter, speculative with one.
 
     Stops after ``eos_id`` (which is emitted). ``on_tokens`` receives each step's new tokens (for
-    streaming). Every random draw comes from one generator seeded with ``seed``.
+    streaming); ``on_iteration`` each speculative iteration (for traces). Neither's time is counted.
+    Every random draw comes from one generator seeded with ``seed``.
     """
     device = model.lm_head.weight.device
     prompt = torch.as_tensor(prompt, dtype=torch.long).to(device)
@@ -171,7 +185,7 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
     root, emitted, accepted, sizes = int(prompt[-1]), [], [], []
     draft_seconds = verify_seconds = callback_seconds = 0.0
     while len(emitted) < max_new_tokens:
-        remaining = max_new_tokens - len(emitted)
+        remaining, context = max_new_tokens - len(emitted), cache.length
         t0 = clock(device)
         if drafter is None:
             t1 = t0
@@ -199,8 +213,11 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
             drafter.accept(path, token, Output(*(x[:, rows] for x in out)))
         t3 = clock(device)
         draft_seconds += (t1 - t0) + (t3 - t2)
+        if on_iteration is not None and drafter is not None:
+            on_iteration(Iteration(tree, path, token, context, (t1 - t0) + (t3 - t2), t2 - t1))
         if on_tokens is not None:
             on_tokens(new)
+        if on_tokens is not None or on_iteration is not None:
             callback_seconds += clock(device) - t3
         if stop:
             break

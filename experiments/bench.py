@@ -1,0 +1,350 @@
+"""The benchmark harness behind `specblock bench`, measured the way Spec-Bench measures.
+
+Every configuration (drafter, draft shape, verifier, temperature) decodes the same prompts of each
+domain. Per prompt, vanilla decoding runs first and every configuration right after it, so machine
+noise hits all alike; one warm-up generation per configuration precedes the measurements. A row's
+``speedup`` is the mean over prompts of (tokens/s / vanilla tokens/s on that prompt); ``tau``,
+``accepted`` and ``alpha`` pool the iterations of all its prompts. At temperature 0 every output is
+checked token for token against vanilla's (``greedy_identical``). The ``transformers`` peer
+(``hf-vanilla``, ``hf-assisted``) is measured in the same interleaved loop (see ``hf_peer``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import torch
+
+from policies.errors import InputError
+from real_engine.decode import generate, make_drafter
+from real_engine.drafters.base import Drafter
+from real_engine.model import Output, Transformer
+from real_engine.tree import DraftTree
+from real_engine.warp import Sampling
+
+ENGINE_DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
+TRAINED_DRAFTERS = ("specblock", "eagle", "medusa")  # drafters shipped as weights under data/models/<name>
+SHAPES = ("chain", "tree", "paths")
+VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
+# The sampling verifiers that fit each kind of draft (T > 0): single-path verifiers on chains, rrs on
+# top-k trees, the multi-path ones on K i.i.d. sampled paths.
+FITS = {"chain": ("token", "block", "rrs"), "tree": ("rrs",), "paths": ("rrs", "gbv", "seqbv")}
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured configuration; ``drafter`` ``none`` is vanilla decoding."""
+
+    drafter: str
+    shape: str | None
+    verifier: str | None
+    temperature: float
+
+    @property
+    def label(self) -> str:
+        """A short name such as ``draft-model/tree/rrs``."""
+        return "/".join(x for x in (self.drafter, self.shape, self.verifier) if x)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a bench run needs besides the loaded models."""
+
+    domains: dict[str, list[str]]  # domain -> prompt texts
+    drafters: tuple[str, ...] = ("none", "ngram", "draft-model")
+    verifiers: tuple[str, ...] = ("greedy", "block", "rrs")
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    shapes: tuple[str, ...] = ("chain", "tree")
+    max_new_tokens: int = 64
+    seed: int = 0
+    depth: int = 4
+    width: int = 4
+    budget: int = 16
+
+
+@dataclass
+class Measurement:
+    """One generation: its tokens and the figures rows are built from."""
+
+    tokens: tuple[int, ...]
+    seconds: float
+    draft_seconds: float
+    iterations: int  # target forwards that emitted tokens
+    accepted: tuple[int, ...] | None = None  # per iteration (engine only)
+    depths: tuple[int, ...] | None = None  # draft depth per iteration (engine only)
+    draft_calls: int | None = None  # drafter model forwards in the whole generation
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of wall time."""
+        return len(self.tokens) / self.seconds
+
+
+@dataclass
+class Recorder:
+    """Wraps a drafter to record each proposal's depth and count its model's forwards, so rows can
+    report acceptance by chain position and drafter calls per iteration."""
+
+    inner: Drafter
+    counter: list[int] = field(default_factory=lambda: [0])  # shared forward count of the drafter's model
+    depths: list[int] = field(default_factory=list)
+    calls: int = 0
+
+    @property
+    def model_seconds(self) -> float:
+        """The wrapped drafter's model time (read by the decode loop)."""
+        return self.inner.model_seconds
+
+    def reset(self) -> None:
+        """Forget the previous generation's records."""
+        self.depths, self.calls = [], 0
+
+    def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
+              max_length: int) -> None:
+        """Delegate; forwards run here are prefill, not drafting, and are not counted."""
+        self.inner.begin(prompt, target, sampling, generator, max_length)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """Delegate, recording the tree's depth and the model forwards it took."""
+        before = self.counter[0]
+        tree = self.inner.propose(max_depth)
+        self.calls += self.counter[0] - before
+        self.depths.append(int(tree.depths.max()))
+        return tree
+
+    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
+        """Delegate, counting any model forwards the drafter runs while committing."""
+        before = self.counter[0]
+        self.inner.accept(path, token, target)
+        self.calls += self.counter[0] - before
+
+
+def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dict[str, list[str]]:
+    """The first ``count`` prompt texts of each domain's ``<folder>/<domain>.jsonl`` (all domains there
+    when ``domains`` is None)."""
+    if count < 1:
+        raise InputError(f"--prompts is {count}: give at least 1 prompt per domain")
+    present = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+    if not present:
+        raise InputError(f"no <domain>.jsonl prompt sets in {folder}: pass --prompts-dir DIR or run "
+                         "`specblock train tokenizer`")
+    chosen = list(domains) if domains else present
+    unknown = [d for d in chosen if d not in present]
+    if unknown:
+        raise InputError(f"unknown domain {unknown[0]!r}: use some of {', '.join(present)}")
+    prompts: dict[str, list[str]] = {}
+    for domain in chosen:
+        path, texts = folder / f"{domain}.jsonl", []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(str(json.loads(line)["text"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise InputError(f"{path}:{number} is not a JSON object with a \"text\" field: "
+                                 "fix the prompt file") from exc
+            if len(texts) == count:
+                break
+        if not texts:
+            raise InputError(f"{path} holds no prompts: add JSON lines with a \"text\" field")
+        prompts[domain] = texts
+    return prompts
+
+
+def plan(settings: Settings, available: Sequence[str], hf: bool) -> tuple[list[Config], list[str]]:
+    """The configurations to measure at each temperature (vanilla first) and notes on what was left out.
+
+    ``available`` names the drafters that can run (trained weights present); at T = 0 every drafter
+    uses the greedy verifier, at T > 0 each sampling verifier of ``settings.verifiers`` that fits its
+    draft shape (n-gram drafts chains; SpecBlock, EAGLE and Medusa draft top-k trees).
+    """
+    configs, notes = [], []
+    for drafter in settings.drafters:
+        if drafter != "none" and drafter not in available:
+            notes.append(f"{drafter}: no trained weights, skipped")
+    for t in settings.temperatures:
+        configs.append(Config("none", None, None, t))
+        for drafter in (d for d in settings.drafters if d != "none" and d in available):
+            shapes = settings.shapes if drafter == "draft-model" else (
+                ("chain",) if drafter == "ngram" else ("tree",))
+            for shape in shapes:
+                fits = ("greedy",) if t == 0 else tuple(v for v in settings.verifiers if v in FITS[shape])
+                configs.extend(Config(drafter, shape, v, t) for v in fits)
+                if not fits:
+                    notes.append(f"{drafter}/{shape} at T={t:g}: none of the verifiers "
+                                 f"{','.join(settings.verifiers)} fits a {shape}, skipped")
+        if hf:
+            configs.append(Config("hf-vanilla", None, None, t))
+            configs.append(Config("hf-assisted", "chain", "greedy" if t == 0 else "token", t))
+    return configs, notes
+
+
+def alpha(accepted: Sequence[int], depths: Sequence[int]) -> list[float | None]:
+    """Acceptance by chain position: for i = 1..max depth, the fraction of iterations with accepted
+    length >= i among those with accepted length >= i - 1 whose draft reached depth i."""
+    out: list[float | None] = []
+    for i in range(1, max(depths, default=0) + 1):
+        reached = sum(1 for a, d in zip(accepted, depths, strict=True) if a >= i - 1 and d >= i)
+        passed = sum(1 for a in accepted if a >= i)
+        out.append(passed / reached if reached else None)
+    return out
+
+
+class Engine:
+    """Our engine's side of the bench: the target, the draft model and one recorded drafter per config."""
+
+    def __init__(self, target: Transformer, draft: Transformer | None, drafters_dir: Path,
+                 settings: Settings, eos_id: int | None) -> None:
+        self.target, self.draft, self.dir, self.s, self.eos_id = target, draft, drafters_dir, settings, eos_id
+        self.recorders: dict[Config, Recorder] = {}
+        self.counters: dict[int, list[int]] = {}
+
+    def _counter(self, drafter: Drafter) -> list[int]:
+        """A forward counter on the drafter's model (one hook per module, shared by its configs)."""
+        module = getattr(drafter, "model", None)
+        module = getattr(drafter, "net", None) if module is None else module
+        if not isinstance(module, torch.nn.Module):
+            return [0]
+        if id(module) not in self.counters:
+            count = self.counters[id(module)] = [0]
+            module.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        return self.counters[id(module)]
+
+    def _build(self, config: Config) -> Drafter:
+        s = self.s
+        if config.drafter in TRAINED_DRAFTERS:
+            return load_trained(config.drafter, self.dir / config.drafter, self.target)
+        if config.drafter == "draft-model":
+            return make_drafter("draft-model", self.target, self.draft, depth=s.depth,
+                                width=s.width if config.shape == "tree" else 1, budget=s.budget,
+                                paths=s.width if config.shape == "paths" else 1)
+        return make_drafter(config.drafter, self.target, depth=s.depth)
+
+    def run(self, config: Config, prompt: list[int], seed: int, max_new_tokens: int) -> Measurement:
+        """Decode ``prompt`` with ``config``."""
+        recorder = None
+        if config.drafter != "none":
+            if config not in self.recorders:
+                inner = self._build(config)
+                self.recorders[config] = Recorder(inner, self._counter(inner))
+            recorder = self.recorders[config]
+            recorder.reset()
+        result = generate(self.target, prompt, drafter=recorder, verifier=config.verifier or "greedy",
+                          sampling=Sampling(config.temperature), max_new_tokens=max_new_tokens,
+                          eos_id=self.eos_id, seed=seed)
+        st = result.stats
+        return Measurement(result.tokens, st.seconds, st.draft_seconds if recorder else 0.0, st.iterations,
+                           st.accepted,
+                           tuple(recorder.depths) if recorder else (0,) * st.iterations,
+                           recorder.calls if recorder else 0)
+
+
+def trained_available(folder: Path) -> bool:
+    """Whether ``folder`` holds a trained drafter (config and weights)."""
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def load_trained(name: str, folder: Path, target: Transformer) -> Drafter:
+    """The SpecBlock, EAGLE or Medusa drafter saved in ``folder``, with its saved/default tree settings."""
+    if name == "specblock":
+        from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
+
+        return SpecBlockDrafter(load_specblock(folder, target))
+    if name == "eagle":
+        from real_engine.drafters.eagle import eagle_drafter
+
+        return eagle_drafter(folder, target)
+    from real_engine.drafters.medusa import medusa_drafter
+
+    return medusa_drafter(folder, target)
+
+
+@torch.inference_mode()
+def agreement(target: Transformer, draft: Transformer, prompts: Sequence[list[int]]
+              ) -> dict[str, float | int]:
+    """Teacher-forced top-1 agreement of the draft model with the target over the prompts' tokens."""
+    agree = total = 0
+    device = target.lm_head.weight.device
+    for ids in prompts:
+        x = torch.tensor([ids], device=device)
+        agree += int((target(x).logits.argmax(-1) == draft(x).logits.argmax(-1)).sum())
+        total += len(ids)
+    return {"top1": agree / total, "tokens": total}
+
+
+def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Sequence[Measurement],
+              hf_base: Sequence[Measurement] | None = None) -> dict[str, Any]:
+    """One row from a config's measurements and vanilla's on the same prompts; for ``hf-assisted``,
+    ``hf_base`` (HF's plain generate) is also the reference its greedy output must match."""
+    new = sum(len(m.tokens) for m in runs)
+    iters = sum(m.iterations for m in runs)
+    engine = runs[0].accepted is not None
+    accepted = [a for m in runs for a in m.accepted] if engine else []
+    depths = [d for m in runs for d in m.depths] if engine else []
+    calls = [m.draft_calls for m in runs]
+    reference = hf_base if config.drafter == "hf-assisted" and hf_base is not None else base
+    row: dict[str, Any] = {
+        "drafter": config.drafter, "shape": config.shape, "verifier": config.verifier,
+        "temperature": config.temperature, "domain": domain, "prompts": len(runs), "new_tokens": new,
+        "tau": new / iters,
+        "tokens_per_second": new / sum(m.seconds for m in runs),
+        "speedup": fmean(m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, base, strict=True)),
+        "draft_share": sum(m.draft_seconds for m in runs) / sum(m.seconds for m in runs),
+        "accepted": fmean(accepted) if engine else new / iters - 1,
+        "draft_calls": sum(calls) / iters if None not in calls else None,
+        "alpha": alpha(accepted, depths) if engine else None,
+        "greedy_identical": (all(m.tokens == b.tokens for m, b in zip(runs, reference, strict=True))
+                             if config.temperature == 0 else None),
+    }
+    if hf_base is not None:
+        row["hf_speedup"] = fmean(m.tokens_per_second / b.tokens_per_second
+                                  for m, b in zip(runs, hf_base, strict=True))
+    return row
+
+
+def run_bench(settings: Settings, engine: Engine, prompts: dict[str, list[list[int]]],
+              configs: Sequence[Config], hf: Any = None, advance: Callable[[str], None] = lambda _: None
+              ) -> dict[str, Any]:
+    """Warm up, then measure every config interleaved with vanilla, prompt by prompt; return rows
+    (per domain and over ``all`` domains) and the per-prompt figures."""
+
+    def measure(config: Config, ids: list[int], seed: int, max_new: int) -> Measurement:
+        if config.drafter.startswith("hf-"):
+            return hf.run(config, ids, seed, max_new, engine.eos_id)
+        return engine.run(config, ids, seed, max_new)
+
+    first = next(iter(prompts.values()))[0]
+    for config in configs:
+        measure(config, first, settings.seed, min(WARMUP_TOKENS, settings.max_new_tokens))
+        advance(f"warm-up {config.label} T={config.temperature:g}")
+    results: dict[tuple[Config, str], list[Measurement]] = {}
+    per_prompt = []
+    for t in settings.temperatures:
+        group = [c for c in configs if c.temperature == t]
+        for domain, items in prompts.items():
+            for j, ids in enumerate(items):
+                for config in group:
+                    m = measure(config, ids, settings.seed + j, settings.max_new_tokens)
+                    results.setdefault((config, domain), []).append(m)
+                    per_prompt.append({"config": config.label, "temperature": t, "domain": domain,
+                                       "prompt": j, "new_tokens": len(m.tokens), "seconds": m.seconds,
+                                       "iterations": m.iterations})
+                    advance(f"{domain} #{j} {config.label} T={t:g}")
+    rows = []
+    for t in settings.temperatures:
+        group = [c for c in configs if c.temperature == t]
+        vanilla, hf_plain = group[0], next((c for c in group if c.drafter == "hf-vanilla"), None)
+        for domain in [*prompts, "all"]:
+            def get(c: Config, d: str = domain) -> list[Measurement]:
+                return [m for dom in (prompts if d == "all" else [d]) for m in results[(c, dom)]]
+
+            for config in group:
+                hf_base = get(hf_plain) if config.drafter.startswith("hf-") and hf_plain else None
+                rows.append(summarize(config, domain, get(config), get(vanilla), hf_base))
+    return {"rows": rows, "per_prompt": per_prompt}

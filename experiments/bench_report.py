@@ -1,0 +1,98 @@
+"""The bench's readable outputs: a markdown report and a PNG (speedup per domain and drafter; acceptance
+by chain position)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from policies.io import atomic_write, write_text
+
+
+def _label(row: dict[str, Any]) -> str:
+    return "/".join(str(row[k]) for k in ("drafter", "shape", "verifier") if row[k])
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(results: dict[str, Any], title: str) -> str:
+    """The rows as markdown tables (one per temperature), the draft model's agreement and the notes."""
+    rows = results["rows"]
+    lines = [f"# {title}", ""]
+    for t in sorted({r["temperature"] for r in rows}):
+        lines += [f"## Temperature {t:g}", "",
+                  "| domain | config | tau | tok/s | speedup | HF ratio | draft share | draft calls | alpha "
+                  "| greedy identical |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r["temperature"] == t):
+            alpha = " ".join(_num(a) for a in r["alpha"]) if r["alpha"] else "-"
+            same = "-" if r["greedy_identical"] is None else "yes" if r["greedy_identical"] else "**NO**"
+            lines.append(f"| {r['domain']} | {_label(r)} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
+                         f"{r['speedup']:.2f}x | {_num(r.get('hf_speedup'))} | {r['draft_share']:.2f} | "
+                         f"{_num(r['draft_calls'])} | {alpha} | {same} |")
+        lines.append("")
+    agreement = results.get("agreement") or {}
+    if agreement:
+        lines += ["## Draft model: teacher-forced top-1 agreement with the target, beside tau", "",
+                  "| domain | tokens | top-1 agreement | tau draft-model/chain T=0 "
+                  "| tau draft-model/tree T=0 |",
+                  "|---|---|---|---|---|"]
+        for domain, a in agreement.items():
+            taus = {r["shape"]: r["tau"] for r in rows
+                    if r["domain"] == domain and r["drafter"] == "draft-model" and r["temperature"] == 0}
+            lines.append(f"| {domain} | {a['tokens']} | {a['top1']:.3f} | {_num(taus.get('chain'))} | "
+                         f"{_num(taus.get('tree'))} |")
+        lines.append("")
+    if results.get("notes"):
+        lines += ["## Notes", "", *(f"- {n}" for n in results["notes"]), ""]
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Per temperature: grouped bars of speedup by domain and config, and alpha by position (all domains)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(len(temps), 2, figsize=(13, 4 * len(temps)), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1]})
+    for (bars, lines), t in zip(axes, temps, strict=True):
+        group = [r for r in rows if r["temperature"] == t]
+        domains = list(dict.fromkeys(r["domain"] for r in group))
+        labels = list(dict.fromkeys(_label(r) for r in group))
+        width = 0.8 / len(labels)
+        for i, label in enumerate(labels):
+            speed = {r["domain"]: r["speedup"] for r in group if _label(r) == label}
+            bars.bar([d + i * width for d in range(len(domains))], [speed.get(d, 0.0) for d in domains],
+                     width, label=label, color=f"C{i % 10}")
+            alpha = next((r["alpha"] for r in group if _label(r) == label and r["domain"] == "all"), None)
+            if alpha:
+                lines.plot(range(1, len(alpha) + 1), [float("nan") if a is None else a for a in alpha],
+                           marker="o", label=label, color=f"C{i % 10}")
+        bars.axhline(1.0, color="black", linewidth=0.8)
+        bars.set_xticks([d + 0.4 - width / 2 for d in range(len(domains))], domains)
+        bars.set_ylabel("speedup over vanilla")
+        bars.set_title(f"Speedup per domain, T={t:g}")
+        bars.legend(fontsize=7, ncol=2)
+        lines.set_xlabel("draft position i")
+        lines.xaxis.get_major_locator().set_params(integer=True)
+        lines.set_ylabel("P(accept i | accepted i-1)")
+        lines.set_ylim(0, 1.05)
+        lines.set_title(f"Acceptance by position (all domains), T={t:g}")
+        if lines.get_legend_handles_labels()[0]:
+            lines.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+    return path
+
+
+def write_report(results: dict[str, Any], folder: Path, name: str) -> tuple[Path, Path]:
+    """Write ``<name>.md`` and ``<name>.png`` into ``folder``."""
+    md = write_text(folder / f"{name}.md", markdown(results, f"specblock bench ({name})"))
+    return md, plot(results["rows"], folder / f"{name}.png")

@@ -1,0 +1,187 @@
+"""`specblock bench`: measure drafters and verifiers against vanilla decoding, Spec-Bench style."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from policies.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent.parent
+MODELS = REPO / "data" / "models"
+SPEC_DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
+SPEC_VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
+SPEC_SHAPES = ("chain", "tree", "paths")
+
+
+def _split(value: str, flag: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    if not names:
+        raise InputError(f"{flag} is empty: give a comma-separated list")
+    return names
+
+
+def _names(value: str, flag: str, allowed: tuple[str, ...], hint: str = "") -> tuple[str, ...]:
+    names = _split(value, flag)
+    for name in names:
+        if name not in allowed:
+            raise InputError(f"{flag}: unknown {name!r}: use some of {', '.join(allowed)}{hint}")
+    return names
+
+
+def _temperatures(value: str) -> tuple[float, ...]:
+    try:
+        temps = tuple(dict.fromkeys(float(v) for v in value.split(",") if v.strip()))
+    except ValueError as exc:
+        raise InputError(f"--temperatures {value!r} is not a list of numbers: give e.g. 0,1") from exc
+    if not temps or min(temps) < 0:
+        raise InputError(f"--temperatures {value!r}: give one or more temperatures >= 0, e.g. 0,1")
+    return temps
+
+
+def _model(path: Path, flag: str, train: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise InputError(f"{flag} {path} is not a model folder (no config.json): train one with "
+                         f"`specblock train {train}` or pass {flag} DIR")
+    return path
+
+
+@click.command()
+@click.option("--drafters", default=",".join(SPEC_DRAFTERS), show_default=True,
+              help="Drafters to measure (vanilla always runs); specblock, eagle and medusa need their "
+                   "trained weights under --drafters-dir and are skipped with a note otherwise.")
+@click.option("--verifiers", default="greedy,block,rrs", show_default=True,
+              help="Verifiers: T=0 uses greedy; T>0 each listed sampling verifier that fits a draft shape.")
+@click.option("--temperatures", default="0,1", show_default=True, help="Sampling temperatures.")
+@click.option("--domains", default=None,
+              help="Prompt domains (default: every <domain>.jsonl in --prompts-dir).")
+@click.option("--prompts", "count", type=int, default=8, show_default=True, help="Prompts per domain.")
+@click.option("--shapes", default="chain,tree", show_default=True,
+              help="Draft-model shapes: chain, tree (top-k), paths (K sampled paths).")
+@click.option("--hf/--no-hf", default=True, show_default=True,
+              help="Also measure transformers' assisted generation (skipped with a note if unavailable).")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=MODELS / "target",
+              show_default="data/models/target", help="Target checkpoint folder.")
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=MODELS / "draft",
+              show_default="data/models/draft", help="Draft model folder (draft-model and --hf).")
+@click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
+              help="Folder holding the trained specblock/, eagle/ and medusa/ drafters.")
+@click.option("--prompts-dir", type=click.Path(path_type=Path), default=REPO / "data" / "prompts",
+              show_default="data/prompts", help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Prompt j decodes with seed + j.")
+@click.option("--draft-length", type=int, default=4, show_default=True,
+              help="Draft depth (n-gram, draft model).")
+@click.option("--tree-width", type=int, default=4, show_default=True,
+              help="Draft-model tree width (and path count for the paths shape).")
+@click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft-model tree: nodes kept.")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench).")
+@click.option("--out", type=click.Path(path_type=Path), default=REPO / "benchmarks" / "results",
+              show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
+def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
+            hf: bool, model_dir: Path, draft_dir: Path, drafters_dir: Path, prompts_dir: Path,
+            max_new_tokens: int, seed: int, draft_length: int, tree_width: int, tree_budget: int,
+            threads: int | None, device: str | None, tag: str | None, out: Path, as_json: bool) -> None:
+    """Benchmark vanilla and speculative decoding per domain, drafter, verifier and temperature.
+
+    Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
+    """
+    from experiments.bench import Settings, load_prompts
+
+    names = _names(drafters, "--drafters", SPEC_DRAFTERS, "; the transformers peer is --hf")
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-length", draft_length),
+                        ("--tree-width", tree_width), ("--tree-budget", tree_budget), ("--threads", threads)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} is {value}: give at least 1")
+    if tag is not None and (not tag or not tag.replace("-", "").replace("_", "").isalnum()):
+        raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
+    settings = Settings(
+        domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
+        drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),
+        temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
+        max_new_tokens=max_new_tokens, seed=seed, depth=draft_length, width=tree_width, budget=tree_budget)
+    _model(model_dir, "--model", "target")
+    notes: list[str] = []
+    has_draft = (draft_dir / "config.json").is_file()
+    if "draft-model" in names:
+        _model(draft_dir, "--draft-model", "draft-model")
+    if hf and not has_draft:
+        notes.append(f"hf-assisted: no draft model in {draft_dir}, skipped")
+    name = f"bench_{tag}" if tag else "bench"
+    results, config = _run(settings, model_dir, draft_dir if has_draft else None, drafters_dir,
+                           hf and has_draft, threads, device, notes)
+    from experiments.bench_report import markdown, write_report
+    from experiments.provenance import save_result
+
+    config.update(model=str(model_dir), draft_model=str(draft_dir) if has_draft else None,
+                  prompts_dir=str(prompts_dir), name=name)
+    saved = save_result(name, results, config, seed, directory=out)
+    md, png = write_report(results, out, name)
+    if as_json:
+        shown = {k: v for k, v in results.items() if k != "per_prompt"}
+        click.echo(json.dumps({"results": str(saved), "markdown": str(md), "plot": str(png), **shown}))
+        return
+    click.echo(markdown(results, f"specblock bench ({name})"))
+    click.echo(f"wrote {saved}, {md} and {png}", err=True)
+
+
+def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: Path, hf: bool,
+         threads: int | None, device: str | None, notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load the models, plan and measure; return (results, config for provenance)."""
+    import dataclasses
+
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from experiments.bench import TRAINED_DRAFTERS, Engine, agreement, plan, run_bench, trained_available
+    from experiments.hf_peer import HFPeer, transformers_available
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_model(model_dir, torch.float32, device)
+    draft = load_model(draft_dir, torch.float32, device) if draft_dir is not None else None
+    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
+    context = min(m.args.max_position_embeddings for m in (target, draft) if m is not None)
+    limit = context - settings.max_new_tokens - settings.depth - 1
+    if limit < 1:
+        raise InputError(f"--max-new-tokens {settings.max_new_tokens} leaves no room for a prompt in the "
+                         f"models' context of {context}: lower it")
+    prompts = {d: [ids[-limit:] for ids in map(tokenizer.encode, texts) if ids]
+               for d, texts in settings.domains.items()}
+    empty = [d for d, p in prompts.items() if not p]
+    if empty:
+        raise InputError(f"the {empty[0]} prompts encode to no tokens: give prompts with text")
+    available = ["ngram", *(["draft-model"] if draft is not None else []),
+                 *(n for n in TRAINED_DRAFTERS if trained_available(drafters_dir / n))]
+    if hf and not transformers_available():
+        notes.append("hf-assisted: transformers is not installed, skipped")
+        hf = False
+    configs, plan_notes = plan(settings, available, hf)
+    notes.extend(plan_notes)
+    peer = HFPeer(model_dir, draft_dir, device) if hf else None
+    engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id)
+    agree = {d: agreement(target, draft, p) for d, p in prompts.items()} if draft is not None else {}
+    total = len(configs) * (1 + sum(map(len, prompts.values())))
+    columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("bench", total=total)
+        measured = run_bench(settings, engine, prompts, configs, peer,
+                             lambda text: progress.update(task, advance=1, description=text))
+    results = {"rows": measured["rows"], "agreement": agree, "notes": notes,
+               "per_prompt": measured["per_prompt"]}
+    config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "domains"}
+    config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,
+                  threads=torch.get_num_threads(),
+                  configs=[f"{c.label} T={c.temperature:g}" for c in configs],
+                  hf_assisted=peer.config() if peer else None)
+    return results, config

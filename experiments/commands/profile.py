@@ -1,0 +1,95 @@
+"""`specblock profile`: measure this device's decoding costs and write a cost profile (JSON).
+
+Times the target's verify step over tree sizes and contexts, its vanilla step, every available
+drafter's drafting per iteration (draft model, n-gram, and SpecBlock/EAGLE/Medusa with shipped or
+random weights of the shipped shape) and a head-only and a full drafter update; see
+``real_engine.profile``. ``--quick`` measures a small grid with few repeats (seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from policies.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO / "data" / "models" / "target"
+DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
+DEFAULT_OUT = REPO / "data" / "profiles" / "cpu_shipped.json"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _model_folder(path: Path, flag: str, train: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise InputError(f"{flag} {path} is not a model folder (no config.json): train one with "
+                         f"`specblock train {train}` or pass {flag} DIR")
+    return path
+
+
+@click.command("profile")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+              show_default="data/models/target", help="Target checkpoint folder.")
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
+              help="Draft model folder [default: data/models/draft when it exists; 'none' skips it].")
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT,
+              show_default="data/profiles/cpu_shipped.json", help="Profile JSON to write.")
+@click.option("--quick", is_flag=True, help="Small grid and few repeats (well under a minute).")
+@click.option("--no-feature-drafters", is_flag=True, help="Skip SpecBlock, EAGLE and Medusa.")
+@click.option("--repeats", type=int, default=None, help="Timed repeats per configuration (median kept).")
+@click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
+@click.option("--clock", "clock_kind", type=click.Choice(("wall", "cpu")), default="wall", show_default=True,
+              help="wall: elapsed time; cpu: CPU seconds of this process (reproducible on a shared CPU "
+                   "machine; use with --threads 1).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the random tokens and weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the summary) on stdout.")
+def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_feature_drafters: bool,
+            repeats: int | None, device: str | None, dtype: str, threads: int | None, clock_kind: str,
+            seed: int, as_json: bool) -> None:
+    """Measure verify, vanilla, drafting and update costs on this device; write a cost profile."""
+    _model_folder(model_dir, "--model", "target")
+    if draft_dir is None:
+        draft_dir = DEFAULT_DRAFT if (DEFAULT_DRAFT / "config.json").is_file() else None
+    elif str(draft_dir) == "none":
+        draft_dir = None
+    else:
+        _model_folder(draft_dir, "--draft-model", "draft-model")
+    if repeats is not None and repeats < 1:
+        raise InputError(f"--repeats {repeats} is too few: time each configuration at least once")
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads {threads} is invalid: give 1 or more")
+    import dataclasses
+
+    import torch
+
+    from real_engine import profile as prof
+    from real_engine.model import load_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_model(model_dir, getattr(torch, dtype), device)
+    draft = None if draft_dir is None else load_model(draft_dir, getattr(torch, dtype), device)
+    grid = prof.QUICK if quick else prof.FULL
+    if repeats is not None:
+        grid = dataclasses.replace(grid, repeats=repeats)
+    click.echo(f"profiling {model_dir} on {device} ({'quick' if quick else 'full'} grid)...", err=True)
+    data = prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
+                        draft_name=None if draft is None else prof.model_name(draft, draft_dir), grid=grid,
+                        feature=not no_feature_drafters, dtype=dtype, threads=threads, clock_kind=clock_kind,
+                        seed=seed)
+    prof.save(data, out)
+    result = {"out": str(out), **prof.summary(data), "clock": clock_kind,
+              "drafters": data["models"]["drafters"], "verify_rows": len(data["samples"]["verify"]),
+              "quick": quick}
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    click.echo(f"wrote {out} ({result['device']})")
+    for name, value in result["milliseconds"].items():
+        click.echo(f"  {name:>24}: {value:8.3f} ms (context {result['context']:.0f})")

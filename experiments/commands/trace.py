@@ -1,0 +1,130 @@
+"""`specblock trace`: record acceptance traces of the live engine on calibration prompts (parquet).
+
+Decodes the first ``--prompts`` calibration prompts (the first half of ``data/prompts/<domain>.jsonl``)
+of each domain with the chosen drafter and writes one row per decoding iteration
+(``simulator.traces``; see ``real_engine.trace``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from policies.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO / "data" / "models" / "target"
+DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
+DRAFTERS = ("ngram", "draft-model", "specblock", "eagle", "medusa")
+VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _domains(text: str) -> tuple[str, ...]:
+    from real_engine.trace import prompt_domains
+
+    names = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not names:
+        raise InputError(f"--domains {text!r} names no domain: give a comma-separated list such as "
+                         f"{','.join(prompt_domains())}")
+    return names
+
+
+def _folder(path: Path, flag: str, train: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise InputError(f"{flag} {path} is not a model folder (no config.json): train one with "
+                         f"`specblock train {train}` or pass {flag} DIR")
+    return path
+
+
+@click.command("trace")
+@click.option("--drafter", type=str, default="draft-model", show_default=True,
+              help=f"Drafter kind: one of {', '.join(DRAFTERS)}.")
+@click.option("--domains", default="code,prose,tests,text", show_default=True,
+              help="Comma-separated prompt domains (files in data/prompts).")
+@click.option("--prompts", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Parquet trace file to write.")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+              show_default="data/models/target", help="Target checkpoint folder.")
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT,
+              show_default="data/models/draft", help="Draft model folder (for --drafter draft-model).")
+@click.option("--draft-length", type=int, default=8, show_default=True, help="Draft depth per iteration.")
+@click.option("--tree-width", type=int, default=1, show_default=True,
+              help="Draft model: >1 drafts a top-k tree.")
+@click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft model tree: nodes kept.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
+              help="Default: greedy at temperature 0, else block (chain) or rrs (tree).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Query i decodes with seed + i.")
+@click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a summary) on stdout.")
+def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path, draft_dir: Path,
+            draft_length: int, tree_width: int, tree_budget: int, max_new_tokens: int, verifier: str | None,
+            temperature: float, seed: int, device: str | None, dtype: str, threads: int | None,
+            as_json: bool) -> None:
+    """Record one trace row per decoding iteration of the live engine."""
+    if drafter not in DRAFTERS:
+        raise InputError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
+    names = _domains(domains)
+    if prompts < 1:
+        raise InputError(f"--prompts {prompts} is too few: trace at least 1 prompt per domain")
+    if max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens} is too few: give at least 1")
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads {threads} is invalid: give 1 or more")
+    _folder(model_dir, "--model", "target")
+    if drafter == "draft-model":
+        _folder(draft_dir, "--draft-model", "draft-model")
+    import torch
+
+    from real_engine.decode import make_drafter
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts, record
+    from real_engine.warp import Sampling
+    from simulator.traces import save_traces
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    sampling = Sampling(temperature)
+    verifier = verifier or ("greedy" if temperature == 0 else "rrs" if tree_width > 1 else "block")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_model(model_dir, getattr(torch, dtype), device)
+    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
+    room = target.args.max_position_embeddings - max_new_tokens - draft_length - 1
+    if room < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                         f"{target.args.max_position_embeddings} positions: lower it")
+    chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room)
+    draft = load_model(draft_dir, getattr(torch, dtype), device) if drafter == "draft-model" else None
+
+    def new() -> object:
+        return make_drafter(drafter, target, draft, depth=draft_length, width=tree_width, budget=tree_budget)
+
+    new()  # bad drafter settings fail here, before any decoding
+
+    def progress(query: int, stats: object) -> None:
+        click.echo(f"\r  traced {query + 1}/{len(chosen)} prompts", err=True, nl=False)
+
+    recording = record(target, chosen, new, drafter, verifier=verifier, sampling=sampling,
+                       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed, progress=progress)
+    click.echo("", err=True)
+    save_traces(recording.traces, out)
+    traces = recording.traces
+    tokens = sum(s.new_tokens for s in recording.stats)
+    seconds = sum(s.seconds - s.prefill_seconds for s in recording.stats)
+    result = {"out": str(out), "drafter": drafter, "verifier": verifier, "temperature": temperature,
+              "domains": list(names), "queries": len(chosen), "iterations": len(traces),
+              "tau": tokens / len(traces), "mean_accepted": float(traces["accepted"].mean()),
+              "tokens_per_second": tokens / seconds}
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    click.echo(f"wrote {out}: {result['iterations']} iterations of {result['queries']} queries, "
+               f"tau {result['tau']:.2f}, decode {result['tokens_per_second']:.1f} tokens/s")

@@ -1,0 +1,372 @@
+"""Measured fidelity: the simulator's predicted tokens/s against the live engine's, per configuration.
+
+Fixed configurations (draft-model chains of 2, 4 and 6 tokens, the n-gram drafter, a draft-model
+top-k tree, and vanilla decoding) are run twice:
+
+- in the engine on *evaluation* prompts (the second half of each domain's prompt file), all
+  configurations round-robin prompt by prompt, measuring steady-state decode throughput: the new
+  tokens of each query's steps after the first over their seconds (the first step also prefills the
+  drafter's cache; prefill is outside the simulator's scope);
+- in the simulator (``SpecLengthVectorEnv`` with a ``FixedLength`` policy) built from the cost
+  profile and from traces recorded here on *calibration* prompts (the first half), with the
+  evaluation set's prompt lengths, domain mix and tokens per query.
+
+Each configuration replays a calibration trace recorded with its own draft shape. A deeper trace cut
+at n (a greedy chain of n accepts the first n of what a deeper chain accepts) is biased: the deeper
+drafter crosses easy stretches of text in fewer iterations, so its iterations over-represent hard
+ones (``TraceReplay`` samples iterations uniformly); here that under-predicted n-gram 4's tau by
+about 10% from a depth-8 trace. The simulator costs drafting as a chain (``T_draft(n)`` of n
+draft-model tokens); a top-k tree instead is drafted whole whatever n is verified, so its drafting
+is timed per tree shape (``real_engine.profile.drafter_seconds``, on the profile's clock) and the
+tree's simulator is given a profile whose draft-model time is that for every n.
+
+Timing: the comparison uses the profile's clock. On a shared CPU machine the profile is measured on
+the CPU clock (process CPU seconds, one torch thread), which other jobs' load barely moves; the
+engine's throughput is then taken on the same clock, and the wall-clock error is reported beside
+it. SpecBlock, EAGLE and Medusa are skipped, with the reason, unless the engine can build them.
+Writes ``benchmarks/results/fidelity.json`` (with provenance) and ``fidelity.md``.
+
+Run: ``python -m experiments.fidelity`` (``--help`` for the sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from policies.errors import InputError
+from policies.io import write_text
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO / "data" / "models" / "target"
+DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
+DEFAULT_PROFILE = REPO / "data" / "profiles" / "cpu_shipped.json"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: how the engine drafts, which calibration trace replays it, and the length
+    the simulator's fixed policy verifies (0: vanilla decoding)."""
+
+    name: str
+    drafter: str  # "none" for vanilla
+    trace: str  # key of the calibration trace (TRACES); "" for vanilla
+    length: int
+    depth: int = 1
+    width: int = 1
+    budget: int = 16
+
+
+TRACES: dict[str, dict[str, Any]] = {
+    "chain-2": {"drafter": "draft-model", "depth": 2},
+    "chain-4": {"drafter": "draft-model", "depth": 4},
+    "chain-6": {"drafter": "draft-model", "depth": 6},
+    "ngram-4": {"drafter": "ngram", "depth": 4},
+    "tree-4x3": {"drafter": "draft-model", "depth": 4, "width": 3, "budget": 12},
+}
+CONFIGS = (
+    Config("vanilla", "none", "", 0),
+    Config("draft-model chain 2", "draft-model", "chain-2", 2, depth=2),
+    Config("draft-model chain 4", "draft-model", "chain-4", 4, depth=4),
+    Config("draft-model chain 6", "draft-model", "chain-6", 6, depth=6),
+    Config("n-gram 4", "ngram", "ngram-4", 4, depth=4),
+    Config("draft-model tree 4x3 (12 nodes)", "draft-model", "tree-4x3", 12, depth=4, width=3, budget=12),
+)
+
+
+def tree_profile(profile: Any, seconds: float) -> Any:
+    """``profile`` with the draft-model's drafting time set to ``seconds`` for every n: a top-k tree is
+    drafted whole (one draft forward per level) however many of its nodes are verified, so its cost is
+    measured per tree shape, not per token."""
+    from simulator.costs import profile_from_json
+
+    data = profile.to_json()
+    data.pop("fits")
+    tokens = sorted({row["tokens"] for row in data["samples"]["draft"]["draft-model"]})
+    data["samples"]["draft"]["draft-model"] = [{"tokens": n, "seconds": [seconds]} for n in tokens]
+    return profile_from_json(data)
+
+
+def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], tokens: int, queries: int,
+             seed: int, tree_seconds: float | None = None) -> dict[str, float]:
+    """The simulator's tokens/s, tau and mean iteration seconds for ``config`` on prompts like ``prompts``."""
+    from policies.base import make_policy
+    from simulator.acceptance import TraceReplay
+    from simulator.rollout import run_length
+    from simulator.vector_envs import SpecLengthVectorEnv
+
+    replay = TraceReplay.from_traces(traces)
+    domains = [p.domain for p in prompts]
+    weights = {d: domains.count(d) for d in replay.domains if d in domains}
+    lengths = [len(p.tokens) for p in prompts]
+    kind = "ngram" if config.drafter == "none" else config.drafter  # T(0) is vanilla for every kind
+    if tree_seconds is not None:
+        profile = tree_profile(profile, tree_seconds)
+    env = SpecLengthVectorEnv(queries, profile, replay, kind, tokens_per_query=tokens,
+                              prompt_tokens=(min(lengths), max(lengths)), domain_weights=weights)
+    out = run_length(make_policy("fixed", {"length": config.length}), env, seed)
+    return {"tokens_per_second": out.tokens_per_second, "tau": out.tau,
+            "iteration_seconds": out.seconds / out.iterations}
+
+
+class StepClock:
+    """An ``on_tokens`` callback noting wall time, process CPU time and the tokens of every step."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, float, int]] = []
+
+    def __call__(self, new: list[int]) -> None:
+        self.steps.append((time.perf_counter(), time.process_time(), len(new)))
+
+
+def steady_state(clocks: Sequence[StepClock]) -> dict[str, Any]:
+    """Decode throughput after each query's first step (which also prefills the drafter's own cache),
+    on the wall clock and the CPU clock, with tau over the same steps."""
+    tokens = sum(n for c in clocks for _, _, n in c.steps[1:])
+    iterations = sum(len(c.steps) - 1 for c in clocks)
+    out: dict[str, Any] = {"tokens": tokens, "iterations": iterations, "tau": tokens / iterations}
+    for index, name in enumerate(("wall", "cpu")):
+        seconds = sum(c.steps[-1][index] - c.steps[0][index] for c in clocks if c.steps)
+        out[name] = {"tokens_per_second": tokens / seconds, "iteration_seconds": seconds / iterations}
+    return out
+
+
+@dataclass
+class Engine:
+    """The loaded models and decoding settings the configurations run with."""
+
+    target: Any
+    draft: Any
+    eos_id: int | None
+    max_new_tokens: int
+    seed: int
+
+    def drafter_factory(self, drafter: str, depth: int, width: int = 1, budget: int = 16
+                        ) -> Callable[[], Any] | None:
+        """A builder of fresh drafters (None for vanilla); InputError when the engine lacks one."""
+        from real_engine.decode import make_drafter
+
+        if drafter == "none":
+            return None
+        make_drafter(drafter, self.target, self.draft, depth=depth, width=width, budget=budget)
+        return lambda: make_drafter(drafter, self.target, self.draft, depth=depth, width=width, budget=budget)
+
+    def trace(self, prompts: Sequence[Any], drafter: str, depth: int = 1, width: int = 1,
+              budget: int = 16) -> Any:
+        """Traces of decoding ``prompts`` with a drafter (a DataFrame of ``simulator.traces``)."""
+        from real_engine.trace import record
+
+        factory = self.drafter_factory(drafter, depth, width, budget)
+        return record(self.target, prompts, factory, drafter, max_new_tokens=self.max_new_tokens,
+                      eos_id=self.eos_id, seed=self.seed).traces
+
+    def tree_draft_seconds(self, config: Config, clock: str) -> float:
+        """Median seconds of one iteration's drafting of ``config``'s tree, timed as the profiler does."""
+        from real_engine.profile import drafter_seconds
+
+        factory = self.drafter_factory(config.drafter, config.depth, config.width, config.budget)
+        return statistics.median(drafter_seconds(self.target, factory(), config.depth, clock_kind=clock,
+                                                 seed=self.seed))
+
+    def measure(self, prompts: Sequence[Any], configs: Sequence[Config],
+                log: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
+        """Decode ``prompts`` with every config, round-robin (each prompt by every config in turn, so a
+        change of load on a shared machine touches all configs alike); config name -> ``steady_state``."""
+        from real_engine.decode import generate
+
+        factories = {c.name: self.drafter_factory(c.drafter, c.depth, c.width, c.budget) for c in configs}
+        clocks: dict[str, list[StepClock]] = {c.name: [] for c in configs}
+        for i, prompt in enumerate(prompts):
+            log(f"engine: prompt {i + 1}/{len(prompts)} with {len(configs)} configurations")
+            for name, factory in factories.items():
+                clocks[name].append(StepClock())
+                generate(self.target, list(prompt.tokens), drafter=None if factory is None else factory(),
+                         max_new_tokens=self.max_new_tokens, eos_id=self.eos_id, seed=self.seed + i,
+                         on_tokens=clocks[name][-1])
+        return {name: steady_state(c) for name, c in clocks.items()}
+
+
+def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Sequence[Any],
+                 evaluation: Sequence[Any], configs: Sequence[Config] = CONFIGS, queries: int = 512,
+                 recorded: Mapping[str, Any] | None = None,
+                 log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Record calibration traces (unless ``recorded`` holds them, by TRACES key), run every configuration
+    in the engine and the simulator, compare the prediction with the throughput measured on ``clock``
+    (the profile's clock)."""
+    traces, skipped, rows = dict(recorded or {}), [], []
+    for key in sorted({c.trace for c in configs if c.trace} - set(traces)):
+        try:
+            log(f"calibration trace {key} ({len(calibration)} prompts)")
+            traces[key] = engine.trace(calibration, **TRACES[key])
+        except InputError as err:
+            skipped.append({"trace": key, "reason": str(err)})
+    any_trace = next(iter(traces.values()), None)
+    other = "wall" if clock == "cpu" else "cpu"
+    sources = {c.name: traces.get(c.trace) if c.trace else any_trace for c in configs}
+    skipped += [{"config": name, "reason": "its calibration trace could not be recorded"}
+                for name, source in sources.items() if source is None]
+    runnable = [c for c in configs if sources[c.name] is not None]
+    measured = engine.measure(evaluation, runnable, log)
+    for config in runnable:
+        real = measured[config.name]
+        tree = engine.tree_draft_seconds(config, clock) if config.width > 1 else None
+        sim = simulate(profile, sources[config.name], config, evaluation, engine.max_new_tokens, queries,
+                       engine.seed, tree)
+        rows.append({
+            **asdict(config), "measured": real, "predicted": sim, "tree_draft_seconds": tree,
+            "error": sim["tokens_per_second"] / real[clock]["tokens_per_second"] - 1.0,
+            f"error_{other}_clock": sim["tokens_per_second"] / real[other]["tokens_per_second"] - 1.0,
+            "tau_error": sim["tau"] / real["tau"] - 1.0,
+            "iteration_seconds_error": sim["iteration_seconds"] / real[clock]["iteration_seconds"] - 1.0})
+    base = next((r for r in rows if r["drafter"] == "none"), None)
+    for r in rows if base is not None else []:
+        measured_base = base["measured"][clock]["tokens_per_second"]
+        r["measured_speedup"] = r["measured"][clock]["tokens_per_second"] / measured_base
+        r["predicted_speedup"] = r["predicted"]["tokens_per_second"] / base["predicted"]["tokens_per_second"]
+        r["speedup_error"] = r["predicted_speedup"] / r["measured_speedup"] - 1.0
+    errors = [abs(r["error"]) for r in rows]
+    speedup = [abs(r["speedup_error"]) for r in rows if "speedup_error" in r and r is not base]
+    return {"clock": clock, "configs": rows, "skipped": skipped,
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "worst_abs_error": max(errors) if errors else None,
+            "median_abs_speedup_error": statistics.median(speedup) if speedup else None,
+            "worst_abs_speedup_error": max(speedup) if speedup else None}
+
+
+def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The fidelity table as markdown."""
+    clock = result["clock"]
+    other = "wall" if clock == "cpu" else "cpu"
+    lines = ["# Simulator fidelity: predicted vs measured decode throughput", "",
+             f"Profile `{meta['profile']}` ({clock} clock); {meta['calibration']} calibration and "
+             f"{meta['evaluation']} evaluation prompts; {meta['max_new_tokens']} new tokens per prompt; "
+             f"greedy; {meta['threads']} torch thread(s). Measured: steady-state decode (each query's steps "
+             f"after the first) on the {clock} clock; the {other}-clock error is shown for reference. "
+             "Speedup: tokens/s over vanilla decoding's in the same run (engine) or simulator.", "",
+             f"| configuration | measured tok/s | predicted tok/s | error | {other}-clock error "
+             "| measured speedup | predicted speedup | speedup error | measured tau | predicted tau "
+             "| measured ms/iter | predicted ms/iter |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["configs"]:
+        m, p = r["measured"], r["predicted"]
+        speed = "- | - | -"
+        if "speedup_error" in r:
+            speed = (f"{r['measured_speedup']:.3f} | {r['predicted_speedup']:.3f} | "
+                     f"{100 * r['speedup_error']:+.1f}%")
+        lines.append(f"| {r['name']} | {m[clock]['tokens_per_second']:.1f} | {p['tokens_per_second']:.1f} | "
+                     f"{100 * r['error']:+.1f}% | {100 * r[f'error_{other}_clock']:+.1f}% | {speed} | "
+                     f"{m['tau']:.2f} | {p['tau']:.2f} | {1e3 * m[clock]['iteration_seconds']:.2f} | "
+                     f"{1e3 * p['iteration_seconds']:.2f} |")
+    if result["median_abs_error"] is not None:
+        lines += ["", f"Tokens/s: median absolute error {100 * result['median_abs_error']:.1f}%, worst "
+                      f"{100 * result['worst_abs_error']:.1f}%."]
+    if result.get("median_abs_speedup_error") is not None:
+        lines.append(f"Speedup over vanilla: median absolute error "
+                     f"{100 * result['median_abs_speedup_error']:.1f}%, worst "
+                     f"{100 * result['worst_abs_speedup_error']:.1f}%.")
+    lines.append("")
+    lines += [f"- skipped {s.get('config') or s.get('trace')}: {s['reason']}" for s in result["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def given_traces(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=FILE`` arguments as calibration traces, checked against the drafter each key expects."""
+    from simulator.traces import load_traces
+
+    out = {}
+    for item in items:
+        key, _, path = item.partition("=")
+        if key not in TRACES or not path:
+            raise InputError(f"--traces {item!r}: write KEY=FILE with KEY one of {', '.join(TRACES)}")
+        traces = load_traces(path)
+        if set(traces["drafter"]) != {TRACES[key]["drafter"]}:
+            raise InputError(f"--traces {item}: recorded with {sorted(set(traces['drafter']))}, but {key} "
+                             f"needs the {TRACES[key]['drafter']} drafter: pass a matching trace")
+        out[key] = traces
+    return out
+
+
+def feature_notes(engine: Engine, models: Path = REPO / "data" / "models") -> list[dict[str, str]]:
+    """Why SpecBlock (M = 1, 2, 3), EAGLE and Medusa configurations are not in the comparison."""
+    notes = []
+    for kind in ("specblock", "eagle", "medusa"):
+        weights = "shipped weights found" if (models / kind).is_dir() else f"no weights in data/models/{kind}"
+        try:
+            engine.drafter_factory(kind, 4)
+            reason = f"{weights}; the engine builds it but this harness has no configuration for it"
+        except InputError as err:
+            reason = f"{weights}; the engine cannot build it: {err}"
+        notes.append({"config": kind, "reason": reason})
+    return notes
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL)
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT)
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=DEFAULT_PROFILE)
+@click.option("--calibration", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
+@click.option("--evaluation", type=int, default=8, show_default=True, help="Evaluation prompts per domain.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--queries", type=int, default=512, show_default=True, help="Simulated queries per config.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--only", default=None, help="Comma-separated configuration names to run (default: all).")
+@click.option("--name", default="fidelity", show_default=True, help="Result name under benchmarks/results.")
+@click.option("--traces", "trace_files", multiple=True,
+              help=f"KEY=FILE: reuse a calibration trace instead of recording it (KEY: {', '.join(TRACES)}).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int, evaluation: int,
+         max_new_tokens: int, queries: int, threads: int, only: str | None, name: str,
+         trace_files: tuple[str, ...], seed: int) -> None:
+    """Compare the simulator's predicted tokens/s with the engine's measured tokens/s."""
+    import torch
+
+    from experiments.provenance import save_result
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts, prompt_domains
+    from simulator.costs import load_profile
+
+    torch.set_num_threads(threads)
+    profile = load_profile(profile_path)
+    clock = json.loads(profile_path.read_text()).get("measurement", {}).get("clock", "wall")
+    target = load_model(model_dir)
+    draft = load_model(draft_dir) if (draft_dir / "config.json").is_file() else None
+    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
+    engine = Engine(target, draft, tokenizer.eos_id, max_new_tokens, seed)
+    domains = prompt_domains()
+    room = target.args.max_position_embeddings - max_new_tokens - 17
+    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room)
+    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room)
+    configs = CONFIGS if only is None else tuple(c for c in CONFIGS if c.name in only.split(","))
+    start = time.perf_counter()
+    recorded = given_traces(trace_files)
+    result = run_fidelity(engine, profile, clock, cal, ev, configs, queries, recorded,
+                          log=lambda m: click.echo(f"[{time.perf_counter() - start:6.0f} s] {m}", err=True))
+    result["skipped"] += feature_notes(engine)
+    meta = {"profile": str(profile_path), "model": str(model_dir),
+            "draft_model": str(draft_dir) if draft is not None else None,
+            "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,
+            "queries": queries, "threads": threads, "given_traces": list(trace_files)}
+    save_result(name, result, meta, seed)
+    write_text(RESULTS / f"{name}.md", markdown(result, meta))
+    click.echo(markdown(result, meta))
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:], standalone_mode=False)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(2)
+    except InputError as err:
+        click.echo(f"fidelity: error: {err}", err=True)
+        sys.exit(2)

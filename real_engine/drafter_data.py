@@ -1,0 +1,197 @@
+"""Training data for feature drafters, made by running the target over token sequences, cached on disk.
+
+For every sequence (``[T]`` token ids) the target's causal forward gives, per position ``t`` (after
+token ``t``): the low/mid/high features (``Output.features``, bfloat16), the final hidden state
+(``Output.hidden``, bfloat16) and the ``top_k`` largest log-probabilities of its temperature-1 law
+with their token ids (float32 / int32), enough for a KL on the top-k support without storing
+vocabulary-wide rows. Sequences are written in chunks, ``chunk_00000.safetensors`` ..., each written
+atomically, beside a ``meta.json`` naming the target and the settings; a rerun skips the chunks
+already there, so an interrupted preparation resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from policies.errors import InputError
+from policies.io import atomic_write, write_json
+from real_engine.model import Transformer
+
+FIELDS = ("tokens", "features", "hidden", "topk_logp", "topk_ids")
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    """What a data folder holds: sequence count and length, top-k size, chunking, and its sources."""
+
+    sequences: int
+    seq_len: int
+    top_k: int
+    chunk_size: int
+    target: str  # fingerprint of the target (config and weights)
+    tokens_sha256: str  # of the token sequences
+
+    @property
+    def chunks(self) -> int:
+        """Number of chunk files."""
+        return -(-self.sequences // self.chunk_size)
+
+
+def target_fingerprint(target: Transformer) -> str:
+    """SHA-256 over the target's config and the bytes of its output-layer and embedding weights."""
+    h = hashlib.sha256(json.dumps(target.args.to_hf(), sort_keys=True).encode())
+    for w in (target.lm_head.weight, target.model.embed_tokens.weight, target.model.norm.weight):
+        h.update(w.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def corpus_windows(domains: Sequence[str], seq_len: int, count: int, seed: int = 0) -> torch.Tensor:
+    """``count`` token windows ([count, seq_len] long) of the training split of ``domains``.
+
+    Each domain's packed token stream (``real_engine.train.token_stream``, the one the target was
+    trained on) is cut into non-overlapping windows; ``count`` of them are drawn, seeded, from the pool.
+    """
+    from real_engine.train import token_stream
+
+    if seq_len < 2 or count < 1:
+        raise InputError(f"need seq_len >= 2 and count >= 1, got {seq_len} and {count}")
+    pool = []
+    for domain in domains:
+        ids = token_stream(domain, "train")
+        usable = len(ids) // seq_len * seq_len
+        pool.append(torch.from_numpy(ids[:usable].astype("int64")).view(-1, seq_len))
+    windows = torch.cat(pool)
+    if len(windows) < count:
+        raise InputError(f"the corpus gives {len(windows)} windows of {seq_len} tokens, not {count}: "
+                         "ask for fewer")
+    order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed))[:count]
+    return windows[order.sort().values]
+
+
+@torch.inference_mode()
+def target_rows(target: Transformer, tokens: torch.Tensor, top_k: int) -> dict[str, torch.Tensor]:
+    """The stored fields for a batch of sequences ([B, T]), on the CPU."""
+    device = target.lm_head.weight.device
+    out = target(tokens.to(device))
+    logp = out.logits.float().log_softmax(-1).topk(top_k, dim=-1)
+    return {"tokens": tokens.to(torch.int32).cpu(),
+            "features": out.features.to(torch.bfloat16).cpu(),
+            "hidden": out.hidden.to(torch.bfloat16).cpu(),
+            "topk_logp": logp.values.cpu(),
+            "topk_ids": logp.indices.to(torch.int32).cpu()}
+
+
+def progress_bar(enabled: bool) -> Any:
+    """A rich progress bar on stderr (a no-op when not ``enabled``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+    return Progress(*columns, console=Console(stderr=True), disable=not enabled)
+
+
+def prepare_drafter_data(target: Transformer, sequences: torch.Tensor, folder: str | Path, *, top_k: int = 32,
+                         chunk_size: int = 32, batch_size: int = 8, progress: bool = True) -> DrafterData:
+    """Run ``target`` over ``sequences`` ([N, T] long) and cache its rows under ``folder`` (resumable).
+
+    A folder prepared with another target, other sequences or other settings is refused rather than
+    mixed: give a new folder.
+    """
+    if sequences.dim() != 2 or sequences.shape[1] < 2:
+        raise InputError("sequences must be [count, length] token ids with length >= 2")
+    if not 1 <= top_k <= target.args.vocab_size or chunk_size < 1 or batch_size < 1:
+        raise InputError(f"need 1 <= top_k <= vocabulary ({target.args.vocab_size}), chunk_size >= 1 and "
+                         "batch_size >= 1")
+    folder = Path(folder)
+    tokens_sha = hashlib.sha256(sequences.to(torch.int64).numpy().tobytes()).hexdigest()
+    meta = DataMeta(sequences.shape[0], sequences.shape[1], top_k, chunk_size, target_fingerprint(target),
+                    tokens_sha)
+    if (folder / "meta.json").exists():
+        old = open_drafter_data(folder).meta
+        if old != meta:
+            raise InputError(f"{folder} holds drafter data made with another target, sequences or settings: "
+                             "give a new folder (or delete this one)")
+    else:
+        write_json(folder / "meta.json", asdict(meta))
+    with progress_bar(progress) as bar:
+        task = bar.add_task("target rows", total=meta.chunks)
+        for chunk in range(meta.chunks):
+            path = folder / f"chunk_{chunk:05d}.safetensors"
+            if not path.exists():
+                part = sequences[chunk * chunk_size:(chunk + 1) * chunk_size]
+                rows = [target_rows(target, part[i:i + batch_size], top_k)
+                        for i in range(0, len(part), batch_size)]
+                tensors = {name: torch.cat([r[name] for r in rows]).contiguous() for name in FIELDS}
+                atomic_write(path, lambda tmp, t=tensors: save_file(t, tmp))
+            bar.advance(task)
+    return open_drafter_data(folder)
+
+
+class DrafterData:
+    """A prepared data folder: random access to sequences by index (chunk files opened lazily)."""
+
+    def __init__(self, folder: Path, meta: DataMeta) -> None:
+        self.folder, self.meta = folder, meta
+        self._open: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return self.meta.sequences
+
+    def _chunk(self, index: int) -> Any:
+        if index not in self._open:
+            path = self.folder / f"chunk_{index:05d}.safetensors"
+            if not path.exists():
+                raise InputError(f"missing {path}: the data preparation did not finish; rerun it to resume")
+            try:
+                self._open[index] = safe_open(str(path), framework="pt")
+            except (SafetensorError, OSError) as exc:
+                raise InputError(f"cannot read {path} ({exc}): delete it and rerun the preparation") from exc
+        return self._open[index]
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The fields of the sequences ``indices``, stacked ([B, T, ...]); ids as long, floats as float32."""
+        rows: dict[str, list[torch.Tensor]] = {name: [] for name in FIELDS}
+        for i in indices:
+            handle = self._chunk(i // self.meta.chunk_size)
+            for name in FIELDS:
+                rows[name].append(handle.get_slice(name)[i % self.meta.chunk_size])
+        out = {name: torch.stack(v) for name, v in rows.items()}
+        for name in ("tokens", "topk_ids"):
+            out[name] = out[name].long()
+        for name in ("features", "hidden"):
+            out[name] = out[name].float()
+        return out
+
+    def batches(self, batch_size: int, seed: int, first_step: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless batches: epoch ``e`` visits the sequences in a permutation seeded by ``(seed, e)``;
+        starting at ``first_step`` gives exactly the batches a run from step 0 would have reached."""
+        n = len(self)
+        per_epoch = max(n // batch_size, 1)
+        step = first_step
+        while True:
+            epoch, index = divmod(step, per_epoch)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+            yield self.batch(order[index * batch_size:(index + 1) * batch_size].tolist())
+            step += 1
+
+
+def open_drafter_data(folder: str | Path) -> DrafterData:
+    """Open a folder written by :func:`prepare_drafter_data`."""
+    folder = Path(folder)
+    path = folder / "meta.json"
+    if not path.exists():
+        raise InputError(f"no meta.json in {folder}: prepare the drafter data first")
+    try:
+        meta = DataMeta(**json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise InputError(f"{path} is not a drafter-data description: prepare the data again") from exc
+    return DrafterData(folder, meta)

@@ -1,0 +1,485 @@
+"""SpecBlock (arXiv 2605.07243): a block-iterative drafter that emits K dependent positions per forward.
+
+**Inputs.** Every drafter row at position ``t`` is one linear fusion of three vectors: a conditioning
+vector, the embedding of the token at ``t`` (the target's embeddings, frozen and shared) and a learned
+query for the row's slot ``k``. Committed positions are *prefix rows*: slot 0 conditioned on
+``W_cond`` of the target's low/mid/high features at ``t - 1`` (zero at ``t = 0``), run causally; the
+drafter's KV cache holds them. Block 1 is the root's prefix row (slot 0) plus slots ``1..K-1``, all
+with the root's token and conditioning. A later block started at a drafted node ``u`` bypasses
+``W_cond``: its conditioning is the drafter's own last-layer state (before the final norm) at the
+slot that drafted ``u``, its token is ``u``'s.
+
+**Layers.** The decoder layers are the target's (``real_engine.model.DecoderLayer``). Before each
+layer ``l > 0``, row ``k`` of a block becomes ``S_l([h_k, h_{k-1}])`` with a per-transition linear map
+``S_l`` (2H -> H, initialized to the identity on ``h_k``); slot 0 and prefix rows pair with
+themselves. Slot ``k`` predicts the token at ``t + k + 1`` through the norm and an own LM head, and
+the rank head (``rank.py``) predicts its bucket.
+
+**Attention.** Prefix rows attend causally. A block's slot ``k`` attends to the committed prefix, to
+the slots on its own branch in earlier blocks (the slots that drafted its start node's ancestors)
+and to its own slots ``0..k``; never to another branch.
+
+**Drafting** (:class:`SpecBlockDrafter`): block 1, then ``blocks - 1`` rounds in which every chosen
+start node (see :class:`~real_engine.drafters.rank.BucketTree`) gets a block, all in ONE forward;
+the tree keeps the ``budget`` most likely nodes, child rule ``topk``. After verification the accepted
+tokens become prefix rows of the next block-1 forward, conditioned on the target's features, which
+the verifier's forward has just produced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from policies.errors import InputError
+from real_engine.drafters.base import clock
+from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
+from real_engine.kv_cache import KVCache
+from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
+from real_engine.tree import DraftTree
+from real_engine.warp import Sampling, warp
+
+FORMAT = "specblock-v1"
+
+
+@dataclass(frozen=True)
+class SpecBlockConfig:
+    """The drafter's shape; ``target_hidden`` and ``vocab_size`` must match the target's."""
+
+    vocab_size: int
+    target_hidden: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int = 2
+    block_size: int = 4
+    model_type: str = "llama"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    rank_width: int = 128
+    edges: tuple[int, ...] = field(default=EDGES)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "edges", tuple(self.edges))
+        if self.num_layers < 1 or self.block_size < 1:
+            raise InputError("a SpecBlock drafter needs at least 1 layer and a block size of at least 1")
+        if self.vocab_size < 10:
+            raise InputError(f"vocabulary of {self.vocab_size} tokens: the rank summary needs at least 10")
+        if list(self.edges) != sorted(set(self.edges)) or self.edges[0] < 1:
+            raise InputError(f"rank bucket edges {self.edges} must be increasing positive ranks")
+        self.layer_args()  # validates the attention shape
+
+    @classmethod
+    def for_target(cls, args: ModelArgs, hidden_size: int | None = None, num_layers: int = 2,
+                   block_size: int = 4) -> SpecBlockConfig:
+        """The paper's setup: the target's decoder design at its hidden size (or a smaller one, same
+        head size, proportional MLP)."""
+        hidden = hidden_size or args.hidden_size
+        if hidden == args.hidden_size:
+            heads, kv, inter = args.num_attention_heads, args.num_key_value_heads, args.intermediate_size
+        else:
+            if hidden % args.head_dim:
+                raise InputError(f"drafter hidden size {hidden} must be a multiple of the head size "
+                                 f"{args.head_dim}: pick another size")
+            heads = kv = hidden // args.head_dim
+            inter = hidden * args.intermediate_size // args.hidden_size
+        return cls(vocab_size=args.vocab_size, target_hidden=args.hidden_size, hidden_size=hidden,
+                   intermediate_size=inter, num_heads=heads, num_kv_heads=kv, head_dim=args.head_dim,
+                   num_layers=num_layers, block_size=block_size, model_type=args.model_type,
+                   rms_norm_eps=args.rms_norm_eps, rope_theta=args.rope_theta, rope_scaling=args.rope_scaling,
+                   max_position_embeddings=args.max_position_embeddings)
+
+    def layer_args(self) -> ModelArgs:
+        """The ``ModelArgs`` of the drafter's decoder layers."""
+        return ModelArgs(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                         intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+                         num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+                         head_dim=self.head_dim, model_type=self.model_type, rms_norm_eps=self.rms_norm_eps,
+                         rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+                         max_position_embeddings=self.max_position_embeddings)
+
+
+class GrowingCache:
+    """Keys and values grown by concatenation: autograd-safe, for training's unrolled blocks."""
+
+    def __init__(self) -> None:
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k, v`` ([B, H, T, D]) to ``layer``'s; return all of them."""
+        if layer in self.k:
+            k, v = torch.cat((self.k[layer], k), dim=2), torch.cat((self.v[layer], v), dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+
+class Heads(NamedTuple):
+    """What the heads make of a row's last-layer state."""
+
+    logits: torch.Tensor  # [..., V]
+    buckets: torch.Tensor  # [..., buckets] rank-head logits
+
+
+class SpecBlock(nn.Module):
+    """The SpecBlock network (see the module doc); ``embed`` is the target's embedding matrix."""
+
+    def __init__(self, config: SpecBlockConfig, embed: torch.Tensor) -> None:
+        super().__init__()
+        c = self.config = config
+        if tuple(embed.shape) != (c.vocab_size, c.target_hidden):
+            raise InputError(f"target embeddings of shape {tuple(embed.shape)} do not fit a drafter for "
+                             f"vocabulary {c.vocab_size} and hidden size {c.target_hidden}: use its target")
+        h = c.hidden_size
+        # Frozen and shared with the target: a buffer that follows .to() but stays out of the state dict.
+        self.register_buffer("embed", embed.detach(), persistent=False)
+        self.cond = nn.Linear(3 * c.target_hidden, h, bias=False)
+        self.fuse = nn.Linear(2 * h + c.target_hidden, h, bias=False)
+        self.queries = nn.Parameter(torch.randn(c.block_size, h) * 0.02)
+        args = c.layer_args()
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(c.num_layers))
+        self.shifts = nn.ModuleList(nn.Linear(2 * h, h, bias=False) for _ in range(c.num_layers - 1))
+        with torch.no_grad():
+            for shift in self.shifts:
+                shift.weight.zero_()
+                shift.weight[:, :h].copy_(torch.eye(h))
+        self.norm = RMSNorm(h, c.rms_norm_eps)
+        self.lm_head = nn.Linear(h, c.vocab_size, bias=False)
+        self.rank_head = RankHead(h, c.rank_width, len(c.edges) + 1)
+        self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+
+    @classmethod
+    def for_target(cls, target: Transformer, config: SpecBlockConfig | None = None,
+                   seed: int = 0) -> SpecBlock:
+        """A fresh drafter for ``target`` (seeded), its LM head and final norm started from the
+        target's when the hidden sizes agree (they stay the drafter's own, and trainable)."""
+        config = config or SpecBlockConfig.for_target(target.args)
+        weight = target.lm_head.weight
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = cls(config, target.model.embed_tokens.weight).to(device=weight.device, dtype=weight.dtype)
+        if config.hidden_size == target.args.hidden_size:
+            with torch.no_grad():
+                net.lm_head.weight.copy_(weight)
+                net.norm.weight.copy_(target.model.norm.weight)
+        return net
+
+    def inputs(self, cond: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Row inputs ``fuse([cond, embed(token), query[slot]])`` ([..., H] from [..., H], [...], [...])."""
+        emb = F.embedding(tokens, self.embed).to(cond.dtype)
+        return self.fuse(torch.cat((cond, emb, self.queries[slots].to(cond.dtype)), dim=-1))
+
+    def condition(self, features: torch.Tensor) -> torch.Tensor:
+        """``W_cond`` of the target's concatenated low/mid/high features ([..., 3 H_target])."""
+        return self.cond(features.to(self.cond.weight.dtype))
+
+    def forward(self, x: torch.Tensor, shift_from: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | GrowingCache | None = None) -> torch.Tensor:
+        """Last-layer states (before the final norm) of rows ``x`` ([B, R, H]).
+
+        ``shift_from[i]`` is the row whose previous-layer state row ``i`` fuses at each layer
+        transition (``i`` itself for slot 0 and prefix rows); ``positions`` ([R]) are RoPE positions;
+        ``mask`` ([R, keys] bool) says which cached keys, then which of these rows, a row attends to.
+        """
+        angles = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq
+        angles = torch.cat((angles, angles), dim=-1)
+        cos, sin = angles.cos().to(x.dtype)[None, None], angles.sin().to(x.dtype)[None, None]
+        for i, layer in enumerate(self.layers):
+            if i:
+                x = self.shifts[i - 1](torch.cat((x, x[:, shift_from]), dim=-1))
+            x = layer(x, cos, sin, mask, cache)
+        return x
+
+    def heads(self, hidden: torch.Tensor) -> Heads:
+        """Token logits and rank-bucket logits of last-layer states."""
+        normed = self.norm(hidden)
+        logits = self.lm_head(normed)
+        return Heads(logits, self.rank_head(normed, logits))
+
+
+def _causal_blocks(groups: int, size: int, device: torch.device) -> torch.Tensor:
+    """[groups * size, groups * size] bool: causal inside each group of rows, nothing across."""
+    tril = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    return torch.block_diag(*[tril] * groups) if groups else tril[:0, :0]
+
+
+class Unrolled(NamedTuple):
+    """Training forward of M blocks at P start positions per sequence (see :func:`unroll`)."""
+
+    blocks: Heads  # [B, M, P, K, ...]; block 1's slot 0 is the prefix row at its start
+    positions: torch.Tensor  # [M, P, K] sequence position of each block row (it predicts position + 1)
+
+
+def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts: torch.Tensor,
+           start_slots: torch.Tensor) -> Unrolled:
+    """Run the drafter as inference does, on a whole training sequence at once.
+
+    ``tokens`` [B, T], ``features`` [B, T, 3 H_target] (the target's, row ``t`` after token ``t``);
+    ``starts`` [P] the positions where block 1 starts; ``start_slots`` [M - 1, P]: block ``m + 1``
+    starts at slot ``start_slots[m]`` of block ``m``, whose state conditions it, on the token that slot
+    predicts (the sequence's). One forward for the prefix rows and block 1, one per later block;
+    the heads run on block rows only.
+    """
+    b, t = tokens.shape
+    k, p, m = net.config.block_size, starts.numel(), start_slots.shape[0] + 1
+    dev = tokens.device
+    arange_t, slots = torch.arange(t, device=dev), torch.arange(k, device=dev)
+    cond = torch.cat((features.new_zeros(b, 1, features.shape[-1]), features[:, :-1]), dim=1)
+    cond = net.condition(cond)  # [B, T, H]
+    # Forward 1: T prefix rows, then slots 1..K-1 of block 1 at each start.
+    extra = p * (k - 1)
+    x = torch.cat((net.inputs(cond, tokens, torch.zeros_like(tokens)),
+                   net.inputs(cond[:, starts].repeat_interleave(k - 1, 1),
+                              tokens[:, starts].repeat_interleave(k - 1, 1),
+                              slots[1:].repeat(p).expand(b, -1))),
+                  dim=1)
+    # Row index of block 1's slot j at start i: the prefix row for j = 0.
+    rows = torch.cat((starts[:, None], t + torch.arange(extra, device=dev).view(p, k - 1)), dim=1)
+    shift_from = torch.cat((arange_t, rows[:, :-1].reshape(-1)))
+    positions = (starts[:, None] + slots).view(p, k)
+    seen = arange_t[None] <= starts[:, None]  # [P, T] the prefix each start sees
+    mask = torch.zeros(t + extra, t + extra, dtype=torch.bool, device=dev)
+    mask[:t, :t] = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+    mask[t:, :t] = seen.repeat_interleave(k - 1, 0)
+    mask[t:, t:] = _causal_blocks(p, k - 1, dev)
+    cache = GrowingCache()
+    first = net(x, shift_from, torch.cat((arange_t, positions[:, 1:].reshape(-1))), mask, cache)
+    states, block_rows, all_positions = [first[:, rows]], [rows], [positions]
+    path = torch.cat((seen, torch.zeros(p, extra, dtype=torch.bool, device=dev)), dim=1)  # [P, keys so far]
+    total = t + extra
+    for block in range(1, m):
+        s = start_slots[block - 1]
+        chosen = torch.arange(p, device=dev)
+        # This block sees the previous one's slots 0..s on top of what that one saw.
+        path[chosen[:, None], block_rows[-1]] |= slots[None] <= s[:, None]
+        base = all_positions[-1][chosen, s] + 1  # [P] position of the start token
+        tok = tokens[:, base.clamp(max=t - 1)]
+        x = net.inputs(states[-1][:, chosen, s].repeat_interleave(k, 1), tok.repeat_interleave(k, 1),
+                       slots.repeat(p).expand(b, -1))
+        own = torch.arange(p * k, device=dev).view(p, k)
+        shift_from = torch.cat((own[:, :1], own[:, :-1]), dim=1).reshape(-1)
+        positions = base[:, None] + slots
+        mask = torch.cat((path.repeat_interleave(k, 0), _causal_blocks(p, k, dev)), dim=1)
+        hidden = net(x, shift_from, positions.reshape(-1), mask, cache)
+        states.append(hidden.view(b, p, k, -1))
+        block_rows.append(total + own)
+        all_positions.append(positions)
+        path = torch.cat((path, torch.zeros(p, p * k, dtype=torch.bool, device=dev)), dim=1)
+        total += p * k
+    return Unrolled(net.heads(torch.stack(states, dim=1)), torch.stack(all_positions))
+
+
+class SpecBlockDrafter:
+    """Drafts a tree with ``blocks`` block forwards: block 1 at the root, then one batched forward
+    for the ``starts`` best start nodes of each block; ``children`` per predicted bucket; at most
+    ``budget`` drafted nodes (the most likely by path probability)."""
+
+    def __init__(self, net: SpecBlock, blocks: int = 2, starts: int = 4, budget: int = 32,
+                 children: tuple[int, ...] = CHILDREN) -> None:
+        if min(blocks, starts, budget) < 1:
+            raise InputError("SpecBlock needs blocks, starts and budget of at least 1")
+        if len(children) != len(net.config.edges) + 1 or min(children) < 0:
+            raise InputError(f"children {children}: give one non-negative count per rank bucket "
+                             f"({len(net.config.edges) + 1})")
+        self.net, self.blocks, self.starts, self.budget = net, blocks, starts, budget
+        self.children = tuple(children)
+        self.k = net.config.block_size
+        self.device = net.lm_head.weight.device
+        self.model_seconds = 0.0
+        self._base: int | None = None  # committed drafter length once the root's prefix row has run
+        self._tokens: list[int] = []
+
+    def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
+              max_length: int) -> None:
+        """Check the target matches, size the cache, queue the prompt as prefix rows."""
+        c = self.net.config
+        if target.logits.shape[-1] != c.vocab_size or target.features.shape[-1] != 3 * c.target_hidden:
+            raise InputError("this SpecBlock drafter was built for another target (vocabulary or hidden size "
+                             "differ): load the drafter trained for this target")
+        if max_length > c.max_position_embeddings:
+            raise InputError(f"the drafter's context is {c.max_position_embeddings} positions but "
+                             f"{max_length} are needed: shorten the prompt or max new tokens")
+        self.sampling = sampling
+        extra = self.k + (self.blocks - 1) * self.starts * self.k
+        self.cache = KVCache(c.num_layers, 1, c.num_kv_heads, c.head_dim, max_length + extra,
+                             self.net.lm_head.weight.dtype, self.device)
+        features = target.features[0].to(self.device)
+        self.backlog = prompt.tolist()  # tokens not yet run as prefix rows; the last is the root
+        self.conds = torch.cat((features.new_zeros(1, features.shape[-1]), features))  # one per backlog token
+        self._base = None
+
+    def _forward(self, x: torch.Tensor, shift_from: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+        """Run rows ``x`` ([R, H]) into the cache and commit them; their last-layer states."""
+        start = clock(self.device)
+        hidden = self.net(x[None], shift_from, positions, mask, self.cache)[0]
+        self.cache.commit()
+        self.model_seconds += clock(self.device) - start
+        return hidden
+
+    def _heads(self, hidden: torch.Tensor
+               ) -> tuple[torch.Tensor, list[int], list[list[float]], list[list[int]]]:
+        """Laws, buckets and best tokens of slot rows (one host sync)."""
+        start = clock(self.device)
+        logits, buckets = self.net.heads(hidden)
+        top = logits.float().log_softmax(-1).topk(min(max(self.children), logits.shape[-1]), dim=-1)
+        laws = warp(logits, self.sampling)
+        out = laws, buckets.argmax(-1).tolist(), top.values.tolist(), top.indices.tolist()
+        self.model_seconds += clock(self.device) - start
+        return out
+
+    @torch.inference_mode()
+    def propose(self, max_depth: int) -> DraftTree:
+        """Block 1 from the root, then ``blocks - 1`` batched rounds from the best start nodes."""
+        root = self.backlog[-1]
+        if max_depth < 1:
+            self._base, self._tokens = None, [root]
+            return DraftTree(torch.tensor([root], device=self.device), torch.tensor([-1], device=self.device),
+                             torch.zeros(1, self.net.config.vocab_size, device=self.device), "topk")
+        net, k, dev = self.net, self.k, self.device
+        n, length = len(self.backlog), self.cache.length
+        width = min(k, max_depth)  # block 1 drafts depths 1..width
+        cond = net.condition(self.conds)
+        tokens = torch.tensor(self.backlog, device=dev)
+        slot_ids = torch.arange(k, device=dev)
+        x = torch.cat((net.inputs(cond, tokens, torch.zeros_like(tokens)),
+                       net.inputs(cond[-1:].expand(width - 1, -1), tokens[-1:].expand(width - 1),
+                                  slot_ids[1:width])))
+        rows = n + width - 1
+        mask = torch.ones(rows, length + rows, dtype=torch.bool, device=dev)
+        mask[:, length:] = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril()
+        shift_from = torch.cat((torch.arange(n, device=dev), n - 1 + torch.arange(width - 1, device=dev)))
+        positions = length + torch.arange(rows, device=dev)
+        hidden = self._forward(x, shift_from, positions, mask)[n - 1:]
+        root_position = length + n - 1  # also the root's cache row
+        self._base = root_position + 1
+        # Every slot run in this proposal, by global slot id: its cache row and last-layer state.
+        cache_rows = [root_position, *range(self._base, self._base + width - 1)]
+        states = [hidden]
+        laws, buckets, logps, ids = self._heads(hidden)
+        all_laws = [laws]
+        tree = BucketTree(root, max_depth, self.children)
+        created = tree.extend(0, list(range(width)), buckets, logps, ids)
+        for _ in range(1, self.blocks):
+            starts = tree.starts(created, self.starts)
+            if not starts:
+                break
+            created = self._block(tree, starts, cache_rows, states, all_laws, root_position)
+        laws = torch.cat(all_laws)
+        draft = tree.build(self.budget, laws)
+        self._tokens = draft.tokens.tolist()
+        self.backlog, self.conds = [], self.conds[:0]
+        return draft
+
+    def _block(self, tree: BucketTree, starts: list[int], cache_rows: list[int], states: list[torch.Tensor],
+               all_laws: list[torch.Tensor], root_position: int) -> list[int]:
+        """One batched forward: a block of K slots at each start node; extends ``tree``."""
+        net, k, dev = self.net, self.k, self.device
+        s, length = len(starts), self.cache.length
+        hidden_all = torch.cat(states)
+        origin = torch.tensor([tree.origin[u] for u in starts], device=dev)
+        tokens = torch.tensor([tree.tokens[u] for u in starts], device=dev)
+        slots = torch.arange(k, device=dev)
+        x = net.inputs(hidden_all[origin].repeat_interleave(k, 0), tokens.repeat_interleave(k),
+                       slots.repeat(s))
+        mask = torch.zeros(s * k, length + s * k, dtype=torch.bool, device=dev)
+        mask[:, :self._base] = True
+        for i, u in enumerate(starts):
+            seen = [cache_rows[tree.origin[a]] for a in tree.path(u)]
+            mask[i * k:(i + 1) * k, seen] = True
+        mask[:, length:] = _causal_blocks(s, k, dev)
+        own = torch.arange(s * k, device=dev).view(s, k)
+        shift_from = torch.cat((own[:, :1], own[:, :-1]), dim=1).reshape(-1)
+        depth = torch.tensor([tree.depths[u] for u in starts], device=dev)
+        positions = (root_position + depth[:, None] + slots).reshape(-1)
+        hidden = self._forward(x, shift_from, positions, mask)
+        first = len(cache_rows)
+        cache_rows.extend(range(length, length + s * k))
+        states.append(hidden)
+        laws, buckets, logps, ids = self._heads(hidden)
+        all_laws.append(laws)
+        created = []
+        for i, u in enumerate(starts):
+            part = slice(i * k, (i + 1) * k)
+            created += tree.extend(u, list(range(first + i * k, first + (i + 1) * k)), buckets[part],
+                                   logps[part], ids[part])
+        return created
+
+    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
+        """Keep the root's prefix row, drop the drafted rows, queue the accepted tokens and ``token``
+        as prefix rows conditioned on the target's features at the positions before them."""
+        if self._base is not None:
+            self.cache.truncate(self._base)
+        self.backlog.extend(self._tokens[n] for n in path)
+        self.backlog.append(token)
+        self.conds = torch.cat((self.conds, target.features[0].to(self.device)))
+        self._base = None
+
+
+def save_specblock(net: SpecBlock, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (the target's embeddings are not included)."""
+    from policies.io import atomic_write, write_json
+
+    folder = Path(folder)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
+    write_json(folder / "config.json", {"format": FORMAT, **asdict(net.config)})
+    return folder
+
+
+def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
+    """Load a drafter saved by :func:`save_specblock` for ``target`` (on its device and dtype)."""
+    folder = Path(folder)
+    config_path, weights = folder / "config.json", folder / "model.safetensors"
+    for path in (config_path, weights):
+        if not path.exists():
+            raise InputError(f"missing {path}: give a folder written by save_specblock "
+                             "(specblock train specblock)")
+    try:
+        raw = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{config_path} is not valid JSON: re-save the drafter") from exc
+    if not isinstance(raw, dict) or raw.pop("format", None) != FORMAT:
+        raise InputError(f"{config_path} is not a {FORMAT} drafter config: re-save the drafter")
+    try:
+        config = SpecBlockConfig(**raw)
+    except TypeError as exc:
+        raise InputError(f"{config_path} has unexpected or missing fields ({exc}): re-save the drafter"
+                         ) from exc
+    a = target.args
+    if config.vocab_size != a.vocab_size or config.target_hidden != a.hidden_size:
+        raise InputError(f"{folder} was trained for a target with vocabulary {config.vocab_size} and hidden "
+                         f"size {config.target_hidden}, not {a.vocab_size} and {a.hidden_size}: "
+                         "train a drafter for this target")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError) as exc:
+        raise InputError(f"cannot read {weights} ({exc}): the file is corrupt; re-save or re-copy it"
+                         ) from exc
+    weight = target.lm_head.weight
+    with torch.random.fork_rng(devices=[]):  # the initial values are overwritten: leave the global RNG alone
+        net = SpecBlock(config, target.model.embed_tokens.weight).to(device=weight.device, dtype=weight.dtype)
+    expected = set(net.state_dict())
+    if expected != state.keys():
+        missing, unknown = sorted(expected - state.keys()), sorted(state.keys() - expected)
+        raise InputError(f"{weights} does not match its config (missing {missing[:2]}, unexpected "
+                         f"{unknown[:2]}): re-save the drafter")
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        raise InputError(f"{weights} has tensors of the wrong shape for its config: re-save the drafter"
+                         ) from exc
+    return net.eval()

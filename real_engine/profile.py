@@ -1,0 +1,378 @@
+"""Measure what one decoding iteration costs on this device and write it as a cost profile.
+
+Every timing runs the engine's own code on the running device: the target's verify step
+(``decode._speculative_step``: forward of a chain of ``nodes`` tokens, greedy verification, cache
+compaction) over a grid of tree sizes and context lengths, its vanilla step over the contexts, each
+available drafter's ``propose`` + ``accept`` (one iteration's drafting, the first half of the first
+path accepted), and a backward plus AdamW step of a head-only and a full drafter update. Timings run
+round-robin (``Bench``): after warm-up rounds, every round calls each configuration once, so repeats
+spread over the whole run and target and drafter calls alternate as in the decode loop; the profile
+stores every repeat and ``simulator.costs`` takes their median. The clock is the wall clock, or on a
+CPU the process's CPU seconds (``--clock cpu``: what other jobs on a shared machine do barely
+moves it). Drafters whose weights are not shipped are timed with seeded random weights of the
+shipped shape (timing does not depend on the values) and their model names say so. The result is
+the JSON of ``simulator.costs`` (schema 1) plus a ``measurement`` block recording how it was
+measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from policies.errors import InputError
+from policies.io import write_json
+from real_engine.decode import MAX_TREE_NODES, _speculative_step, _vanilla_step, prefill
+from real_engine.drafters.base import Drafter, clock
+from real_engine.drafters.draft_model import DraftModelDrafter
+from real_engine.drafters.ngram import NgramDrafter
+from real_engine.kv_cache import KVCache
+from real_engine.model import Output, Transformer
+from real_engine.tree import DraftTree
+from real_engine.verify import TorchSampler
+from real_engine.warp import Sampling
+from simulator.costs import profile_from_json
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What to measure and how often."""
+
+    nodes: tuple[int, ...]  # verify forward sizes, root included
+    contexts: tuple[int, ...]  # tokens in the KV cache
+    draft_tokens: tuple[int, ...]  # draft-model chain lengths
+    specblock_starts: tuple[int, ...]
+    specblock_blocks: tuple[int, ...]
+    eagle_depths: tuple[int, ...]
+    draft_context: int  # context at which drafters are timed
+    update_batch: tuple[int, int]  # (sequences, tokens) of one update step
+    repeats: int
+    warmup: int
+
+
+FULL = Grid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
+            contexts=(32, 128, 256, 512, 1024), draft_tokens=tuple(range(1, 17)),
+            specblock_starts=(1, 2, 4, 8), specblock_blocks=(1, 2, 3, 4),
+            eagle_depths=(1, 2, 3, 4, 5, 6, 7, 8), draft_context=256, update_batch=(8, 256), repeats=7,
+            warmup=2)
+QUICK = Grid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), specblock_starts=(1, 2),
+             specblock_blocks=(1, 2), eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3,
+             warmup=1)
+
+
+def device_name(device: torch.device) -> str:
+    """A readable name of ``device`` (the GPU's name, or the CPU's model)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()}"
+
+
+def model_name(model: Transformer, folder: str | Path | None) -> str:
+    """``folder-name (type, layers x hidden)``: enough to tell shipped models and shapes apart."""
+    a = model.args
+    where = Path(folder).name if folder is not None else "random weights"
+    return (f"{where} ({a.model_type}, {a.num_hidden_layers} layers x {a.hidden_size} hidden, "
+            f"vocab {a.vocab_size})")
+
+
+Timer = Callable[[], float]
+CLOCKS = ("wall", "cpu")
+
+
+def make_timer(device: torch.device, kind: str = "wall") -> Timer:
+    """Seconds now: ``wall`` time once the device is idle, or ``cpu`` seconds of this process.
+
+    The CPU clock counts the work the process did, not the time other jobs held the cores, so it
+    measures a CPU engine reproducibly on a shared machine; with one torch thread it equals wall time
+    on an idle machine.
+    """
+    if kind not in CLOCKS:
+        raise InputError(f"unknown clock {kind!r}: use one of {', '.join(CLOCKS)}")
+    if kind == "cpu":
+        if device.type != "cpu":
+            raise InputError(f"the cpu clock cannot time a {device.type} device: use the wall clock")
+        return time.process_time
+    return lambda: clock(device)
+
+
+class Bench:
+    """Timed jobs, run round-robin: every round calls each job once, so each configuration's repeats
+    spread over the whole measurement (a burst of load on a shared machine touches every grid point
+    alike), and each call finds the caches as the other jobs left them, as in the decode loop."""
+
+    def __init__(self, timer: Timer, repeats: int, warmup: int) -> None:
+        self.timer, self.repeats, self.warmup = timer, repeats, warmup
+        self.jobs: list[tuple[Callable[[], Any], bool, list[float]]] = []
+
+    def add(self, fn: Callable[[], Any], inference: bool = True) -> list[float]:
+        """Register ``fn`` (run under ``torch.inference_mode(inference)``); its seconds fill the list
+        returned here when ``run`` is called."""
+        seconds: list[float] = []
+        self.jobs.append((fn, inference, seconds))
+        return seconds
+
+    def run(self) -> None:
+        """``warmup`` untimed rounds, then ``repeats`` timed ones."""
+        for round_ in range(self.warmup + self.repeats):
+            for fn, inference, seconds in self.jobs:
+                with torch.inference_mode(inference):
+                    start = self.timer()
+                    fn()
+                    if round_ >= self.warmup:
+                        seconds.append(self.timer() - start)
+
+
+def _tokens(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(1, vocab, (n,), generator=generator)
+
+
+def _contexts(grid: Grid, model: Transformer) -> tuple[int, ...]:
+    """The grid's contexts that leave room for the largest tree within the model's positions."""
+    limit = model.args.max_position_embeddings - max(grid.nodes) - 1
+    kept = tuple(c for c in grid.contexts if c <= limit)
+    if not kept:
+        need = min(grid.contexts) + max(grid.nodes) + 1
+        raise InputError(f"the model's context ({model.args.max_position_embeddings}) is too short for the "
+                         f"profile grid: use a model with at least {need} positions or --quick")
+    return kept
+
+
+@torch.inference_mode()
+def verify_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0
+                   ) -> tuple[list[dict], list[dict]]:
+    """Rows of ``samples.verify`` (a chain of ``nodes`` tokens at each context) and ``samples.vanilla``,
+    timed when ``bench`` runs."""
+    device = model.lm_head.weight.device
+    gen = torch.Generator().manual_seed(seed)
+    sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
+    vocab = model.args.vocab_size
+    verify, vanilla = [], []
+    for context in _contexts(grid, model):
+        cache = model.new_cache(context + 1 + MAX_TREE_NODES)
+        prefill(model, cache, _tokens(context, vocab, gen).to(device))
+        for nodes in grid.nodes:
+            tree = DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
+
+            def step(tree: DraftTree = tree, cache: KVCache = cache, context: int = context) -> None:
+                _speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
+                cache.truncate(context)
+
+            verify.append({"nodes": nodes, "context": context, "seconds": bench.add(step)})
+
+        def plain(cache: KVCache = cache, context: int = context) -> None:
+            _vanilla_step(model, cache, int(_tokens(1, vocab, gen)), GREEDY, sampler)
+            cache.truncate(context)
+
+        vanilla.append({"context": context, "seconds": bench.add(plain)})
+    return verify, vanilla
+
+
+class _Session:
+    """A drafter started on a random context of the target, stepped with synthetic verdicts."""
+
+    def __init__(self, target: Transformer, drafter: Drafter, context: int, room: int, seed: int) -> None:
+        self.device = target.lm_head.weight.device
+        self.gen = torch.Generator().manual_seed(seed)
+        self.vocab = target.args.vocab_size
+        prompt = _tokens(context, self.vocab, self.gen).to(self.device)
+        with torch.inference_mode():
+            cache = target.new_cache(context)
+            self.out = prefill(target, cache, prompt[:-1])
+        drafter.begin(prompt, self.out, GREEDY, torch.Generator(device=self.device).manual_seed(seed),
+                      context + room)
+        self.drafter = drafter
+
+    @torch.inference_mode()
+    def step(self, depth: int) -> None:
+        """One iteration's drafting: propose, then accept the first half of the first path."""
+        paths = self.drafter.propose(depth).paths()
+        path = tuple(paths[0][:len(paths[0]) // 2]) if paths else ()
+        rows = Output(*(x[:, :len(path) + 1] for x in self.out))
+        self.drafter.accept(path, int(_tokens(1, self.vocab, self.gen)), rows)
+
+
+def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, bench: Bench, seed: int = 0
+                  ) -> dict[str, list[dict]]:
+    """Rows of ``samples.draft`` for each drafter kind in ``drafters`` (kind -> its model or net), timed
+    when ``bench`` runs."""
+    context = min(grid.draft_context, _contexts(grid, target)[-1])
+    room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
+
+    def run(drafter: Drafter, depth: int) -> list[float]:
+        session = _Session(target, drafter, context, room, seed)
+        return bench.add(lambda: session.step(depth))
+
+    rows: dict[str, list[dict]] = {"ngram": [{"seconds": run(NgramDrafter(depth=8), 8)}]}
+    if "draft-model" in drafters:
+        rows["draft-model"] = [
+            {"tokens": n, "seconds": run(DraftModelDrafter(drafters["draft-model"], "chain", n), n)}
+            for n in grid.draft_tokens]
+    if "specblock" in drafters:
+        from real_engine.drafters.specblock import SpecBlockDrafter
+
+        net = drafters["specblock"]
+        # Every bucket drafts children, so each later block really starts from `starts` nodes.
+        children = (net.config.block_size,) * (len(net.config.edges) + 1)
+        rows["specblock"] = [
+            {"starts": s, "blocks": m,
+             "seconds": run(SpecBlockDrafter(net, m, s, budget=MAX_TREE_NODES - 1, children=children),
+                            m * net.config.block_size)}
+            for s in grid.specblock_starts for m in grid.specblock_blocks]
+    if "eagle" in drafters:
+        from real_engine.drafters.eagle import EagleDrafter, TreeShape
+
+        net, shape = drafters["eagle"]
+        shapes = {d: TreeShape(d, shape.top_k, shape.total_tokens) for d in grid.eagle_depths}
+        rows["eagle"] = [{"depth": d, "seconds": run(EagleDrafter(net, target, s), d)}
+                         for d, s in shapes.items()]
+    if "medusa" in drafters:
+        from real_engine.drafters.medusa import MedusaDrafter
+
+        net, tree = drafters["medusa"]
+        rows["medusa"] = [{"seconds": run(MedusaDrafter(net, target, tree), max(len(n) for n in tree))}]
+    return rows
+
+
+def drafter_seconds(target: Transformer, drafter: Drafter, depth: int, *, clock_kind: str = "wall",
+                    repeats: int = FULL.repeats, warmup: int = FULL.warmup, context: int = FULL.draft_context,
+                    seed: int = 0) -> list[float]:
+    """Seconds of one iteration's drafting (propose + accept) of one drafter configuration, as the
+    profile times its draft series: for shapes those series do not key, such as a draft-model tree."""
+    bench = Bench(make_timer(target.lm_head.weight.device, clock_kind), repeats, warmup)
+    session = _Session(target, drafter, context, (repeats + warmup) * 33, seed)
+    seconds = bench.add(lambda: session.step(depth))
+    bench.run()
+    return seconds
+
+
+def update_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0) -> dict[str, list[float]]:
+    """Seconds of one next-token-loss backward plus AdamW step, LM head only vs all parameters (on a
+    copy), timed when ``bench`` runs."""
+    device = model.lm_head.weight.device
+    sequences, length = grid.update_batch
+    length = min(length, model.args.max_position_embeddings)
+    batch = _tokens(sequences * length, model.args.vocab_size,
+                    torch.Generator().manual_seed(seed)).view(sequences, length).to(device)
+    out: dict[str, list[float]] = {}
+    for kind in ("head", "full"):
+        net = copy.deepcopy(model).train()
+        net.requires_grad_(kind == "full")
+        net.lm_head.weight.requires_grad_(True)
+        optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5)
+
+        def step(net: Transformer = net, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            logits = net(batch).logits[:, :-1].float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        out[kind] = bench.add(step, inference=False)
+    return out
+
+
+def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: int = 0
+                     ) -> tuple[dict[str, Any], dict[str, str]]:
+    """SpecBlock, EAGLE and Medusa drafters for ``target``: shipped weights from ``models_dir/<kind>``
+    when present and fitting this target, else seeded random weights of the shipped shape.
+
+    Returns (kind -> what ``draft_samples`` needs, kind -> the model name for the profile).
+    """
+    from real_engine.drafters.eagle import TreeShape, load_eagle, new_eagle
+    from real_engine.drafters.medusa import choose_tree, load_medusa, new_medusa
+    from real_engine.drafters.specblock import SpecBlock, load_specblock
+
+    loaders: dict[str, tuple[Callable[[Path], Any], Callable[[], Any]]] = {
+        "specblock": (lambda f: load_specblock(f, target), lambda: SpecBlock.for_target(target, seed=seed)),
+        "eagle": (lambda f: load_eagle(f, target), lambda: (new_eagle(target, seed=seed), TreeShape())),
+        "medusa": (lambda f: load_medusa(f, target),
+                   lambda: (new_medusa(target, seed=seed), choose_tree([[0.6, 0.2, 0.1, 0.05]] * 4, 24))),
+    }
+    nets, names = {}, {}
+    for kind, (load, fresh) in loaders.items():
+        folder = models_dir / kind
+        try:
+            nets[kind], names[kind] = load(folder), f"{folder.name} (trained weights)"
+        except (InputError, OSError, RuntimeError):  # absent, or made for another target
+            nets[kind], names[kind] = fresh(), f"{kind} (random weights of the shipped shape: timing only)"
+    nets["specblock"].eval()
+    return nets, names
+
+
+def measure(target: Transformer, *, target_name: str, draft: Transformer | None = None,
+            draft_name: str | None = None, grid: Grid = FULL, feature: bool = True, dtype: str = "float32",
+            threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
+            models_dir: Path = MODELS_DIR) -> dict[str, Any]:
+    """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
+    when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``simulator.costs``."""
+    device = target.lm_head.weight.device
+    timer = make_timer(device, clock_kind)
+    bench, updates = Bench(timer, grid.repeats, grid.warmup), Bench(timer, grid.repeats, grid.warmup)
+    verify, vanilla = verify_samples(target, grid, bench, seed)
+    nets: dict[str, Any] = {}
+    names = {"ngram": "n-gram prompt lookup (no model)"}
+    if draft is not None:
+        nets["draft-model"], names["draft-model"] = draft, draft_name or model_name(draft, None)
+    if feature:
+        more, more_names = feature_drafters(target, models_dir, seed)
+        nets.update(more)
+        names.update(more_names)
+    update_model = draft if draft is not None else target
+    samples = {"verify": verify, "vanilla": vanilla, "draft": draft_samples(target, nets, grid, bench, seed),
+               "update": update_samples(update_model, grid, updates, seed)}
+    bench.run()  # decoding jobs interleave with each other as target and drafter do in the loop
+    updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
+    data = {
+        "schema_version": 1,
+        "device": device_name(device),
+        "dtype": dtype,
+        "models": {"target": target_name, "drafters": names},
+        "block_size": nets["specblock"].config.block_size if "specblock" in nets else None,
+        "derived_from": None,
+        "samples": samples,
+    }
+    profile = profile_from_json(data)
+    return {**profile.to_json(), "measurement": {
+        "grid": asdict(grid), "clock": clock_kind, "threads": threads or torch.get_num_threads(),
+        "torch": torch.__version__, "seed": seed,
+        "update_model": f"{'draft model' if draft is not None else 'target'}: "
+                        f"{draft_name if draft is not None else target_name}",
+        "verify": "greedy verify step of a chain (tree forward, verification, cache compaction)",
+        "draft": "one iteration's propose + accept at the draft context; the first half of the first "
+                 "path accepted"}}
+
+
+def save(data: dict[str, Any], path: str | Path) -> Path:
+    """Validate and write a measured profile atomically."""
+    profile_from_json({k: v for k, v in data.items() if k != "measurement"})
+    return write_json(path, data)
+
+
+def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
+    """Headline numbers of a profile at ``context``: milliseconds of vanilla, verify at 2/9/17/65 nodes,
+    a 4-token draft of each drafter, and the two updates."""
+    profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
+    ms = {"vanilla": 1e3 * float(profile.vanilla_seconds(context))}
+    for nodes in (2, 9, 17, 65):
+        ms[f"verify_{nodes}"] = 1e3 * float(profile.verify_seconds(nodes, context))
+    for kind in sorted(profile.drafters):
+        ms[f"draft_{kind}_4"] = 1e3 * profile.chain_draft_seconds(kind, 4)
+    ms.update({f"update_{k}": 1e3 * profile.update_seconds(k) for k in ("head", "full")})
+    return {"device": profile.device, "context": context, "milliseconds": ms}

@@ -1,0 +1,143 @@
+"""Record acceptance traces from the live engine: one row per decoding iteration (``simulator.traces``).
+
+Each prompt of ``data/prompts/<domain>.jsonl`` is decoded by ``decode.generate`` with a fresh drafter;
+its ``on_iteration`` callback hands over every iteration's draft tree and verdict. Per drafted node
+the row holds its depth, its parent (-1 for the root's children), its confidence ``q[parent, token]``
+(the drafter's probability of the node's token given its parent), its rank bucket (-1: the tree
+carries none), whether it is on the accepted path; per iteration the context length, the accepted
+count and the draft and verify seconds. Each domain's prompt file is split in two halves: traces are
+recorded on the *calibration* half, and the *evaluation* half is held out for measuring policies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from policies.errors import InputError
+from real_engine.decode import GREEDY, Iteration, Stats, generate
+from real_engine.drafters.base import Drafter
+from real_engine.model import Transformer
+from real_engine.warp import Sampling
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "prompts"
+PARTS = ("calibration", "evaluation")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a domain's prompt set, tokenized."""
+
+    name: str
+    domain: str
+    tokens: tuple[int, ...]
+
+
+def prompt_domains(folder: Path = PROMPTS_DIR) -> tuple[str, ...]:
+    """Domains that have a prompt file in ``folder``."""
+    return tuple(sorted(p.stem for p in folder.glob("*.jsonl")))
+
+
+def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], list[int]],
+                 part: str = "calibration", max_tokens: int | None = None,
+                 folder: Path = PROMPTS_DIR) -> list[Prompt]:
+    """The first ``count`` prompts of each domain's ``part`` (the file's first or second half), domains
+    interleaved; ``max_tokens`` keeps only each prompt's last tokens (to fit a short model context)."""
+    if part not in PARTS:
+        raise InputError(f"unknown prompt part {part!r}: use one of {', '.join(PARTS)}")
+    if not domains:
+        raise InputError(f"no domains given: name at least one of {', '.join(prompt_domains(folder))}")
+    if count < 1:
+        raise InputError(f"{count} prompts per domain is too few: give at least 1")
+    per_domain = []
+    for domain in domains:
+        path = folder / f"{domain}.jsonl"
+        if not path.is_file():
+            raise InputError(f"no prompt file for domain {domain!r} ({path}): use one of "
+                             f"{', '.join(prompt_domains(folder))}")
+        try:
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            texts = [(str(r.get("id", f"{domain}-{i:03d}")), r["text"]) for i, r in enumerate(rows)]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{path} is not a JSON-lines file of {{\"text\": ...}} objects ({exc}): fix it"
+                             ) from None
+        half = len(texts) // 2
+        chosen = texts[:half] if part == "calibration" else texts[half:]
+        prompts = [Prompt(name, domain, tuple(encode(text)[-max_tokens if max_tokens else 0:]))
+                   for name, text in chosen[:count]]
+        per_domain.append([p for p in prompts if p.tokens])
+    ordered = sorted((i, d, p) for d, group in enumerate(per_domain) for i, p in enumerate(group))
+    return [p for _, _, p in ordered]
+
+
+def node_columns(iteration: Iteration) -> dict[str, np.ndarray]:
+    """The node columns of one iteration's tree (root excluded, in the drafter's node order)."""
+    tree = iteration.tree
+    parents = tree.parents[1:].cpu().numpy().astype(np.int64)
+    tokens = tree.tokens[1:].cpu()
+    size = tree.size - 1
+    if tree.q is None or size == 0:
+        confidences = np.ones(size)
+    else:
+        rows = tree.parents[1:].to(tree.q.device)
+        confidences = tree.q[rows, tokens.to(tree.q.device)].double().cpu().numpy()
+    on_path = np.zeros(size, dtype=bool)
+    on_path[np.asarray(iteration.path, dtype=np.int64) - 1] = True
+    buckets = getattr(tree, "rank_buckets", None)
+    return {"depths": tree.depths[1:].cpu().numpy().astype(np.int64), "parents": parents - 1,
+            "confidences": np.clip(confidences, 0.0, 1.0),
+            "rank_buckets": np.full(size, -1, dtype=np.int64) if buckets is None else np.asarray(buckets)[1:],
+            "on_path": on_path}
+
+
+def iteration_row(iteration: Iteration, query_id: int, domain: str, drafter: str,
+                  index: int) -> dict[str, Any]:
+    """One trace row (the columns of ``simulator.traces.SCHEMA``)."""
+    return {"query_id": query_id, "domain": domain, "drafter": drafter, "iteration": index,
+            "context_length": iteration.context_length, **node_columns(iteration),
+            "accepted": len(iteration.path), "draft_seconds": iteration.draft_seconds,
+            "verify_seconds": iteration.verify_seconds}
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A trace and, per query, the decode loop's stats (for throughput and consistency checks)."""
+
+    traces: pd.DataFrame
+    stats: tuple[Stats, ...]
+    prompts: tuple[Prompt, ...]
+
+
+@torch.inference_mode()
+def record(target: Transformer, prompts: Sequence[Prompt], new_drafter: Callable[[], Drafter], drafter: str,
+           *, verifier: str = "greedy", sampling: Sampling = GREEDY, max_new_tokens: int = 128,
+           eos_id: int | None = None, seed: int = 0,
+           progress: Callable[[int, Stats], None] | None = None) -> Recording:
+    """Decode every prompt with a fresh drafter from ``new_drafter`` and record each iteration.
+
+    Query ``i`` uses seed ``seed + i``; ``progress`` is called after each query.
+    """
+    if not prompts:
+        raise InputError("no prompts to trace: give at least one domain with prompts")
+    rows: list[dict[str, Any]] = []
+    stats = []
+    for query, prompt in enumerate(prompts):
+        start = len(rows)
+
+        def keep(it: Iteration, query: int = query, prompt: Prompt = prompt, start: int = start) -> None:
+            rows.append(iteration_row(it, query, prompt.domain, drafter, len(rows) - start))
+
+        out = generate(target, list(prompt.tokens), drafter=new_drafter(), verifier=verifier,
+                       sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed + query,
+                       on_iteration=keep)
+        stats.append(out.stats)
+        if progress is not None:
+            progress(query, out.stats)
+    return Recording(pd.DataFrame(rows), tuple(stats), tuple(prompts))

@@ -1,0 +1,260 @@
+"""Training the SpecBlock drafter on data from its target (``real_engine.drafter_data``).
+
+A step takes a batch of sequences and, per sequence, ``starts`` random positions ``t`` where block 1
+starts (conditioned on the target's features at ``t - 1``, on token ``t``), then ``blocks - 1``
+later blocks, each from a random slot of the previous one (with that slot's own state, on the token
+the slot predicts): :func:`~real_engine.drafters.specblock.unroll`, as inference runs it. Block 1's
+slot 0 is the prefix row at ``t`` (always valid); every position's prefix row is run (the blocks
+attend to them) but only block rows are scored, which keeps the LM head, the costliest part, on
+the rows that are trained.
+
+- **Draft loss:** at a row predicting position ``i + 1``, the KL divergence from the target's law at
+  ``i`` to the draft law, on the target's top-k support renormalized (the data stores only the top
+  k): ``sum_j p_j (log p_j - log q_j)``.
+- **Valid-prefix mask** (:func:`valid_prefix`): a block row counts only where every earlier slot of
+  its block, and every slot on its path in earlier blocks up to the start slot, had its argmax equal
+  to the sequence's token there (the context the row stands for is then the one the teacher saw).
+- **Rank loss:** cross-entropy of the rank head against the bucket of the target's token (its
+  argmax, the token greedy verification accepts) in the draft law (:func:`rank_labels`), under the
+  same mask; the rank head reads detached inputs, so this loss never moves the drafter.
+
+AdamW, a cosine schedule with a linear warm-up over the first 1.5% of steps, gradient clipping,
+fixed seeds (batch order and block starts are functions of the seed and the step, so a resumed run
+reproduces an uninterrupted one). Checkpoints are safetensors plus JSON (never pickles).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from policies.errors import InputError
+from policies.io import atomic_write, write_json
+from real_engine.drafter_data import (
+    DrafterData,
+    corpus_windows,
+    open_drafter_data,
+    prepare_drafter_data,
+    progress_bar,
+    target_fingerprint,
+)
+from real_engine.drafters.rank import bucket_of, rank_of
+from real_engine.drafters.specblock import SpecBlock, SpecBlockConfig, load_specblock, save_specblock, unroll
+from real_engine.model import Transformer, load_model
+
+RUN_DIR = Path("runs") / "specblock"
+DATA_DIR = Path("runs") / "specblock-data"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization settings of :func:`train_specblock`."""
+
+    steps: int = 1000
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: float = 0.015  # fraction of steps with a linear warm-up
+    blocks: int = 2  # M, blocks unrolled per start
+    starts: int = 32  # block-1 start positions per sequence and step
+    rank_weight: float = 1.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def __post_init__(self) -> None:
+        if min(self.steps, self.batch_size, self.blocks, self.starts, self.checkpoint_every) < 1:
+            raise InputError("steps, batch size, blocks, starts and checkpoint interval must all be >= 1")
+        if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0):
+            raise InputError("need lr > 0, 0 <= warmup < 1, weight_decay >= 0 and grad_clip > 0")
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warm-up over ``warmup * steps`` steps (at least one), then cosine decay to zero."""
+    warm = max(1, round(config.warmup * config.steps))
+    if step < warm:
+        return config.lr * (step + 1) / warm
+    progress = (step - warm) / max(config.steps - warm, 1)
+    return config.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def valid_prefix(correct: torch.Tensor, start_slots: torch.Tensor) -> torch.Tensor:
+    """Which block rows count: ``correct`` [..., M, K] (argmax right at each row), ``start_slots``
+    [..., M - 1] (block ``m + 1`` starts at that slot of block ``m``) -> [..., M, K] bool.
+
+    Row ``(m, k)`` is valid iff rows ``(m, 0..k-1)`` are correct and the path into block ``m`` was
+    valid and correct through its start slot (slot 0 of block 1 is always valid).
+    """
+    m = correct.shape[-2]
+    ok = torch.cat((torch.ones_like(correct[..., :1]), correct[..., :-1]), dim=-1).cumprod(-1).bool()
+    carry = torch.ones_like(correct[..., 0, 0])
+    out = []
+    for block in range(m):
+        valid = carry[..., None] & ok[..., block, :]
+        out.append(valid)
+        if block < m - 1:
+            through = valid & correct[..., block, :]
+            carry = through.gather(-1, start_slots[..., block, None]).squeeze(-1)
+    return torch.stack(out, dim=-2)
+
+
+def rank_labels(logits: torch.Tensor, tokens: torch.Tensor, edges: tuple[int, ...]) -> torch.Tensor:
+    """Bucket of each target token's rank in the draft law (the rank head's label)."""
+    return bucket_of(rank_of(logits, tokens), edges)
+
+
+def draft_kl(logits: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """KL(target || draft) on the target's top-k support, renormalized ([...] from [..., V], [..., k])."""
+    p_log = topk_logp.log_softmax(-1)
+    q_log = logits.float().log_softmax(-1).gather(-1, topk_ids)
+    return (p_log.exp() * (p_log - q_log)).sum(-1)
+
+
+def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Tensor,
+                   start_slots: torch.Tensor, rank_weight: float = 1.0
+                   ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The training loss of one batch and its parts: draft KL, rank CE, per-(block, slot) accuracy."""
+    tokens, logp, ids = batch["tokens"], batch["topk_logp"], batch["topk_ids"]
+    b, t = tokens.shape
+    edges = net.config.edges
+    out = unroll(net, tokens, batch["features"], starts, start_slots)
+    pos = out.positions.expand(b, -1, -1, -1)  # [B, M, P, K]
+    in_range = pos < t - 1
+    flat = pos.clamp(max=t - 2).flatten(1)
+    logits = out.blocks.logits
+    correct = (logits.argmax(-1) == tokens.gather(1, flat + 1).view_as(pos)) & in_range
+    valid = valid_prefix(correct.transpose(1, 2), start_slots.T.expand(b, -1, -1)).transpose(1, 2) & in_range
+    k = ids.shape[-1]
+    row_logp = logp.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos.shape, k)[valid]
+    row_ids = ids.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos.shape, k)[valid]
+    kl_all = draft_kl(logits[valid], row_logp, row_ids)
+    labels = rank_labels(logits[valid], row_ids[:, 0], edges)
+    rank_all = F.cross_entropy(out.blocks.buckets[valid].float(), labels, reduction="none")
+    loss = kl_all.mean() + rank_weight * rank_all.mean()
+    with torch.no_grad():
+        hits = (correct & valid).sum((0, 2)).float()
+        tried = valid.sum((0, 2)).float()
+        metrics = {"loss": float(loss), "kl": float(kl_all.mean()), "rank": float(rank_all.mean()),
+                   "accuracy": (hits / tried.clamp(min=1)).tolist(), "valid": tried.tolist()}
+    return loss, metrics
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Parameter, str]
+                     ) -> dict[str, torch.Tensor]:
+    out = {}
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            out[f"{names[param]}::{key}"] = value.detach().cpu().contiguous()
+    return out
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, net: SpecBlock,
+                          state: dict[str, torch.Tensor]) -> None:
+    for name, param in net.named_parameters():
+        keys = {key.split("::")[1]: value for key, value in state.items() if key.split("::")[0] == name}
+        if keys:
+            optimizer.state[param] = {k: v.to(param.device) if k != "step" else v for k, v in keys.items()}
+
+
+def _save_checkpoint(folder: Path, net: SpecBlock, optimizer: torch.optim.Optimizer, step: int,
+                     record: dict[str, Any]) -> None:
+    names = {p: n for n, p in net.named_parameters()}
+    save_specblock(net, folder, dtype=torch.float32)
+    state = _optimizer_state(optimizer, names)
+    atomic_write(folder / "optimizer.safetensors", lambda tmp: save_file(state, tmp))
+    write_json(folder / "state.json", {**record, "step": step})
+
+
+def train_specblock(target: Transformer, data: str | Path | DrafterData, out: str | Path,
+                    run_dir: str | Path = RUN_DIR, *, config: TrainConfig = TrainConfig(),
+                    drafter: SpecBlockConfig | None = None, resume: bool = False,
+                    minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train a SpecBlock drafter for ``target`` on prepared ``data``; write it to ``out``.
+
+    ``run_dir`` holds the latest checkpoint (float32 weights, AdamW state, step); with ``resume``
+    training continues from it (same settings required). The final drafter (``save_specblock``,
+    bfloat16) and ``out/training.json`` (settings, loss curve, final per-(block, slot) accuracy
+    among valid rows) are written at the end. Returns that record. ``minutes`` caps this call's wall
+    time (a shared machine): the run then stops early, checkpointed, and ``resume`` continues it.
+    """
+    data = data if isinstance(data, DrafterData) else open_drafter_data(data)
+    if data.meta.target != target_fingerprint(target):
+        raise InputError("the drafter data was made with another target: prepare data with this target")
+    out, ckpt = Path(out), Path(run_dir)
+    record: dict[str, Any] = {"train": asdict(config), "data": asdict(data.meta), "losses": []}
+    if resume and (ckpt / "state.json").exists():
+        saved = json.loads((ckpt / "state.json").read_text())
+        if saved.get("train") != record["train"] or saved.get("data") != record["data"]:
+            raise InputError(f"{ckpt} was made with other settings or data: resume with the same ones, "
+                             "or train into a new folder")
+        net = load_specblock(ckpt, target).float().train()
+        record, first = saved, saved["step"]
+    else:
+        net = SpecBlock.for_target(target, drafter, seed=config.seed).float().train()
+        first = 0
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    if first:
+        try:
+            _load_optimizer_state(optimizer, net, load_file(str(ckpt / "optimizer.safetensors")))
+        except (SafetensorError, OSError) as exc:
+            raise InputError(f"cannot read the optimizer state in {ckpt} ({exc}): train afresh") from exc
+    k = net.config.block_size
+    t = data.meta.seq_len
+    starts = min(config.starts, t - 1)
+    batches = data.batches(config.batch_size, config.seed, first)
+    began = time.perf_counter()
+    metrics: dict[str, Any] = {}
+    with progress_bar(progress) as bar:
+        task = bar.add_task("specblock", total=config.steps, completed=first)
+        for step in range(first, config.steps):
+            batch = next(batches)
+            device = net.lm_head.weight.device
+            batch = {name: value.to(device) for name, value in batch.items()}
+            gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+            positions = torch.randperm(t - 1, generator=gen)[:starts].sort().values.to(device)
+            slots = torch.randint(0, k, (config.blocks - 1, starts), generator=gen).to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, config)
+            loss, metrics = specblock_loss(net, batch, positions, slots, config.rank_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            optimizer.step()
+            record["losses"].append([step, metrics["loss"], metrics["kl"], metrics["rank"]])
+            bar.update(task, advance=1, description=f"specblock loss {metrics['loss']:.3f}")
+            late = minutes is not None and time.perf_counter() - began > 60 * minutes
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps or late:
+                _save_checkpoint(ckpt, net, optimizer, step + 1, record)
+            if late:
+                break
+    record["final"] = metrics
+    record["steps_done"] = len(record["losses"])
+    record["seconds_this_run"] = time.perf_counter() - began
+    save_specblock(net.eval(), out)
+    write_json(out / "training.json", record)
+    return record
+
+
+def train_from_corpus(target_dir: str | Path, out: str | Path, run_dir: str | Path = RUN_DIR,
+                      data_dir: str | Path = DATA_DIR, *, sequences: int = 512, seq_len: int = 256,
+                      domains: tuple[str, ...] = ("code", "tests", "prose", "text"), top_k: int = 32,
+                      config: TrainConfig = TrainConfig(), resume: bool = False,
+                      minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+    """The whole recipe from a target folder: ``sequences`` corpus windows, the target's rows for them
+    under ``data_dir`` (resumable), then :func:`train_specblock` into ``out``."""
+    target = load_model(target_dir)
+    windows = corpus_windows(domains, seq_len, sequences, config.seed)
+    folder = Path(data_dir) / target_fingerprint(target)[:12]
+    data = prepare_drafter_data(target, windows, folder, top_k=top_k, progress=progress)
+    return train_specblock(target, data, out, run_dir, config=config, resume=resume, minutes=minutes,
+                           progress=progress)

@@ -1,0 +1,144 @@
+"""`specblock bench` on tiny random models: the JSON schema, vanilla as the exact baseline, greedy
+losslessness of every drafter, the report files, the transformers peer, and one-line input errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.bench import alpha
+from experiments.cli import main
+
+KEYS = {"drafter", "shape", "verifier", "temperature", "domain", "prompts", "new_tokens", "tau",
+        "tokens_per_second", "speedup", "draft_share", "accepted", "draft_calls", "alpha", "greedy_identical"}
+PROMPTS = {"code": ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a,",
+                    "for i in range(3):\n    print(i)\nfor i in range(3):\n"],
+           "prose": ["The cat sat on the mat. The dog sat on the log. The cat sat on"]}
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(["bench", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def prompts_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    for domain, texts in PROMPTS.items():
+        (folder / f"{domain}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return folder
+
+
+@pytest.fixture
+def medusa_dir(tmp_path: Path, llama_dir: Path) -> Path:
+    """A drafters folder holding untrained Medusa heads (a trained drafter the bench must pick up)."""
+    from real_engine.drafters.medusa import new_medusa, save_medusa
+    from real_engine.model import load_model
+
+    folder = tmp_path / "drafters"
+    save_medusa(new_medusa(load_model(llama_dir), heads=2), [(0,), (1,), (0, 0)], folder / "medusa",
+                dtype=torch.float32)
+    return folder
+
+
+def test_alpha_conditions_on_the_previous_position_and_the_draft_depth() -> None:
+    assert alpha([0, 1, 2, 4], [4, 4, 4, 4]) == [3 / 4, 2 / 3, 1 / 2, 1.0]
+    assert alpha([0, 2], [1, 2]) == [1 / 2, 1.0]  # the first draft never reached depth 2
+    assert alpha([0, 0], [0, 0]) == []
+
+
+def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_dir: Path, medusa_dir: Path,
+                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir",
+                             str(prompts_dir), "--drafters-dir", str(medusa_dir), "--prompts", "2",
+                             "--max-new-tokens", "8", "--drafters", "none,ngram,draft-model,medusa,eagle",
+                             "--out", str(out), "--tag", "tiny", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(stdout)
+    rows = result["rows"]
+    assert all(row.keys() >= KEYS for row in rows)
+    assert {r["domain"] for r in rows} == {"code", "prose", "all"}
+    assert {r["prompts"] for r in rows if r["domain"] == "code"} == {2}
+    vanilla = [r for r in rows if r["drafter"] == "none"]
+    assert len(vanilla) == 6 and all(r["speedup"] == 1.0 and r["tau"] == 1.0 for r in vanilla)
+    greedy = [r for r in rows if r["temperature"] == 0]
+    assert {r["drafter"] for r in greedy} >= {"none", "ngram", "draft-model", "medusa"}
+    assert all(r["greedy_identical"] is True for r in greedy)
+    assert all(r["greedy_identical"] is None for r in rows if r["temperature"] == 1)
+    sampled = {(r["drafter"], r["shape"], r["verifier"]) for r in rows if r["temperature"] == 1}
+    assert {("draft-model", "chain", "block"), ("draft-model", "chain", "rrs"),
+            ("draft-model", "tree", "rrs"), ("ngram", "chain", "block"), ("medusa", "tree", "rrs")} <= sampled
+    assert not any(v == "greedy" for _, _, v in sampled)
+    for r in rows:
+        if r["drafter"] in ("none", "ngram"):
+            assert r["draft_calls"] == 0
+        if r["drafter"] == "draft-model" and r["shape"] == "chain":
+            assert 1 <= r["draft_calls"] <= 4  # one forward per depth at most
+        if r["alpha"]:
+            assert all(a is None or 0 <= a <= 1 for a in r["alpha"]) and len(r["alpha"]) <= 4
+        assert r["tau"] >= 1 and 0 <= r["draft_share"] < 1 and r["new_tokens"] > 0
+    assert any("eagle" in note for note in result["notes"])  # no weights: skipped with a note
+    assert set(result["agreement"]) == {"code", "prose"}
+    assert all(0 <= a["top1"] <= 1 and a["tokens"] > 0 for a in result["agreement"].values())
+    if importlib.util.find_spec("transformers") is not None:
+        hf = [r for r in rows if r["drafter"] == "hf-assisted"]
+        assert hf and all(r["hf_speedup"] > 0 for r in hf)
+        assert all(r["greedy_identical"] for r in hf if r["temperature"] == 0)
+    saved = json.loads((out / "bench_tiny.json").read_text())
+    assert saved["results"]["rows"] == rows and saved["config"]["max_new_tokens"] == 8
+    assert {"versions", "machine", "seed"} <= saved.keys()
+    assert "| all | none |" in (out / "bench_tiny.md").read_text()
+    assert (out / "bench_tiny.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--drafters", "none,lookahead"], "lookahead"),
+    (["--verifiers", "greedy,magic"], "magic"),
+    (["--domains", "poetry"], "poetry"),
+    (["--prompts", "0"], "--prompts"),
+    (["--temperatures", "hot"], "--temperatures"),
+    (["--model", "MISSING"], "no config.json"),
+])
+def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir: Path, draft_dir: Path,
+                                         prompts_dir: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    args = [a.replace("MISSING", str(tmp_path / "nowhere")) for a in args]
+    base = ["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir", str(prompts_dir),
+            "--out", str(tmp_path / "out")]
+    code, stdout, err = run([*base, *args], capsys)
+    assert code == 2 and stdout == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_peer_or_draft_model_is_skipped_with_a_note(
+        llama_dir: Path, draft_dir: Path, prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import experiments.hf_peer
+
+    base = ["--model", str(llama_dir), "--prompts-dir", str(prompts_dir), "--domains", "prose",
+            "--prompts", "1", "--max-new-tokens", "4", "--temperatures", "0", "--out", str(tmp_path),
+            "--json"]
+    monkeypatch.setattr(experiments.hf_peer, "transformers_available", lambda: False)
+    code, stdout, err = run([*base, "--draft-model", str(draft_dir), "--drafters", "none"], capsys)
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert [r["drafter"] for r in result["rows"]] == ["none", "none"]  # prose, all
+    assert any("transformers is not installed" in note for note in result["notes"])
+    code, stdout, err = run([*base, "--draft-model", str(tmp_path / "nowhere"), "--drafters", "none,ngram"],
+                            capsys)
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert {r["drafter"] for r in result["rows"]} == {"none", "ngram"} and result["agreement"] == {}
+    assert any("no draft model" in note for note in result["notes"])

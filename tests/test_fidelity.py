@@ -1,0 +1,165 @@
+"""The fidelity harness: exact predictions on synthetic inputs, and the shipped data's measured error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import fidelity
+from real_engine.trace import Prompt
+from simulator.costs import profile_from_json
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
+TRACE_TOKENS = 128  # new tokens per prompt of the shipped traces (acceptance grows along a generation)
+SHIPPED = (DATA / "models" / "target" / "config.json", DATA / "profiles" / "cpu_shipped.json",
+           DATA / "traces" / "default.parquet")
+
+
+def flat_profile() -> object:
+    """Costs independent of the context: verify 1 ms a node, vanilla 2 ms, drafting 0.5 ms a token."""
+    rows = [1, 2, 4, 8, 16, 32]
+    return profile_from_json({
+        "schema_version": 1, "device": "test", "dtype": "float32",
+        "models": {"target": "t", "drafters": {"draft-model": "d", "ngram": "n"}}, "derived_from": None,
+        "samples": {
+            "verify": [{"nodes": n, "context": c, "seconds": [1e-3 * n]} for n in rows for c in (0, 4096)],
+            "vanilla": [{"context": c, "seconds": [2e-3]} for c in (0, 4096)],
+            "draft": {"draft-model": [{"tokens": t, "seconds": [5e-4 * t]} for t in rows],
+                      "ngram": [{"seconds": [1e-4]}]},
+            "update": {"head": [1.0], "full": [2.0]}}})
+
+
+def chain_traces(accepted: int, drafted: int = 8, rows: int = 20) -> pd.DataFrame:
+    """Chain iterations that always accept ``accepted`` of ``drafted`` tokens, in two domains."""
+    return pd.DataFrame({
+        "query_id": np.arange(rows) // 5, "domain": np.where(np.arange(rows) < 10, "a", "b"),
+        "drafter": "draft-model", "iteration": np.arange(rows) % 5, "context_length": 100,
+        "depths": [np.arange(1, drafted + 1)] * rows, "parents": [np.arange(-1, drafted - 1)] * rows,
+        "confidences": [np.full(drafted, 0.5)] * rows, "rank_buckets": [np.full(drafted, -1)] * rows,
+        "on_path": [np.arange(drafted) < accepted] * rows, "accepted": accepted,
+        "draft_seconds": 0.0, "verify_seconds": 0.0})
+
+
+PROMPTS = [Prompt("x", "a", (1,) * 50), Prompt("y", "b", (1,) * 70)]
+
+
+@pytest.mark.parametrize(("length", "tau", "seconds"), [(2, 3.0, 1e-3 + 3e-3), (6, 5.0, 3e-3 + 7e-3),
+                                                        (0, 1.0, 2e-3)])
+def test_simulate_chain_is_exact(length: int, tau: float, seconds: float) -> None:
+    config = fidelity.Config("c", "none" if length == 0 else "draft-model", "chain", length, depth=length)
+    out = fidelity.simulate(flat_profile(), chain_traces(accepted=4), config, PROMPTS, tokens=60, queries=8,
+                            seed=0)
+    assert out["tau"] == pytest.approx(tau)
+    assert out["iteration_seconds"] == pytest.approx(seconds)
+    assert out["tokens_per_second"] == pytest.approx(tau / seconds)
+
+
+def test_tree_profile_charges_the_whole_tree_for_every_n() -> None:
+    tree = fidelity.tree_profile(flat_profile(), seconds=2e-3)
+    for n in (1, 8, 16):
+        assert tree.draft_seconds("draft-model", tokens=n) == pytest.approx(2e-3)
+    assert tree.verify_seconds(9, 100) == pytest.approx(9e-3)
+
+
+def test_steady_state_skips_each_first_step() -> None:
+    a, b = fidelity.StepClock(), fidelity.StepClock()
+    a.steps = [(10.0, 1.0, 3), (10.5, 1.2, 2), (11.0, 1.4, 4)]
+    b.steps = [(20.0, 5.0, 1), (22.0, 5.4, 3)]
+    out = fidelity.steady_state([a, b])
+    assert (out["tokens"], out["iterations"], out["tau"]) == (9, 3, 3.0)
+    assert out["wall"]["tokens_per_second"] == pytest.approx(9 / 3.0)
+    assert out["cpu"]["tokens_per_second"] == pytest.approx(9 / 0.8)
+
+
+def test_markdown_lists_every_config() -> None:
+    row = {"name": "chain 4",
+           "measured": {"tau": 3.0, "cpu": {"tokens_per_second": 100.0, "iteration_seconds": 0.03},
+                        "wall": {"tokens_per_second": 50.0, "iteration_seconds": 0.06}},
+           "predicted": {"tokens_per_second": 104.0, "tau": 3.1, "iteration_seconds": 0.0298},
+           "error": 0.04, "error_wall_clock": 1.08}
+    skipped = [{"config": "eagle", "reason": "none"}]
+    text = fidelity.markdown({"clock": "cpu", "configs": [row], "skipped": skipped,
+                              "median_abs_error": 0.04, "worst_abs_error": 0.04},
+                             {"profile": "p.json", "calibration": 4, "evaluation": 4, "max_new_tokens": 64,
+                              "threads": 1})
+    assert "| chain 4 | 100.0 | 104.0 | +4.0% | +108.0% |" in text and "skipped eagle" in text
+
+
+@pytest.mark.skipif(not all(p.exists() for p in SHIPPED), reason="shipped target, profile or traces absent")
+def test_shipped_fidelity_within_15_percent() -> None:
+    """The shipped profile and traces predict a held-out run's speedup over vanilla within 15% (the
+    speedup, measured in one run, cancels how fast a shared machine happens to be right now; tokens/s
+    itself must be within 50%, which catches unit or modelling breakage)."""
+    import torch
+
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts, prompt_domains
+    from simulator.costs import load_profile
+    from simulator.traces import load_traces
+
+    target_config, profile_path, traces_path = SHIPPED
+    traces = load_traces(traces_path)
+    drafter = str(traces["drafter"].iloc[0])  # the shipped traces: chains of this drafter
+    depth = int(max(d.max(initial=0) for d in traces["depths"]))  # replayed at the depth they were drafted
+    if drafter == "draft-model":
+        config = fidelity.Config(f"chain {depth}", "draft-model", "chain", depth, depth=depth)
+        draft_dir = DATA / "models" / "draft"
+        if not (draft_dir / "config.json").exists():
+            pytest.skip("the shipped traces need the shipped draft model, which is absent")
+        draft = load_model(draft_dir)
+    else:
+        config, draft = fidelity.Config(f"n-gram {depth}", "ngram", "ngram", depth, depth=depth), None
+    target = load_model(target_config.parent)
+    tokenizer = Tokenizer.load(target_config.parent, target.args.vocab_size, target.args.eos_token_id)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the shipped profile is measured with one thread
+    try:
+        engine = fidelity.Engine(target, draft, tokenizer.eos_id, TRACE_TOKENS, 0)
+        prompts = load_prompts(prompt_domains(), 2, tokenizer.encode, "evaluation")
+        vanilla = fidelity.Config("vanilla", "none", "", 0)
+        measured = engine.measure(prompts, [vanilla, config])
+    finally:
+        torch.set_num_threads(threads)
+    clock = json.loads(profile_path.read_text())["measurement"]["clock"]
+    profile = load_profile(profile_path)
+    predicted = {c.name: fidelity.simulate(profile, traces, c, prompts, TRACE_TOKENS, 256, 0)
+                 ["tokens_per_second"] for c in (vanilla, config)}
+    real = {name: m[clock]["tokens_per_second"] for name, m in measured.items()}
+    predicted_speedup = predicted[config.name] / predicted["vanilla"]
+    measured_speedup = real[config.name] / real["vanilla"]
+    assert abs(predicted_speedup / measured_speedup - 1) <= 0.15, (predicted, real)
+    assert abs(predicted[config.name] / real[config.name] - 1) <= 0.5, (predicted, real)
+
+
+class FakeEngine:
+    """Engine stand-in: fixed traces and measured throughputs (vanilla 400 tok/s, chain 2 600 tok/s)."""
+
+    max_new_tokens, seed = 60, 0
+
+    def trace(self, prompts: list, **spec: object) -> pd.DataFrame:
+        return chain_traces(accepted=4)
+
+    def measure(self, prompts: list, configs: list, log: object) -> dict:
+        speed = {"vanilla": 400.0, "chain 2": 600.0}
+        return {c.name: {"tau": 1.0, "cpu": {"tokens_per_second": speed[c.name], "iteration_seconds": 0.01},
+                         "wall": {"tokens_per_second": speed[c.name] / 2, "iteration_seconds": 0.02}}
+                for c in configs}
+
+
+def test_run_fidelity_compares_tokens_per_second_and_speedup() -> None:
+    configs = [fidelity.Config("vanilla", "none", "", 0),
+               fidelity.Config("chain 2", "draft-model", "chain-2", 2)]
+    result = fidelity.run_fidelity(FakeEngine(), flat_profile(), "cpu", PROMPTS, PROMPTS, configs, queries=8)
+    vanilla, chain = result["configs"]
+    assert vanilla["predicted"]["tokens_per_second"] == pytest.approx(500.0)  # 1 token per 2 ms
+    assert chain["predicted"]["tokens_per_second"] == pytest.approx(750.0)  # 3 tokens per 1 + 3 ms
+    assert chain["error"] == pytest.approx(0.25) and chain["error_wall_clock"] == pytest.approx(1.5)
+    assert chain["predicted_speedup"] == pytest.approx(1.5) and chain["speedup_error"] == pytest.approx(0.0)
+    assert result["median_abs_error"] == pytest.approx(0.25)
+    assert result["worst_abs_speedup_error"] == pytest.approx(0.0, abs=1e-12)

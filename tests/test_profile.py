@@ -1,0 +1,86 @@
+"""The cost profiler: a quick profile of tiny random models loads as a cost profile; the CLI contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from real_engine import profile as prof
+from real_engine.model import load_model
+from simulator.costs import DRAFT_KEYS, load_profile
+
+TINY = dataclasses.replace(prof.QUICK, repeats=2, warmup=0)
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(["profile", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def measured(llama_dir: Path, draft_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    target, draft = load_model(llama_dir), load_model(draft_dir)
+    return prof.measure(target, target_name=prof.model_name(target, llama_dir), draft=draft,
+                        draft_name=prof.model_name(draft, draft_dir), grid=TINY,
+                        models_dir=tmp_path_factory.mktemp("no_drafters"))
+
+
+def test_profile_loads_with_every_series(measured: dict, tmp_path: Path) -> None:
+    path = prof.save(measured, tmp_path / "profile.json")
+    profile = load_profile(path)
+    assert profile.device.startswith("CPU") and profile.dtype == "float32"
+    assert set(profile.drafters) == set(DRAFT_KEYS)  # n-gram, draft model and the three feature drafters
+    verify = {(row["nodes"], row["context"]) for row in measured["samples"]["verify"]}
+    assert verify == {(n, c) for n in TINY.nodes for c in TINY.contexts}
+    assert all(len(row["seconds"]) == TINY.repeats for row in measured["samples"]["verify"])
+    assert [row["tokens"] for row in measured["samples"]["draft"]["draft-model"]] == list(TINY.draft_tokens)
+    specblock = {(r["starts"], r["blocks"]) for r in measured["samples"]["draft"]["specblock"]}
+    assert specblock == {(s, m) for s in TINY.specblock_starts for m in TINY.specblock_blocks}
+    assert profile.block_size == 4
+    assert profile.update_seconds("head") > 0 and profile.update_seconds("full") > 0
+    for kind in ("specblock", "eagle", "medusa"):  # no weights in models_dir: timed with random ones
+        assert "random weights" in profile.drafters[kind]
+    assert measured["measurement"]["grid"]["repeats"] == TINY.repeats
+    # The saved fits are the medians of the samples (load_profile refits and compares).
+    assert json.loads(path.read_text())["fits"]["verify"]["nodes"] == list(TINY.nodes)
+
+
+def test_save_rejects_a_broken_profile(measured: dict, tmp_path: Path) -> None:
+    broken = {**measured, "samples": {**measured["samples"], "update": {"head": [0.1]}}}
+    with pytest.raises(ValueError, match="update"):
+        prof.save(broken, tmp_path / "broken.json")
+    assert not (tmp_path / "broken.json").exists()
+
+
+def test_cli_quick_json(llama_dir: Path, draft_dir: Path, tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--out", str(out),
+                             "--quick", "--repeats", "1", "--no-feature-drafters", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert result["out"] == str(out) and result["quick"] is True
+    assert set(result["drafters"]) == {"ngram", "draft-model"}
+    assert {"vanilla", "verify_2", "verify_17", "update_head", "update_full"} <= result["milliseconds"].keys()
+    assert set(load_profile(out).drafters) == {"ngram", "draft-model"}
+
+
+@pytest.mark.parametrize("args", [["--model", "{missing}"], ["--draft-model", "{missing}"],
+                                  ["--repeats", "0"], ["--threads", "0"]])
+def test_cli_bad_input_exits_2(args: list[str], llama_dir: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    args = [a.format(missing=tmp_path / "nowhere") for a in args]
+    base = [] if "--model" in args else ["--model", str(llama_dir)]
+    code, stdout, err = run([*base, *args, "--out", str(tmp_path / "p.json"), "--quick", "--json"], capsys)
+    assert code == 2 and stdout == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("specblock: error:")
+    assert not (tmp_path / "p.json").exists()
