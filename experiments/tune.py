@@ -118,8 +118,9 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
         raise InputError(f"{queries} queries cannot fill {chunks} chunks: use queries >= chunks")
     if profile is None:
         profile = SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
-    if traces is None and traffic is None and SHIPPED_TRACES.exists():
-        traces = SHIPPED_TRACES
+        # The shipped traces belong with the shipped profile, never with a profile the user picked.
+        if traces is None and traffic is None and profile == SHIPPED_PROFILE and SHIPPED_TRACES.exists():
+            traces = SHIPPED_TRACES
     loaded = load_profile(profile)
     recorded = None if traces is None else load_traces(traces)
     drafter = drafter or default_drafter(loaded, recorded)

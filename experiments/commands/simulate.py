@@ -1,9 +1,10 @@
 """`specblock simulate`: predict each policy's tokens/s, tau and latency on the simulator.
 
 Defaults: the profile is ``data/profiles/cpu_shipped.json`` when it exists, else the paper-derived
-A100 profile; the acceptance model replays ``data/traces/default.parquet`` when it exists, else it
-is the paper-derived parametric model (``simulator.acceptance.default_acceptance``). The drafter is
-the one the traces were recorded with, else ``specblock`` when profiled, else the profile's first.
+A100 profile; the acceptance model replays ``data/traces/default.parquet`` when the shipped profile
+is used and the traces exist, else it is the paper-derived parametric model
+(``simulator.acceptance.default_acceptance``). The drafter is the one the traces were recorded with,
+else ``specblock`` when profiled, else the profile's first.
 Without ``--policy`` the baselines are fixed lengths 1, 2, 4 and 8. Vanilla decoding (length 0) is
 always evaluated: ``speedup`` is tokens/s over vanilla's. Length policies serve ``--queries`` queries
 (SpecLength); adaptation policies serve one stream of ``--queries`` queries (AdaptStream).
@@ -47,8 +48,11 @@ def _evaluate(profile_path: Path | None, traces_path: Path | None, policy_paths:
     from simulator.traces import load_traces
     from simulator.vector_envs import SpecLengthVectorEnv
 
-    profile_path = profile_path or (SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE)
-    traces_path = traces_path or (SHIPPED_TRACES if SHIPPED_TRACES.exists() else None)
+    if profile_path is None:
+        profile_path = SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
+        # The shipped traces belong with the shipped profile, never with a profile the user picked.
+        if traces_path is None and profile_path == SHIPPED_PROFILE and SHIPPED_TRACES.exists():
+            traces_path = SHIPPED_TRACES
     profile = load_profile(profile_path)
     traces = None if traces_path is None else load_traces(traces_path)
     drafter = default_drafter(profile, traces)
