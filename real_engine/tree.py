@@ -104,3 +104,22 @@ class DraftTree:
                 parents.append(prev)
                 prev = len(tokens) - 1
         return cls(torch.tensor(tokens), torch.tensor(parents), q, child_rule)
+
+
+def expand_topk(frontier: list[int], probs: torch.Tensor, ids: torch.Tensor, parents: list[int],
+                tokens: list[int], scores: list[float]) -> list[int]:
+    """Append each frontier node's top-k children (``probs``/``ids`` rows, one per frontier node) to a
+    growing tree, with cumulative log-probability scores; zero-probability candidates are skipped.
+
+    Returns the new nodes' indices. The EAGLE-2 style trees of the draft model and of the EAGLE
+    drafter both grow this way.
+    """
+    created = []
+    for parent, ps, ts in zip(frontier, probs.log().tolist(), ids.tolist(), strict=True):
+        for logp, tok in zip(ps, ts, strict=True):
+            if logp > float("-inf"):
+                created.append(len(tokens))
+                parents.append(parent)
+                tokens.append(tok)
+                scores.append(scores[parent] + logp)
+    return created

@@ -26,7 +26,7 @@ import torch
 from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
-from real_engine.tree import DraftTree
+from real_engine.tree import DraftTree, expand_topk
 from real_engine.warp import Sampling, warp
 
 SHAPES = ("chain", "tree", "paths")
@@ -149,14 +149,7 @@ class DraftModelDrafter:
         for d in range(1, depth + 1):
             rows = torch.stack([laws[n] for n in frontier])
             probs, ids = rows.topk(min(self.width, rows.shape[-1]), dim=-1)
-            created = []
-            for parent, ps, ts in zip(frontier, probs.log().tolist(), ids.tolist(), strict=True):
-                for logp, tok in zip(ps, ts, strict=True):
-                    if logp > float("-inf"):
-                        created.append(len(tokens))
-                        parents.append(parent)
-                        tokens.append(tok)
-                        scores.append(scores[parent] + logp)
+            created = expand_topk(frontier, probs, ids, parents, tokens, scores)
             if d == depth or not created:
                 break
             frontier = sorted(created, key=lambda n: -scores[n])[:self.width]

@@ -37,7 +37,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
-from real_engine.tree import DraftTree
+from real_engine.tree import DraftTree, expand_topk
 from real_engine.warp import Sampling, warp
 
 
@@ -230,14 +230,7 @@ class EagleDrafter:
         frontier = [0]
         for d in range(1, depth + 1):
             probs, ids = torch.stack([ranks[n] for n in frontier]).topk(min(k, ranks[0].numel()), dim=-1)
-            created = []
-            for parent, ps, ts in zip(frontier, probs.log().tolist(), ids.tolist(), strict=True):
-                for logp, tok in zip(ps, ts, strict=True):
-                    if logp > float("-inf"):
-                        created.append(len(tokens))
-                        parents.append(parent)
-                        tokens.append(tok)
-                        scores.append(scores[parent] + logp)
+            created = expand_topk(frontier, probs, ids, parents, tokens, scores)
             if d == depth or not created:
                 break
             frontier = sorted(created, key=lambda n: (-scores[n], n))[:k]
