@@ -17,8 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/specblock lp --vocab 3 --length 3 --instances 5 --seed 0
-	$(BIN)/specblock lp --vocab 3 --length 2 --drafts 2 --instances 3 --seed 0
+	$(BIN)/specblock pipeline --quick
 
 test: $(STAMP)
 	$(BIN)/ruff check .

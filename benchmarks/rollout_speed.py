@@ -1,10 +1,15 @@
 """Simulator rollout speed on one CPU core: SpecLength iterations/s and AdaptStream queries/s.
 
-Runs the numpy vector environments with policies computed in numpy (no per-slot Python): a fixed
-length, and a confidence threshold over the observation; AdaptStream skips, or trains the full
-drafter whenever its buffer is full. The process is pinned to one core (the rollouts make no BLAS
-calls, so no thread pool is involved). Counts only real steps (a slot's next-step autoreset is not
-an iteration). Prints and saves ``benchmarks/results/rollout_speed.json``.
+Three ways to run a stateless length policy (fixed 8, confidence threshold 0.3, LibraSpec) are timed
+in the same run: ``simulator.rollout.run_length`` on a ``SpecLengthVectorEnv`` (the policy's batched
+``choose_batch`` chooses for every slot in one numpy call), the bare vector env stepped with that
+batched call, and the single environment stepped with the policy's ``act``, one observation at a
+time (the ratio column is against this loop). AdaptStream skips, or trains the full drafter whenever
+its buffer is full. The process is pinned to one core (the rollouts make no BLAS calls, so no thread
+pool is involved); rates are given per wall second and per CPU second of this process (what a core
+of our own would give on a machine shared with other jobs). Only real steps count (a slot's
+next-step autoreset and the idle slots at the end of a rollout are not iterations). Prints and
+saves ``benchmarks/results/rollout_speed.json``.
 
     .venv/bin/python benchmarks/rollout_speed.py [--seconds S]
 """
@@ -15,42 +20,113 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from experiments.provenance import save_result
+from policies.base import Policy, make_policy
 from policies.features import ADAPT_INDEX, LENGTH_SLICES
-from simulator.acceptance import TraceReplay, default_acceptance, positions, synthetic_traces
+from simulator.acceptance import AcceptanceModel, TraceReplay, default_acceptance, synthetic_traces
+from simulator.envs import SpecLengthEnv
+from simulator.rollout import run_length
 from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
 
 SEED = 0
+SLOTS = 4096
+POLICIES = {"fixed-8": ("fixed", {"length": 8}), "threshold-0.3": ("threshold", {"threshold": 0.3}),
+            "libraspec": ("libraspec", {})}
 
 
-def threshold(obs: np.ndarray, level: float = 0.3) -> np.ndarray:
-    """Verify the positions whose path confidence stays at or above ``level`` (vectorized)."""
-    return (np.cumprod(obs[:, LENGTH_SLICES["confidences"]], axis=1) >= level).sum(axis=1)
+def clocks() -> tuple[float, float]:
+    """(wall, CPU) seconds now."""
+    return time.perf_counter(), time.process_time()
 
 
-def full_when_full(obs: np.ndarray) -> np.ndarray:
-    """Train the full drafter (action 2) in every stream whose full buffer is saturated."""
-    return 2 * (obs[:, ADAPT_INDEX["full_fill"]] >= 1.0)
+def rates(count: float, start: tuple[float, float]) -> tuple[float, float]:
+    """``count`` per wall second and per CPU second since ``start``."""
+    wall, cpu = clocks()
+    return count / (wall - start[0]), count / (cpu - start[1])
 
 
-def measure(env: SpecLengthVectorEnv | AdaptStreamVectorEnv, policy: Callable[[np.ndarray], np.ndarray],
-            seconds: float) -> tuple[float, float]:
-    """Real steps per wall second and per CPU second of ``env`` under ``policy`` for about ``seconds``.
+def batched(policy: Policy) -> Callable[[np.ndarray], np.ndarray]:
+    """The policy's batched choice as a function of a batch of observations."""
+    conf, steps = LENGTH_SLICES["confidences"], LENGTH_SLICES["step_seconds"]
+    return lambda obs: policy.choose_batch(obs[:, conf], obs[:, steps])
 
-    Per CPU second is what a core of our own would give on a machine shared with other jobs.
-    """
+
+def time_rollouts(policy: Policy, model: AcceptanceModel, seconds: float) -> tuple[float, float]:
+    """Iterations per second of whole ``run_length`` rollouts of SLOTS queries, repeated for ``seconds``."""
+    iterations, seed, start = 0.0, SEED, clocks()
+    while iterations == 0 or time.perf_counter() - start[0] < seconds:
+        iterations += run_length(policy, SpecLengthVectorEnv(SLOTS, acceptance=model), seed).iterations
+        seed += 1
+    return rates(iterations, start)
+
+
+def time_steps(env: SpecLengthVectorEnv | AdaptStreamVectorEnv, choose: Callable[[np.ndarray], np.ndarray],
+               seconds: float) -> tuple[float, float]:
+    """Real steps per second of a vector env under a batched policy for about ``seconds``."""
     obs, _ = env.reset(seed=SEED)
     for _ in range(3):  # warm-up
-        obs, *_ = env.step(policy(obs))
-    steps, start, cpu = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
+        obs, *_ = env.step(choose(obs))
+    steps, start = 0, clocks()
+    while time.perf_counter() - start[0] < seconds:
         restarting = int(env.prev_done.sum())
-        obs, *_ = env.step(policy(obs))
+        obs, *_ = env.step(choose(obs))
         steps += env.num_envs - restarting
-    return steps / (time.perf_counter() - start), steps / (time.process_time() - cpu)
+    return rates(steps, start)
+
+
+def time_single(policy: Policy, model: AcceptanceModel, seconds: float) -> tuple[float, float]:
+    """Steps per second of the single environment with the policy's ``act``, one step at a time."""
+    env = SpecLengthEnv(acceptance=model)
+    obs, _ = env.reset(seed=SEED)
+    steps, start = 0, clocks()
+    while time.perf_counter() - start[0] < seconds:
+        obs, _, terminated, _, _ = env.step(policy.act(obs))
+        steps += 1
+        if terminated:
+            obs, _ = env.reset()
+    return rates(steps, start)
+
+
+def speclength_rows(seconds: float) -> list[dict[str, Any]]:
+    """Every SpecLength measurement, with the ratio of each to the single-env loop of its policy."""
+    traces = synthetic_traces(default_acceptance(), queries=400, iterations=50, seed=SEED)
+    models = {"parametric": default_acceptance(), "replay": TraceReplay.from_traces(traces)}
+    rows = []
+    for name, model in models.items():
+        for label, (kind, params) in POLICIES.items():
+            policy = make_policy(kind, params)
+            single = time_single(policy, model, seconds)
+            found = {"run_length": time_rollouts(policy, model, seconds),
+                     "vector_env": time_steps(SpecLengthVectorEnv(SLOTS, acceptance=model), batched(policy),
+                                              seconds),
+                     "single_env": single}
+            for path, (rate, cpu_rate) in found.items():
+                rows.append({"env": "SpecLength", "path": path, "acceptance": name, "policy": label,
+                             "num_envs": 1 if path == "single_env" else SLOTS, "per_second": rate,
+                             "per_cpu_second": cpu_rate, "vs_single_env": rate / single[0],
+                             "vs_single_env_cpu": cpu_rate / single[1], "unit": "iterations"})
+                print(f"SpecLength  {name:10s} {label:13s} {path:10s}: {rate:11,.0f} it/s "
+                      f"{cpu_rate:11,.0f} it/CPU-s  x{rate / single[0]:6.1f} vs single env", flush=True)
+    return rows
+
+
+def adaptstream_rows(seconds: float) -> list[dict[str, Any]]:
+    """AdaptStream queries per second with two batched adaptation rules."""
+    env = AdaptStreamVectorEnv(1024)
+    skip = np.zeros(1024, dtype=np.int64)
+    full = ADAPT_INDEX["full_fill"]
+    rules = {"skip": lambda obs: skip, "full-when-full": lambda obs: 2 * (obs[:, full] >= 1.0)}
+    rows = []
+    for label, rule in rules.items():
+        rate, cpu_rate = time_steps(env, rule, seconds)
+        rows.append({"env": "AdaptStream", "path": "vector_env", "acceptance": "parametric", "policy": label,
+                     "num_envs": 1024, "per_second": rate, "per_cpu_second": cpu_rate, "unit": "queries"})
+        print(f"AdaptStream parametric {label:14s}: {rate:11,.0f} queries/s {cpu_rate:11,.0f} queries/CPU-s")
+    return rows
 
 
 def main() -> None:
@@ -59,31 +135,11 @@ def main() -> None:
     args = parser.parse_args()
     core = max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
-    traces = synthetic_traces(default_acceptance(), queries=400, iterations=50, seed=SEED)
-    models = {"parametric": default_acceptance(), "replay": TraceReplay(positions(traces))}
-    rows = []
-    for name, model in models.items():
-        for slots in (1024, 4096):
-            env = SpecLengthVectorEnv(slots, acceptance=model)
-            fixed = np.full(slots, 8, dtype=np.int64)
-            for policy_name, policy in (("fixed-8", lambda obs, a=fixed: a), ("threshold-0.3", threshold)):
-                rate, cpu_rate = measure(env, policy, args.seconds)
-                rows.append({"env": "SpecLength", "acceptance": name, "policy": policy_name,
-                             "num_envs": slots, "per_second": rate, "per_cpu_second": cpu_rate,
-                             "unit": "iterations"})
-                print(f"SpecLength  {name:10s} {policy_name:14s} num_envs={slots:5d}: {rate:11,.0f} it/s, "
-                      f"{cpu_rate:11,.0f} it/CPU-s")
-    slots = 1024
-    env = AdaptStreamVectorEnv(slots)
-    skip = np.zeros(slots, dtype=np.int64)
-    for policy_name, policy in (("skip", lambda obs: skip), ("full-when-full", full_when_full)):
-        rate, cpu_rate = measure(env, policy, args.seconds)
-        rows.append({"env": "AdaptStream", "acceptance": "parametric", "policy": policy_name,
-                     "num_envs": slots, "per_second": rate, "per_cpu_second": cpu_rate, "unit": "queries"})
-        print(f"AdaptStream parametric {policy_name:14s} num_envs={slots:5d}: {rate:11,.0f} queries/s, "
-              f"{cpu_rate:11,.0f} queries/CPU-s")
-    config = {"seconds_per_measurement": args.seconds, "pinned_core": core, "load_average": os.getloadavg(),
-              "tokens_per_query": 512, "replay_rows": 20_000}
+    load = os.getloadavg()
+    rows = speclength_rows(args.seconds) + adaptstream_rows(args.seconds)
+    config = {"seconds_per_measurement": args.seconds, "pinned_core": core, "load_average_before": load,
+              "load_average_after": os.getloadavg(), "num_envs": SLOTS, "tokens_per_query": 512,
+              "replay": "synthetic traces of default_acceptance(), 400 queries x 50 iterations"}
     path = save_result("rollout_speed", rows, config, SEED)
     print(f"saved {path}")
 

@@ -5,7 +5,10 @@ domain. Per prompt, vanilla decoding runs first and every configuration right af
 noise hits all alike; one warm-up generation per configuration precedes the measurements. A row's
 ``speedup`` is the mean over prompts of (tokens/s / vanilla tokens/s on that prompt); ``tau``,
 ``accepted`` and ``alpha`` pool the iterations of all its prompts. At temperature 0 every output is
-checked token for token against vanilla's (``greedy_identical``). The ``transformers`` peer
+checked token for token against vanilla's (``greedy_identical``); at temperature > 0 EOS does not stop a
+run, so every configuration decodes the same number of tokens. Length policy files (``--policy``) add
+each fitting configuration once more with the policy trimming its drafts (``real_engine.speculate``).
+The ``transformers`` peer
 (``hf-vanilla``, ``hf-assisted``) is measured in the same interleaved loop (see ``hf_peer``).
 """
 
@@ -23,12 +26,13 @@ import torch
 from policies.errors import InputError
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.base import Drafter
+from real_engine.drafters.trained import TRAINED
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
 ENGINE_DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
-TRAINED_DRAFTERS = ("specblock", "eagle", "medusa")  # drafters shipped as weights under data/models/<name>
+TRAINED_DRAFTERS = TRAINED  # drafters shipped as weights under data/models/<name>
 SHAPES = ("chain", "tree", "paths")
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 # The sampling verifiers that fit each kind of draft (T > 0): single-path verifiers on chains, rrs on
@@ -45,11 +49,13 @@ class Config:
     shape: str | None
     verifier: str | None
     temperature: float
+    policy: str | None = None  # name of a length policy of ``Settings.policies`` trimming each draft
 
     @property
     def label(self) -> str:
-        """A short name such as ``draft-model/tree/rrs``."""
-        return "/".join(x for x in (self.drafter, self.shape, self.verifier) if x)
+        """A short name such as ``draft-model/tree/rrs`` (``+policy`` when a length policy steers it)."""
+        name = "/".join(x for x in (self.drafter, self.shape, self.verifier) if x)
+        return f"{name}+{self.policy}" if self.policy else name
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class Settings:
     depth: int = 4
     width: int = 4
     budget: int = 16
+    policies: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, policy file content) of length policies
+    profile: str | None = None  # the cost profile the policies' features come from
 
 
 @dataclass
@@ -176,6 +184,9 @@ def plan(settings: Settings, available: Sequence[str], hf: bool) -> tuple[list[C
             for shape in shapes:
                 fits = ("greedy",) if t == 0 else tuple(v for v in settings.verifiers if v in FITS[shape])
                 configs.extend(Config(drafter, shape, v, t) for v in fits)
+                if shape != "paths":  # trimming K sampled paths by confidence would bias them
+                    configs.extend(Config(drafter, shape, v, t, name)
+                                   for v in fits for name, _ in settings.policies)
                 if not fits:
                     notes.append(f"{drafter}/{shape} at T={t:g}: none of the verifiers "
                                  f"{','.join(settings.verifiers)} fits a {shape}, skipped")
@@ -183,6 +194,12 @@ def plan(settings: Settings, available: Sequence[str], hf: bool) -> tuple[list[C
             configs.append(Config("hf-vanilla", None, None, t))
             configs.append(Config("hf-assisted", "chain", "greedy" if t == 0 else "token", t))
     return configs, notes
+
+
+def stop_token(config: Config, eos_id: int | None) -> int | None:
+    """EOS stops greedy runs only: sampled runs decode every requested token, so configurations that
+    draw different samples still compare over the same number of tokens."""
+    return eos_id if config.temperature == 0 else None
 
 
 def alpha(accepted: Sequence[int], depths: Sequence[int]) -> list[float | None]:
@@ -219,12 +236,21 @@ class Engine:
     def _build(self, config: Config) -> Drafter:
         s = self.s
         if config.drafter in TRAINED_DRAFTERS:
-            return load_trained(config.drafter, self.dir / config.drafter, self.target)
-        if config.drafter == "draft-model":
-            return make_drafter("draft-model", self.target, self.draft, depth=s.depth,
-                                width=s.width if config.shape == "tree" else 1, budget=s.budget,
-                                paths=s.width if config.shape == "paths" else 1)
-        return make_drafter(config.drafter, self.target, depth=s.depth)
+            drafter = make_drafter(config.drafter, self.target, folder=self.dir / config.drafter)
+        elif config.drafter == "draft-model":
+            drafter = make_drafter("draft-model", self.target, self.draft, depth=s.depth,
+                                   width=s.width if config.shape == "tree" else 1, budget=s.budget,
+                                   paths=s.width if config.shape == "paths" else 1)
+        else:
+            drafter = make_drafter(config.drafter, self.target, depth=s.depth)
+        if config.policy is None:
+            return drafter
+        from policies import policy_from_dict
+        from real_engine.speculate import LengthControlled
+        from simulator.costs import resolve_profile
+
+        policy = policy_from_dict(dict(s.policies)[config.policy], seed=s.seed, source=config.policy)
+        return LengthControlled(drafter, policy, resolve_profile(s.profile), config.drafter)
 
     def run(self, config: Config, prompt: list[int], seed: int, max_new_tokens: int) -> Measurement:
         """Decode ``prompt`` with ``config``."""
@@ -232,37 +258,17 @@ class Engine:
         if config.drafter != "none":
             if config not in self.recorders:
                 inner = self._build(config)
-                self.recorders[config] = Recorder(inner, self._counter(inner))
+                self.recorders[config] = Recorder(inner, self._counter(getattr(inner, "drafter", inner)))
             recorder = self.recorders[config]
             recorder.reset()
         result = generate(self.target, prompt, drafter=recorder, verifier=config.verifier or "greedy",
                           sampling=Sampling(config.temperature), max_new_tokens=max_new_tokens,
-                          eos_id=self.eos_id, seed=seed)
+                          eos_id=stop_token(config, self.eos_id), seed=seed)
         st = result.stats
         return Measurement(result.tokens, st.seconds, st.draft_seconds if recorder else 0.0, st.iterations,
                            st.accepted,
                            tuple(recorder.depths) if recorder else (0,) * st.iterations,
                            recorder.calls if recorder else 0)
-
-
-def trained_available(folder: Path) -> bool:
-    """Whether ``folder`` holds a trained drafter (config and weights)."""
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-
-
-def load_trained(name: str, folder: Path, target: Transformer) -> Drafter:
-    """The SpecBlock, EAGLE or Medusa drafter saved in ``folder``, with its saved/default tree settings."""
-    if name == "specblock":
-        from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
-
-        return SpecBlockDrafter(load_specblock(folder, target))
-    if name == "eagle":
-        from real_engine.drafters.eagle import eagle_drafter
-
-        return eagle_drafter(folder, target)
-    from real_engine.drafters.medusa import medusa_drafter
-
-    return medusa_drafter(folder, target)
 
 
 @torch.inference_mode()
@@ -291,6 +297,7 @@ def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Se
     reference = hf_base if config.drafter == "hf-assisted" and hf_base is not None else base
     row: dict[str, Any] = {
         "drafter": config.drafter, "shape": config.shape, "verifier": config.verifier,
+        "policy": config.policy,
         "temperature": config.temperature, "domain": domain, "prompts": len(runs), "new_tokens": new,
         "tau": new / iters,
         "tokens_per_second": new / sum(m.seconds for m in runs),
@@ -316,7 +323,7 @@ def run_bench(settings: Settings, engine: Engine, prompts: dict[str, list[list[i
 
     def measure(config: Config, ids: list[int], seed: int, max_new: int) -> Measurement:
         if config.drafter.startswith("hf-"):
-            return hf.run(config, ids, seed, max_new, engine.eos_id)
+            return hf.run(config, ids, seed, max_new, stop_token(config, engine.eos_id))
         return engine.run(config, ids, seed, max_new)
 
     first = next(iter(prompts.values()))[0]

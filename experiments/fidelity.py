@@ -97,8 +97,9 @@ def tree_profile(profile: Any, seconds: float) -> Any:
 
 
 def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], tokens: int, queries: int,
-             seed: int, tree_seconds: float | None = None) -> dict[str, float]:
-    """The simulator's tokens/s, tau and mean iteration seconds for ``config`` on prompts like ``prompts``."""
+             seed: int, tree_seconds: float | None = None, policy: Any = None) -> dict[str, float]:
+    """The simulator's tokens/s, tau and mean iteration seconds for ``config`` on prompts like ``prompts``
+    (with ``policy`` choosing the lengths instead of the config's fixed length, when given)."""
     from policies.base import make_policy
     from simulator.acceptance import TraceReplay
     from simulator.rollout import run_length
@@ -113,7 +114,7 @@ def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], 
         profile = tree_profile(profile, tree_seconds)
     env = SpecLengthVectorEnv(queries, profile, replay, kind, tokens_per_query=tokens,
                               prompt_tokens=(min(lengths), max(lengths)), domain_weights=weights)
-    out = run_length(make_policy("fixed", {"length": config.length}), env, seed)
+    out = run_length(policy or make_policy("fixed", {"length": config.length}), env, seed)
     return {"tokens_per_second": out.tokens_per_second, "tau": out.tau,
             "iteration_seconds": out.seconds / out.iterations}
 

@@ -72,10 +72,12 @@ class HFPeer:
     @torch.inference_mode()
     def run(self, config: Config, prompt: list[int], seed: int, max_new_tokens: int,
             eos_id: int | None) -> Measurement:
-        """Generate after ``prompt`` with ``config.drafter`` ``hf-vanilla`` or ``hf-assisted``."""
+        """Generate after ``prompt`` with ``config.drafter`` ``hf-vanilla`` or ``hf-assisted``; ``eos_id``
+        None runs the whole ``max_new_tokens`` without stopping (and without suppressing EOS)."""
         ids = torch.tensor([prompt], device=self.device)
+        pad = self.target.config.eos_token_id if eos_id is None else eos_id
         kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "max_new_tokens": max_new_tokens,
-                                  "min_new_tokens": 0, "eos_token_id": eos_id, "pad_token_id": eos_id}
+                                  "min_new_tokens": 0, "eos_token_id": eos_id, "pad_token_id": pad}
         if config.temperature == 0:
             kwargs["do_sample"] = False
         else:

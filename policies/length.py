@@ -90,6 +90,10 @@ class FixedLength(_LengthPolicy):
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         return self.params.length
 
+    def choose_batch(self, confidences: np.ndarray, step_seconds: np.ndarray) -> np.ndarray:
+        """``choose`` for every row of (N, cap) confidences and (N, cap + 1) step seconds."""
+        return np.full(confidences.shape[0], self.params.length, dtype=np.int64)
+
 
 @dataclass(frozen=True)
 class ThresholdParams(Params):
@@ -110,6 +114,14 @@ class ThresholdLength(_LengthPolicy):
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         below = np.cumprod(confidences[: self.params.max_length]) < self.params.threshold
         return int(np.argmax(below)) if below.any() else int(below.size)
+
+    def choose_batch(self, confidences: np.ndarray, step_seconds: np.ndarray) -> np.ndarray:
+        """``choose`` for every row of (N, cap) confidences and (N, cap + 1) step seconds."""
+        path, leading = np.ones(confidences.shape[0]), _Leading(confidences.shape[0])
+        for i in range(self.params.max_length):  # column by column: faster than cumprod on short rows
+            path *= confidences[:, i]
+            leading.step(path >= self.params.threshold)
+        return leading.count
 
 
 @dataclass(frozen=True)
@@ -188,6 +200,17 @@ class LibraSpecLength(_LengthPolicy):
                 return n
         return self.params.max_length
 
+    def choose_batch(self, confidences: np.ndarray, step_seconds: np.ndarray) -> np.ndarray:
+        """``choose`` for every row of (N, cap) confidences and (N, cap + 1) step seconds."""
+        path, leading = np.ones(confidences.shape[0]), _Leading(confidences.shape[0])
+        total = np.zeros_like(path)  # P_1 + ... + P_n, summed in cumsum's order
+        for n in range(self.params.max_length):
+            path *= confidences[:, n]
+            cost = (step_seconds[:, n + 1] - step_seconds[:, n]) / step_seconds[:, n]
+            leading.step(path / (1.0 + total) > cost)
+            total += path
+        return leading.count
+
 
 @register
 class LibraSpecExhaustive(_LengthPolicy):
@@ -198,3 +221,29 @@ class LibraSpecExhaustive(_LengthPolicy):
 
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         return int(np.argmax(speedup_curve(confidences, step_seconds)[: self.params.max_length + 1]))
+
+    def choose_batch(self, confidences: np.ndarray, step_seconds: np.ndarray) -> np.ndarray:
+        """``choose`` for every row of (N, cap) confidences and (N, cap + 1) step seconds."""
+        path, total = np.ones(confidences.shape[0]), np.zeros(confidences.shape[0])
+        best, chosen = 1.0 / step_seconds[:, 0], np.zeros(path.size, dtype=np.int64)
+        for n in range(1, self.params.max_length + 1):
+            path *= confidences[:, n - 1]
+            total += path
+            speedup = (1.0 + total) / step_seconds[:, n]
+            better = speedup > best  # strict: the smallest n wins ties, as argmax does
+            chosen[better] = n
+            np.maximum(best, speedup, out=best)
+        return chosen
+
+
+class _Leading:
+    """Counts, per row, how many leading steps were all True."""
+
+    def __init__(self, rows: int) -> None:
+        self.alive = np.ones(rows, dtype=bool)
+        self.count = np.zeros(rows, dtype=np.int64)
+
+    def step(self, ok: np.ndarray) -> None:
+        """Add one step's outcome per row."""
+        self.alive &= ok
+        self.count += self.alive

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import Drafter, clock
 from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.ngram import NgramDrafter
+from real_engine.drafters.trained import TRAINED, load_trained
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
@@ -82,14 +84,28 @@ def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
     return out
 
 
-def make_drafter(name: str, target: Transformer, draft: Transformer | None = None, *, depth: int = 4,
-                 width: int = 1, budget: int = 16, paths: int = 1, max_ngram: int = 3) -> Drafter | None:
-    """The drafter called ``name`` (None for ``"none"``); ``width > 1`` makes the draft model's top-k
-    tree, ``paths > 1`` its K sampled paths, otherwise a chain of ``depth``."""
+def make_drafter(name: str, target: Transformer, draft: Transformer | None = None, *,
+                 folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
+                 budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
+                 blocks: int | None = None) -> Drafter | None:
+    """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
+
+    ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
+    with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
+    sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep. ``specblock``,
+    ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
+    their trained settings where an option is None (``drafters.trained.load_trained``). Options a
+    drafter does not use are ignored.
+    """
+    options = {"depth": depth, "width": width, "budget": budget, "paths": paths, "max_ngram": max_ngram,
+               "blocks": blocks}
+    low = next((f"{k}={v}" for k, v in options.items() if v is not None and v < 1), None)
+    if low is not None:
+        raise InputError(f"drafter option {low} is below 1: give a positive value")
     if name == "none":
         return None
     if name == "ngram":
-        return NgramDrafter(depth, max_ngram)
+        return NgramDrafter(depth or 4, max_ngram or 3)
     if name == "draft-model":
         if draft is None:
             raise InputError("the draft-model drafter needs a draft model: pass one (--draft-model DIR)")
@@ -97,12 +113,13 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
             raise InputError(f"the draft model's vocabulary ({draft.args.vocab_size}) differs from the "
                              f"target's ({target.args.vocab_size}): use a draft model with the target's "
                              "tokenizer")
+        width, paths = width or 1, paths or 1
         if width > 1 and paths > 1:
             raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
         shape = "paths" if paths > 1 else "tree" if width > 1 else "chain"
-        return DraftModelDrafter(draft, shape, depth, width, budget, paths)
-    if name in DRAFTERS:
-        raise InputError(f"the {name} drafter is not available yet: use ngram or draft-model")
+        return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths)
+    if name in TRAINED:
+        return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks)
     raise InputError(f"unknown drafter {name!r}: use one of {', '.join(DRAFTERS)}")
 
 

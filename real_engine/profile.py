@@ -4,7 +4,10 @@ Every timing runs the engine's own code on the running device: the target's veri
 (``decode._speculative_step``: forward of a chain of ``nodes`` tokens, greedy verification, cache
 compaction) over a grid of tree sizes and context lengths, its vanilla step over the contexts, each
 available drafter's ``propose`` + ``accept`` (one iteration's drafting, the first half of the first
-path accepted), and a backward plus AdamW step of a head-only and a full drafter update. Timings run
+path accepted) per shape of what it drafts (a draft-model chain by tokens and its top-k tree by depth
+and width, EAGLE's dynamic tree by depth, SpecBlock by block forwards and start positions; the settings
+each series holds fixed go to ``draft_shapes``), and a backward plus AdamW step of a head-only and a
+full drafter update. Timings run
 round-robin (``Bench``): after warm-up rounds, every round calls each configuration once, so repeats
 spread over the whole run and target and drafter calls alternate as in the decode loop; the profile
 stores every repeat and ``simulator.costs`` takes their median. The clock is the wall clock, or on a
@@ -12,7 +15,9 @@ CPU the process's CPU seconds (``--clock cpu``: what other jobs on a shared mach
 moves it). Drafters whose weights are not shipped are timed with seeded random weights of the
 shipped shape (timing does not depend on the values) and their model names say so. The result is
 the JSON of ``simulator.costs`` (schema 1) plus a ``measurement`` block recording how it was
-measured.
+measured. ``simulator.costs`` is imported only where a profile is validated, so the timing parts
+import with torch, numpy and safetensors alone (``experiments.gpu_check`` runs them on a bare GPU
+machine).
 """
 
 from __future__ import annotations
@@ -39,7 +44,6 @@ from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 from real_engine.warp import Sampling
-from simulator.costs import profile_from_json
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 GREEDY = Sampling()
@@ -52,6 +56,9 @@ class Grid:
     nodes: tuple[int, ...]  # verify forward sizes, root included
     contexts: tuple[int, ...]  # tokens in the KV cache
     draft_tokens: tuple[int, ...]  # draft-model chain lengths
+    tree_depths: tuple[int, ...]  # draft-model top-k tree levels
+    tree_widths: tuple[int, ...]  # its frontier width and children per expanded node
+    tree_budget: int  # nodes kept in the draft-model tree
     specblock_starts: tuple[int, ...]
     specblock_blocks: tuple[int, ...]
     eagle_depths: tuple[int, ...]
@@ -63,12 +70,13 @@ class Grid:
 
 FULL = Grid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
             contexts=(32, 128, 256, 512, 1024), draft_tokens=tuple(range(1, 17)),
+            tree_depths=(2, 3, 4, 6, 8), tree_widths=(2, 3, 4), tree_budget=16,
             specblock_starts=(1, 2, 4, 8), specblock_blocks=(1, 2, 3, 4),
             eagle_depths=(1, 2, 3, 4, 5, 6, 7, 8), draft_context=256, update_batch=(8, 256), repeats=7,
             warmup=2)
-QUICK = Grid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), specblock_starts=(1, 2),
-             specblock_blocks=(1, 2), eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3,
-             warmup=1)
+QUICK = Grid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), tree_depths=(2, 4),
+             tree_widths=(2,), tree_budget=8, specblock_starts=(1, 2), specblock_blocks=(1, 2),
+             eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3, warmup=1)
 
 
 def device_name(device: torch.device) -> str:
@@ -209,9 +217,9 @@ class _Session:
 
 
 def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, bench: Bench, seed: int = 0
-                  ) -> dict[str, list[dict]]:
-    """Rows of ``samples.draft`` for each drafter kind in ``drafters`` (kind -> its model or net), timed
-    when ``bench`` runs."""
+                  ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """Rows of ``samples.draft`` for each drafter kind in ``drafters`` (kind -> its model or net), and of
+    ``samples.draft_trees`` (the draft model's top-k trees), timed when ``bench`` runs."""
     context = min(grid.draft_context, _contexts(grid, target)[-1])
     room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
 
@@ -220,10 +228,15 @@ def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, ben
         return bench.add(lambda: session.step(depth))
 
     rows: dict[str, list[dict]] = {"ngram": [{"seconds": run(NgramDrafter(depth=8), 8)}]}
+    trees: dict[str, list[dict]] = {}
     if "draft-model" in drafters:
-        rows["draft-model"] = [
-            {"tokens": n, "seconds": run(DraftModelDrafter(drafters["draft-model"], "chain", n), n)}
-            for n in grid.draft_tokens]
+        draft = drafters["draft-model"]
+        rows["draft-model"] = [{"tokens": n, "seconds": run(DraftModelDrafter(draft, "chain", n), n)}
+                               for n in grid.draft_tokens]
+        trees["draft-model"] = [
+            {"depth": d, "width": w,
+             "seconds": run(DraftModelDrafter(draft, "tree", d, w, grid.tree_budget), d)}
+            for d in grid.tree_depths for w in grid.tree_widths]
     if "specblock" in drafters:
         from real_engine.drafters.specblock import SpecBlockDrafter
 
@@ -247,7 +260,7 @@ def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, ben
 
         net, tree = drafters["medusa"]
         rows["medusa"] = [{"seconds": run(MedusaDrafter(net, target, tree), max(len(n) for n in tree))}]
-    return rows
+    return rows, trees
 
 
 def drafter_seconds(target: Transformer, drafter: Drafter, depth: int, *, clock_kind: str = "wall",
@@ -335,8 +348,9 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         nets.update(more)
         names.update(more_names)
     update_model = draft if draft is not None else target
-    samples = {"verify": verify, "vanilla": vanilla, "draft": draft_samples(target, nets, grid, bench, seed),
-               "update": update_samples(update_model, grid, updates, seed)}
+    draft_rows, tree_rows = draft_samples(target, nets, grid, bench, seed)
+    samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows,
+               "update": update_samples(update_model, grid, updates, seed), "draft_trees": tree_rows}
     bench.run()  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
     data = {
@@ -345,9 +359,12 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         "dtype": dtype,
         "models": {"target": target_name, "drafters": names},
         "block_size": nets["specblock"].config.block_size if "specblock" in nets else None,
+        "draft_shapes": draft_shapes(nets, grid),
         "derived_from": None,
         "samples": samples,
     }
+    from simulator.costs import profile_from_json
+
     profile = profile_from_json(data)
     return {**profile.to_json(), "measurement": {
         "grid": asdict(grid), "clock": clock_kind, "threads": threads or torch.get_num_threads(),
@@ -359,20 +376,39 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                  "path accepted"}}
 
 
+def draft_shapes(nets: dict[str, Any], grid: Grid) -> dict[str, dict[str, int]]:
+    """The settings each tree drafter's series holds fixed (the profile's ``draft_shapes``)."""
+    shapes = {}
+    if "draft-model" in nets:
+        shapes["draft-model"] = {"tree_budget": grid.tree_budget}
+    if "eagle" in nets:
+        shape = nets["eagle"][1]
+        shapes["eagle"] = {"top_k": shape.top_k, "total_tokens": shape.total_tokens}
+    if "specblock" in nets:  # every rank bucket drafts K children, within the tree's node budget
+        shapes["specblock"] = {"children": nets["specblock"].config.block_size, "budget": MAX_TREE_NODES - 1}
+    return shapes
+
+
 def save(data: dict[str, Any], path: str | Path) -> Path:
     """Validate and write a measured profile atomically."""
+    from simulator.costs import profile_from_json
+
     profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     return write_json(path, data)
 
 
 def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
     """Headline numbers of a profile at ``context``: milliseconds of vanilla, verify at 2/9/17/65 nodes,
-    a 4-token draft of each drafter, and the two updates."""
+    a 4-token draft of each drafter (and a depth-4, width-2 draft-model tree), and the two updates."""
+    from simulator.costs import profile_from_json
+
     profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     ms = {"vanilla": 1e3 * float(profile.vanilla_seconds(context))}
     for nodes in (2, 9, 17, 65):
         ms[f"verify_{nodes}"] = 1e3 * float(profile.verify_seconds(nodes, context))
     for kind in sorted(profile.drafters):
         ms[f"draft_{kind}_4"] = 1e3 * profile.chain_draft_seconds(kind, 4)
+    for kind in profile.draft_trees:
+        ms[f"draft_{kind}_tree_4x2"] = 1e3 * float(profile.draft_seconds(kind, depth=4, width=2))
     ms.update({f"update_{k}": 1e3 * profile.update_seconds(k) for k in ("head", "full")})
     return {"device": profile.device, "context": context, "milliseconds": ms}

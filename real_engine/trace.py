@@ -2,11 +2,12 @@
 
 Each prompt of ``data/prompts/<domain>.jsonl`` is decoded by ``decode.generate`` with a fresh drafter;
 its ``on_iteration`` callback hands over every iteration's draft tree and verdict. Per drafted node
-the row holds its depth, its parent (-1 for the root's children), its confidence ``q[parent, token]``
-(the drafter's probability of the node's token given its parent), its rank bucket (-1: the tree
-carries none), whether it is on the accepted path; per iteration the context length, the accepted
-count and the draft and verify seconds. Each domain's prompt file is split in two halves: traces are
-recorded on the *calibration* half, and the *evaluation* half is held out for measuring policies.
+the row holds its depth, its parent (-1 for the root's children), its confidence (the drafter's
+probability of the node's token given its parent: ``DraftTree.confidence``, else ``q[parent, token]``),
+its rank bucket (-1: the tree carries none), whether it is on the accepted path; per iteration the
+context length, the accepted count and the draft and verify seconds. Each domain's prompt file is
+split in two halves: traces are recorded on the *calibration* half, and the *evaluation* half is held
+out for measuring policies.
 """
 
 from __future__ import annotations
@@ -83,17 +84,20 @@ def node_columns(iteration: Iteration) -> dict[str, np.ndarray]:
     parents = tree.parents[1:].cpu().numpy().astype(np.int64)
     tokens = tree.tokens[1:].cpu()
     size = tree.size - 1
-    if tree.q is None or size == 0:
+    if tree.confidence is not None:
+        confidences = tree.confidence[1:].double().cpu().numpy()
+    elif tree.q is None or size == 0:
         confidences = np.ones(size)
     else:
         rows = tree.parents[1:].to(tree.q.device)
         confidences = tree.q[rows, tokens.to(tree.q.device)].double().cpu().numpy()
     on_path = np.zeros(size, dtype=bool)
     on_path[np.asarray(iteration.path, dtype=np.int64) - 1] = True
-    buckets = getattr(tree, "rank_buckets", None)
+    buckets = tree.rank_buckets
     return {"depths": tree.depths[1:].cpu().numpy().astype(np.int64), "parents": parents - 1,
             "confidences": np.clip(confidences, 0.0, 1.0),
-            "rank_buckets": np.full(size, -1, dtype=np.int64) if buckets is None else np.asarray(buckets)[1:],
+            "rank_buckets": (np.full(size, -1, dtype=np.int64) if buckets is None
+                             else buckets[1:].cpu().numpy().astype(np.int64)),
             "on_path": on_path}
 
 

@@ -19,7 +19,8 @@ On a CPU the full-vocabulary head dominates a step, so ``scored`` can limit the 
 random positions per sequence (every position still runs through the drafter). AdamW, a linear
 warm-up over the first ``warmup`` fraction of steps then cosine decay, gradient clipping, fixed
 seeds (the batch order and the scored positions are functions of the seed and the step, so a
-resumed run reproduces an uninterrupted one). The checkpoint (weights and AdamW state in safetensors, the step
+resumed run reproduces an uninterrupted one); ``minutes`` caps one call's wall time, checkpointed, so
+``resume`` continues it. The checkpoint (weights and AdamW state in safetensors, the step
 and settings in JSON) goes to ``checkpoint`` (default ``out/checkpoint``); ``out`` gets the drafter
 and ``training.json`` (settings, loss curve, final per-step or per-head agreement with the target).
 """
@@ -190,7 +191,7 @@ def _restore(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, record: d
 
 
 def _fit(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: BaselineConfig, record: dict[str, Any],
-         checkpoint: Path, resume: bool, progress: bool) -> dict[str, Any]:
+         checkpoint: Path, resume: bool, progress: bool, minutes: float | None = None) -> dict[str, Any]:
     """The loop both drafters share; returns the record with the loss curve and final agreement."""
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -221,8 +222,11 @@ def _fit(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: BaselineCon
             shown = "/".join(f"{a:.2f}" for a in agreement)
             bar.update(task, advance=1, description=f"{record['drafter']['kind']} loss {loss.item():.3f} "
                                                     f"top-1 {shown}")
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+            late = minutes is not None and time.perf_counter() - began > 60 * minutes
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps or late:
                 _save_checkpoint(checkpoint, net, opt, step + 1, record)
+            if late:
+                break
     net.eval()
     record["final_agreement"] = agreement
     record["seconds_this_run"] = time.perf_counter() - began
@@ -241,7 +245,7 @@ def _open(target: Transformer, data: str | Path | DrafterData) -> DrafterData:
 def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | Path, *,
                 config: BaselineConfig = BaselineConfig(), unroll: int = 4, own_head: bool = False,
                 tree: TreeShape | None = None, checkpoint: str | Path | None = None, resume: bool = False,
-                progress: bool = True) -> dict[str, Any]:
+                minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
     """Train an EAGLE-style drafter for the frozen ``target`` on prepared ``data`` with ``unroll``
     training-time-test steps; write it (with ``tree`` as its default tree shape) and
     ``training.json`` to ``out``. Returns the training record."""
@@ -253,7 +257,8 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
               "drafter": {"kind": "eagle", "unroll": unroll, "own_head": own_head}}
     record = _fit(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored), data, config, record,
-                  Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress)
+                  Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
+                  minutes)
     save_eagle(net, out, tree or TreeShape())
     write_json(out / "training.json", record)
     return record
@@ -262,8 +267,8 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
 def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: str | Path | DrafterData,
                  out: str | Path, *, config: BaselineConfig = BaselineConfig(), heads: int = 4,
                  own_heads: bool = True, tree_budget: int = 24, calibration_sequences: int = 64,
-                 checkpoint: str | Path | None = None, resume: bool = False, progress: bool = True
-                 ) -> dict[str, Any]:
+                 checkpoint: str | Path | None = None, resume: bool = False, minutes: float | None = None,
+                 progress: bool = True) -> dict[str, Any]:
     """Train ``heads`` Medusa heads for the frozen ``target`` on prepared ``data``, measure their rank
     accuracies on ``calibration_sequences`` of ``heldout`` and choose the static tree of
     ``tree_budget`` nodes; write heads, tree and ``training.json`` to ``out``. Returns the record
@@ -276,7 +281,8 @@ def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: s
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
               "drafter": {"kind": "medusa", "heads": heads, "own_heads": own_heads}}
     record = _fit(net, lambda b, scored: medusa_loss(net, target, b, scored), data, config, record,
-                  Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress)
+                  Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
+                  minutes)
     accuracies = medusa_accuracies(net, target, heldout, calibration_sequences, config.batch_size)
     tree = choose_tree(accuracies, tree_budget)
     save_medusa(net, tree, out, accuracies)

@@ -5,6 +5,11 @@ node is a drafted token whose parent has a smaller index (topological order). ``
 drafter's distribution at node ``i``, the law its children were drafted from; ``child_rule`` says
 how: ``"iid"`` (independent draws, duplicates allowed), ``"without_replacement"`` (Sequoia), or
 ``"topk"`` (deterministic top-k candidates, as EAGLE and Medusa trees are).
+
+Two optional per-node annotations feed traces and length policies: ``confidence[i]``, the drafter's
+probability of node ``i``'s token under its parent's law (its plain softmax at temperature 0, where
+``q`` is a point mass; the warped ``q`` otherwise; 1 at the root), and ``rank_buckets[i]``, the
+SpecBlock rank head's bucket for the slot that drafted node ``i`` (-1 at the root).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class DraftTree:
     q: torch.Tensor | None = None  # [N, V] draft distribution at each node; None for greedy-only use
     child_rule: str = "iid"
     depths: torch.Tensor = field(init=False)  # [N] long, root depth 0
+    confidence: torch.Tensor | None = None  # [N] float, node's probability under its parent's law
+    rank_buckets: torch.Tensor | None = None  # [N] long, SpecBlock rank bucket per node, -1 where none
 
     def __post_init__(self) -> None:
         n = self.tokens.numel()
@@ -39,6 +46,11 @@ class DraftTree:
             raise InputError("tree parents must satisfy parents[0] == -1 and 0 <= parents[i] < i")
         if self.q is not None and self.q.shape[0] != n:
             raise InputError(f"q has {self.q.shape[0]} rows for a tree of {n} nodes: give one row per node")
+        for name in ("confidence", "rank_buckets"):
+            value = getattr(self, name)
+            if value is not None and value.shape != (n,):
+                raise InputError(f"{name} has shape {tuple(value.shape)} for a tree of {n} nodes: "
+                                 "give one value per node")
         depths = [0] * n
         for i in range(1, n):
             depths[i] = depths[parents[i]] + 1
@@ -82,19 +94,19 @@ class DraftTree:
 
     @classmethod
     def chain(cls, root: int, tokens: list[int] | torch.Tensor, q: torch.Tensor | None = None,
-              child_rule: str = "iid") -> DraftTree:
+              child_rule: str = "iid", confidence: torch.Tensor | None = None) -> DraftTree:
         """A single path ``root -> tokens[0] -> tokens[1] ...``."""
         toks = torch.as_tensor([root, *torch.as_tensor(tokens).tolist()], dtype=torch.long)
         parents = torch.arange(-1, toks.numel() - 1, dtype=torch.long)
-        return cls(toks, parents, q, child_rule)
+        return cls(toks, parents, q, child_rule, confidence)
 
     @classmethod
     def from_paths(cls, root: int, paths: list[list[int]], q: torch.Tensor | None = None,
-                   child_rule: str = "iid") -> DraftTree:
+                   child_rule: str = "iid", confidence: torch.Tensor | None = None) -> DraftTree:
         """K independent paths hanging from one root, unmerged (so their multiplicity is kept).
 
-        ``q``, if given, is [1 + sum of path lengths, V] in node order: root, then path 0's nodes,
-        then path 1's, and so on.
+        ``q`` and ``confidence``, if given, have one row per node in node order: root, then path 0's
+        nodes, then path 1's, and so on.
         """
         tokens, parents = [root], [-1]
         for path in paths:
@@ -103,7 +115,7 @@ class DraftTree:
                 tokens.append(int(tok))
                 parents.append(prev)
                 prev = len(tokens) - 1
-        return cls(torch.tensor(tokens), torch.tensor(parents), q, child_rule)
+        return cls(torch.tensor(tokens), torch.tensor(parents), q, child_rule, confidence)
 
 
 def expand_topk(frontier: list[int], probs: torch.Tensor, ids: torch.Tensor, parents: list[int],

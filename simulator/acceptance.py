@@ -8,27 +8,30 @@ tokens accepted for every n the policy may choose (a chain accepts ``min(accepte
 tree accepts the accepted path's nodes among the top n, which is exact for greedy verification and
 an approximation for sampling verifiers).
 
-- ``TraceReplay`` bootstraps recorded iterations by domain.
+- ``TraceReplay`` replays recorded iterations as the acceptance at uniformly random text positions,
+  each simulated query inside one recorded query (the derivation is in its docstring).
 - ``ParametricAcceptance`` is a chain model: per domain, confidence logits are normal with a shared
   per-iteration term (easy iterations are easy everywhere), and the chance to accept position i
   given that 1..i-1 were is a Platt-scaled calibration of its confidence,
   ``logit P(accept_i) = a_i + b_i logit(c_i)``. ``fit`` estimates it from traces;
   ``paper_acceptance`` builds a calibrated one matching the SpecBlock paper's per-position rates.
-- ``AdaptationDynamics``: per-domain acceptance levels that drafter updates move (AdaptStream).
+- ``AdaptationDynamics``: per-domain acceptance levels that drafter updates move (AdaptStream);
+  ``fit_adaptation`` estimates them from streams the engine served (``AdaptRecord``).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import brentq
+from scipy.optimize import brentq, minimize
 
+from policies.adaptation import FULL, SKIP
 from policies.errors import InputError
 from policies.features import LENGTH_CAP
 from simulator.traces import load_traces, node_arrays
@@ -96,6 +99,8 @@ class PositionTable:
     confidences: np.ndarray  # (R, cap)
     need: np.ndarray  # (R, cap) n that first includes the k-th accepted-path node; cap + 1 when none
     drafted: np.ndarray  # (R,)
+    query: np.ndarray | None = None  # (R,) index of the recorded query; None: each domain is one query
+    tokens: np.ndarray | None = None  # (R,) positions the iteration advanced (accepted + 1); None: from need
 
     @property
     def chain_accepted(self) -> np.ndarray:
@@ -125,15 +130,42 @@ def positions(traces: pd.DataFrame, cap: int = LENGTH_CAP) -> PositionTable:
     on = keep & nodes.on_path[order]
     need[row[on], nodes.depths[order][on] - 1] = rank[on] + 1
     domains, domain = np.unique(traces["domain"].to_numpy(dtype=str), return_inverse=True)
+    pairs = np.stack((domain, traces["query_id"].to_numpy(dtype=np.int64)), axis=1)
+    query = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
     return PositionTable(tuple(str(d) for d in domains), domain.astype(np.int64), confidences, need,
-                         np.minimum(nodes.count, cap))
+                         np.minimum(nodes.count, cap), query.astype(np.int64),
+                         traces["accepted"].to_numpy(dtype=np.int64) + 1)
 
 
 class TraceReplay:
-    """Bootstrap recorded iterations of the requested domain (exact recorded confidences and outcomes)."""
+    """Replays recorded iterations so that each draw is the acceptance at a uniformly random text position.
+
+    Why rows are not drawn uniformly: a trace is recorded at one drafting depth D and each iteration
+    starts where the previous one's accepted tokens and bonus token left off (p_{j+1} = p_j + a_j + 1),
+    so a query of T_q text positions (T_q = sum_j (a_j + 1)) leaves R_q = T_q / tau_q(D) rows, tau_q(D)
+    being its tokens per iteration at depth D.
+
+    1. Inside a query whose drafter hits are independent of where earlier iterations started (exact
+       when hits are i.i.d. per text position: every start is a stopping time and the text after it is
+       fresh), each row is already a draw at a uniformly random position of that query, whatever D was.
+    2. Across queries it is not: pooled rows weigh query q by R_q, so easy queries (crossed in a few
+       long iterations) are under-represented, the more so the deeper the recording. A uniformly random
+       position falls in q with probability T_q / sum T, so each row of q weighs T_q / R_q = tau_q(D).
+       ``survival`` and ``sample`` without ``episode`` use these weights.
+    3. A simulated query must also stay inside one recorded query: a policy verifying n positions spends
+       T / tau_q(n) iterations on q's text, so its tokens per iteration is the harmonic mean of tau_q(n)
+       over queries, not the arithmetic mean that independent draws from the position mixture give
+       (pooled rows are right only at n = D). ``episodes`` gives each simulated query the query of a
+       uniformly random position (q with probability T_q / sum T within its domain) and
+       ``sample(rng, domain, episode)`` draws that query's rows uniformly: exact for every n and every
+       policy under 1; only the variation of acceptance inside one query is left unmodelled.
+
+    A table without query ids treats each domain as one query (rows drawn uniformly within a domain).
+    """
 
     def __init__(self, table: PositionTable) -> None:
-        order = np.argsort(table.domain, kind="stable")
+        query = table.domain if table.query is None else table.query
+        order = np.lexsort((query, table.domain))
         self.domains = table.domains
         self.cap = table.confidences.shape[1]
         self.counts = np.bincount(table.domain, minlength=len(table.domains))
@@ -145,31 +177,64 @@ class TraceReplay:
         self.accepted_all = by_length[:, -1]
         chain = np.array_equal(by_length, np.minimum(self.accepted_all[:, None], lengths))
         self.by_length = None if chain else by_length
+        tokens = self.accepted_all + 1 if table.tokens is None else table.tokens[order]
+        key = np.stack((table.domain, query), axis=1)[order]
+        first = np.flatnonzero(np.concatenate(([True], np.any(key[1:] != key[:-1], axis=1))))
+        self.query_offsets = first
+        self.query_rows = np.diff(np.append(first, key.shape[0]))
+        self.query_tokens = np.add.reduceat(tokens.astype(np.float64), first)
+        query_domain = key[first, 0]
+        self.weights = np.repeat(self.query_tokens / self.query_rows, self.query_rows)  # tau_q(D) per row
+        self._row_cumulative = np.cumsum(self.weights)
+        self._query_cumulative = np.cumsum(self.query_tokens)
+        per_domain = np.bincount(query_domain, minlength=len(self.domains))
+        self._domain_queries = (np.concatenate(([0], np.cumsum(per_domain)[:-1])), per_domain)
 
     @classmethod
     def from_traces(cls, traces: pd.DataFrame, cap: int = LENGTH_CAP) -> TraceReplay:
         """Replay the iterations of a trace DataFrame."""
         return cls(positions(traces, cap))
 
-    def sample(self, rng: np.random.Generator, domain: np.ndarray) -> Draws:
-        """Recorded iterations drawn uniformly, with replacement, within each requested domain."""
-        pick = (rng.random(domain.size) * np.take(self.counts, domain)).astype(np.int64)
-        row = np.take(self.offsets, domain) + pick
+    def episodes(self, rng: np.random.Generator, domain: np.ndarray) -> np.ndarray:
+        """The recorded query of a uniformly random text position of each requested domain."""
+        first, count = self._domain_queries
+        return _weighted_pick(self._query_cumulative, np.take(first, domain), np.take(count, domain),
+                              rng.random(domain.size))
+
+    def sample(self, rng: np.random.Generator, domain: np.ndarray,
+               episode: np.ndarray | None = None) -> Draws:
+        """Recorded iterations at uniformly random positions of each domain, or of each episode's query."""
+        u = rng.random(domain.size)
+        if episode is None:
+            first, count = np.take(self.offsets, domain), np.take(self.counts, domain)
+            row = _weighted_pick(self._row_cumulative, first, count, u)
+        else:
+            pick = (u * np.take(self.query_rows, episode)).astype(np.int64)
+            row = np.take(self.query_offsets, episode) + pick
         by_length = None if self.by_length is None else np.take(self.by_length, row, axis=0)
         return Draws(np.take(self.confidences, row, axis=0), np.take(self.drafted, row),
                      np.take(self.accepted_all, row), by_length)
 
     def survival(self, n: int) -> np.ndarray:
-        """Empirical P(accepted >= i) per domain with n positions verified."""
+        """P(accepted >= i) per domain with n positions verified, at a uniformly random text position."""
         if self.by_length is None:
             accepted = np.minimum(self.accepted_all, n)
         else:
             accepted = self.by_length[:, min(n, self.cap)]
-        at_least = accepted[:, None] >= np.arange(n + 1)
+        at_least = (accepted[:, None] >= np.arange(n + 1)) * self.weights[:, None]
         domain = np.repeat(np.arange(len(self.domains)), self.counts)
         sums = np.zeros((len(self.domains), n + 1))
         np.add.at(sums, domain, at_least)
-        return sums / self.counts[:, None]
+        return sums / np.bincount(domain, self.weights, minlength=len(self.domains))[:, None]
+
+
+def _weighted_pick(cumulative: np.ndarray, first: np.ndarray, count: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Index in ``[first, first + count)`` with probability proportional to its weight (``cumulative``
+    holds the running sums of the weights), one per uniform ``u``."""
+    low = np.where(first > 0, cumulative[np.maximum(first - 1, 0)], 0.0)
+    high = cumulative[first + count - 1]
+    pick = np.searchsorted(cumulative, low + u * (high - low), side="right")
+    return np.clip(pick, first, first + count - 1)
 
 
 @dataclass(frozen=True)
@@ -437,6 +502,74 @@ def level_rates(survival: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np
     reach = np.cumprod(np.clip(1.0 - np.asarray(level)[..., None] * (1.0 - rates), 0.0, 1.0), axis=-1)
     return reach.sum(axis=-1), np.concatenate((np.ones_like(reach[..., :1]), reach), axis=-1)[..., -1]
 
+
+
+@dataclass(frozen=True)
+class AdaptRecord:
+    """One stream the engine served, as :func:`fit_adaptation` reads it (Q queries, D domains)."""
+
+    domain: np.ndarray  # (Q,) domain index of each query
+    tau: np.ndarray  # (Q,) measured tokens per target forward
+    action: np.ndarray  # (Q,) SKIP, HEAD or FULL: the update trained right before the query (SKIP: none)
+    fill: np.ndarray  # (Q,) that update's buffer fill, in [0, 1]
+    share: np.ndarray  # (Q, D) that buffer's domain composition
+    revert: np.ndarray  # (Q,) bool: the last good drafter was restored after the query
+    checkpoint: np.ndarray  # (Q,) bool: the drafter became the last good one after the query
+
+
+ADAPT_FITTED = ("headroom", "head_reach", "head_rate", "full_rate")
+"""The ``AdaptationDynamics`` fields :func:`fit_adaptation` estimates."""
+
+
+def adaptation_tau(dynamics: AdaptationDynamics, survival: np.ndarray, record: AdaptRecord) -> np.ndarray:
+    """Expected tau of each query of ``record`` under ``dynamics`` (harm taken in expectation), every
+    domain starting at level 1; ``survival`` (D, n + 1) is the drafter's as profiled."""
+    certain = [replace(dynamics, harm_probability=p) for p in (0.0, 1.0)]  # updates without / with harm
+    rng = np.random.default_rng(0)  # drawn from, but both certain cases ignore the draw
+    level = np.ones((1, survival.shape[0]))
+    good = level
+    out = np.empty(len(record.tau))
+    for i, d in enumerate(record.domain):
+        if record.action[i] != SKIP:
+            args = (level, np.array([record.action[i] == FULL]), record.fill[i:i + 1], record.share[i:i + 1])
+            p = dynamics.harm_probability
+            level = (1.0 - p) * certain[0].updated(rng, *args) + p * certain[1].updated(rng, *args)
+        out[i] = 1.0 + level_rates(survival[d], level[0, d])[0]
+        if record.revert[i]:
+            level = good
+        if record.checkpoint[i]:
+            good = level
+    return out
+
+
+def fit_adaptation(survival: np.ndarray, records: Sequence[AdaptRecord],
+                   base: AdaptationDynamics = AdaptationDynamics(),
+                   headroom_starts: Sequence[float] = (0.05, 0.2, 0.5)) -> AdaptationDynamics:
+    """``base`` with ``ADAPT_FITTED`` estimated from engine streams and ``query_noise`` from the residuals.
+
+    Least squares between each query's measured tau and :func:`adaptation_tau` (bounded L-BFGS-B from
+    each headroom start); the harm terms and the buffer capacities stay ``base``'s. ``survival`` must be
+    the acceptance model the simulation will use (``model.survival(draft_length)``).
+    """
+    if not records or not all(len(r.tau) for r in records):
+        raise InputError("fit_adaptation needs at least one non-empty stream: record some queries first")
+    if any(np.any(np.asarray(r.tau) <= 0) for r in records):
+        raise InputError("measured tau must be positive: pass tokens per target forward (>= 1)")
+
+    def dynamics(x: np.ndarray) -> AdaptationDynamics:
+        return replace(base, **{name: float(np.clip(v, 0.0, 1.0)) for name, v in zip(ADAPT_FITTED, x,
+                                                                                     strict=True)})
+
+    def loss(x: np.ndarray) -> float:
+        dyn = dynamics(x)
+        return sum(float(((adaptation_tau(dyn, survival, r) - r.tau) ** 2).sum()) for r in records)
+
+    start = [getattr(base, name) for name in ADAPT_FITTED]
+    best = min((minimize(loss, [h, *start[1:]], method="L-BFGS-B", bounds=[(0.0, 1.0)] * len(start))
+                for h in headroom_starts), key=lambda result: result.fun)
+    fitted = dynamics(best.x)
+    ratio = np.concatenate([r.tau / adaptation_tau(fitted, survival, r) for r in records])
+    return replace(fitted, query_noise=float(np.std(np.log(ratio))))
 
 def check_domains(weights: Mapping[str, float] | Sequence[float] | None,
                   domains: Sequence[str]) -> np.ndarray:

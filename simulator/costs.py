@@ -12,6 +12,8 @@ holds one or more repeated measurements of one configuration, and the profile us
                  "drafters": {"specblock": "...",    drafter kind -> model name, one per samples.draft kind
                               "eagle": "..."}},
       "block_size": 4,                               SpecBlock's K; required iff samples.draft has specblock
+      "draft_shapes": {"eagle": {"top_k": 4,         optional: per drafter kind, the settings its series
+                                 "total_tokens": 24}}, holds fixed (positive integers, not grid keys)
       "derived_from": null,                          or {"source": "...", "derivation": "..."} when the
                                                      numbers come from publications, not measurements
       "samples": {
@@ -22,7 +24,8 @@ holds one or more repeated measurements of one configuration, and the profile us
                   "draft-model": [{"tokens": 4, "seconds": [...]}, ...],
                   "medusa":      [{"seconds": [...]}],
                   "ngram":       [{"seconds": [...]}]},
-        "update": {"head": [...], "full": [...]}
+        "update": {"head": [...], "full": [...]},
+        "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
       "fits": {...}                                  optional; written by save_profile (see below)
     }
@@ -33,8 +36,14 @@ holds one or more repeated measurements of one configuration, and the profile us
 - ``vanilla``: one plain decoding step (one token, no tree) at ``context``.
 - ``draft``: all drafting of one iteration, per drafter kind, keyed by the kind's own parameters
   (``DRAFT_KEYS``): specblock runs ``blocks`` block forwards (M) with ``starts`` start positions in
-  each later block; eagle runs ``depth`` sequential forwards; draft-model drafts ``tokens`` tokens
-  autoregressively; medusa and ngram make one call. Only the kinds that were measured appear.
+  each later block; eagle runs ``depth`` sequential forwards of its dynamic tree; draft-model drafts
+  ``tokens`` tokens autoregressively (a chain); medusa and ngram make one call. Only the kinds that
+  were measured appear.
+- ``draft_trees`` (optional): the tree shapes of a drafter whose ``draft`` series is a chain, keyed
+  by ``TREE_KEYS``: the draft model's top-k tree of ``depth`` levels, each expanding the ``width`` best
+  frontier nodes into ``width`` children. A tree is drafted whole however many of its nodes are
+  verified: ``CostProfile.step_table(kind, n, shape=...)`` costs that, for these and the tree drafters.
+- ``draft_shapes`` (optional): what each kind's series hold fixed (e.g. EAGLE's top-k and kept nodes).
 - ``update``: one backward pass plus optimizer step of a head-only or a whole-drafter update.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
@@ -77,8 +86,10 @@ DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "ngram": (),
 })
 """Drafter kind -> the parameters its drafting time is measured over."""
+TREE_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({"draft-model": ("depth", "width")})
+"""Drafter kind -> the parameters of its optional tree series (``samples.draft_trees``)."""
 UPDATE_KINDS = ("head", "full")
-_MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1}
+_MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1, "width": 1}
 
 
 def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,8 +211,10 @@ class CostProfile:
     draft: Mapping[str, Series]
     update: Mapping[str, tuple[float, ...]]
     schema_version: int = SCHEMA_VERSION
+    draft_trees: Mapping[str, Series] = field(default_factory=lambda: MappingProxyType({}))
+    draft_shapes: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
     fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
-    _tables: dict[tuple[str, int], StepTable] = field(init=False, repr=False, compare=False)
+    _tables: dict[tuple[Any, ...], StepTable] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.schema_version != SCHEMA_VERSION:
@@ -215,12 +228,28 @@ class CostProfile:
                              "(positions per block forward) when samples.draft has specblock")
         if set(self.update) != set(UPDATE_KINDS):
             raise InputError(f"samples.update must hold exactly {', '.join(UPDATE_KINDS)}: measure both")
+        for kind in self.draft_trees:
+            if kind not in TREE_KEYS or kind not in self.draft:
+                raise InputError(f"samples.draft_trees has drafter {kind!r}: tree series are for "
+                                 f"{', '.join(TREE_KEYS)}, next to its samples.draft series")
+        for kind, settings in self.draft_shapes.items():
+            if kind not in self.draft:
+                raise InputError(f"draft_shapes names drafter {kind!r}, which samples.draft lacks: describe "
+                                 "only measured drafters")
+            keys = DRAFT_KEYS[kind] + TREE_KEYS.get(kind, ())
+            for name, value in settings.items():
+                if name in keys or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InputError(f"draft_shapes.{kind}.{name} = {value!r} is invalid: give the fixed "
+                                     f"settings as positive integers, not the grid keys {keys}")
         fits = {
             "verify": self.verify.grid("samples.verify"),
             "vanilla": self.vanilla.grid("samples.vanilla"),
             "draft": {kind: s.grid(f"samples.draft.{kind}") for kind, s in self.draft.items()},
             "update": {kind: float(np.median(s)) for kind, s in self.update.items()},
         }
+        if self.draft_trees:
+            fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}")
+                                   for kind, series in self.draft_trees.items()}
         object.__setattr__(self, "fits", MappingProxyType(fits))
         object.__setattr__(self, "_tables", {})
 
@@ -233,11 +262,16 @@ class CostProfile:
         return self.fits["vanilla"](context)
 
     def draft_seconds(self, kind: str, **params: float | np.ndarray) -> float | np.ndarray:
-        """All drafting of one iteration of drafter ``kind`` with its parameters (``DRAFT_KEYS``)."""
+        """All drafting of one iteration of drafter ``kind`` with its parameters: ``DRAFT_KEYS``, or
+        ``TREE_KEYS`` for its tree series (interpolated between the measured shapes)."""
         grid = self._draft_grid(kind)
+        tree = self.fits.get("draft_trees", {}).get(kind)
+        if tree is not None and set(params) == set(tree.keys):
+            grid = tree
         if set(params) != set(grid.keys):
-            raise InputError(f"drafter {kind!r} is timed by ({', '.join(grid.keys)}), got "
-                             f"({', '.join(sorted(params))}): pass exactly those parameters")
+            timed = " or ".join(f"({', '.join(g.keys)})" for g in (grid, tree) if g is not None)
+            raise InputError(f"drafter {kind!r} is timed by {timed}, got ({', '.join(sorted(params))}): pass "
+                             "exactly those parameters")
         return grid(*(params[k] for k in grid.keys))
 
     def update_seconds(self, kind: str) -> float:
@@ -257,43 +291,58 @@ class CostProfile:
             params = {key: depth for key in grid.keys}
         return float(grid(*(params[k] for k in grid.keys)))
 
-    def step_table(self, kind: str, n_max: int) -> StepTable:
-        """The T(0..n_max) of drafter ``kind`` over the context grid (see ``StepTable``), built once."""
+    def step_table(self, kind: str, n_max: int, shape: Mapping[str, float] | None = None) -> StepTable:
+        """The T(0..n_max) of drafter ``kind`` over the context grid (see ``StepTable``), built once.
+
+        Without ``shape`` drafting n positions is a chain (``chain_draft_seconds``); with ``shape`` (the
+        parameters of ``draft_seconds``, e.g. ``{"depth": 4, "width": 3}``) the drafter makes that whole
+        tree every iteration and n counts its verified nodes: T_draft = ``draft_seconds(kind, **shape)``
+        for every n >= 1.
+        """
         if n_max < 0:
             raise InputError(f"n_max = {n_max} is negative: pass the largest draft length to cost")
-        if (kind, n_max) in self._tables:
-            return self._tables[kind, n_max]
+        key = (kind, n_max, None if shape is None else tuple(sorted(shape.items())))
+        if key in self._tables:
+            return self._tables[key]
         context = np.union1d(self.fits["verify"].axes[1], self.fits["vanilla"].axes[0])
         n = np.arange(1, n_max + 1)
-        draft = np.array([self.chain_draft_seconds(kind, int(k)) for k in n])
+        if shape is None:
+            draft = np.array([self.chain_draft_seconds(kind, int(k)) for k in n])
+        else:
+            draft = np.full(n_max, float(self.draft_seconds(kind, **shape)))
         verify = self.verify_seconds(n[None, :] + 1, context[:, None]) + draft[None, :]
         vanilla = np.asarray(self.vanilla_seconds(context)).reshape(-1, 1)
         table = StepTable(context, np.hstack([vanilla, np.asarray(verify).reshape(context.size, n_max)]))
         table.table.setflags(write=False)  # shared by every caller through the cache
-        self._tables[kind, n_max] = table
+        self._tables[key] = table
         return table
 
-    def step_seconds(self, kind: str, n_range: Sequence[int] | np.ndarray,
-                     context: float | np.ndarray) -> np.ndarray:
+    def step_seconds(self, kind: str, n_range: Sequence[int] | np.ndarray, context: float | np.ndarray,
+                     shape: Mapping[str, float] | None = None) -> np.ndarray:
         """T(n) = T_draft(n) + T_verify(n + 1 nodes) for each n in ``n_range`` (T(0) = vanilla decode).
 
-        Shape ``np.shape(context) + (len(n_range),)``: the length features' step seconds.
+        Shape ``np.shape(context) + (len(n_range),)``: the length features' step seconds; ``shape`` as in
+        ``step_table``.
         """
         n = np.asarray(n_range, dtype=np.int64)
         if n.ndim != 1 or np.any(n < 0):
             raise InputError("n_range must be a 1-D sequence of draft lengths >= 0: e.g. range(17)")
-        table = self.step_table(kind, int(n.max(initial=0)))
+        table = self.step_table(kind, int(n.max(initial=0)), shape)
         return table(np.asarray(context, dtype=np.float64))[..., n]
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of the schema, fits included."""
         fits = self.fits
+        shapes = {k: dict(v) for k, v in self.draft_shapes.items()}
+        trees = {kind: s.to_json() for kind, s in self.draft_trees.items()}
+        tree_fits = {kind: g.to_json() for kind, g in fits.get("draft_trees", {}).items()}
         return {
             "schema_version": self.schema_version,
             "device": self.device,
             "dtype": self.dtype,
             "models": {"target": self.target, "drafters": dict(self.drafters)},
             "block_size": self.block_size,
+            **({"draft_shapes": shapes} if shapes else {}),
             "derived_from": None if self.derived_from is None else {
                 "source": self.derived_from.source, "derivation": self.derived_from.derivation},
             "samples": {
@@ -301,12 +350,14 @@ class CostProfile:
                 "vanilla": self.vanilla.to_json(),
                 "draft": {kind: s.to_json() for kind, s in self.draft.items()},
                 "update": {kind: list(s) for kind, s in self.update.items()},
+                **({"draft_trees": trees} if trees else {}),
             },
             "fits": {
                 "verify": fits["verify"].to_json(),
                 "vanilla": fits["vanilla"].to_json(),
                 "draft": {kind: g.to_json() for kind, g in fits["draft"].items()},
                 "update": dict(fits["update"]),
+                **({"draft_trees": tree_fits} if tree_fits else {}),
             },
         }
 
@@ -391,6 +442,14 @@ def profile_from_json(data: Any) -> CostProfile:
         raise InputError(f"samples.draft has unknown drafter kind(s) {', '.join(unknown)}: "
                          f"use {', '.join(DRAFT_KEYS)}")
     update = _need(samples, "update", "samples.update", dict, 'an object {"head": [...], "full": [...]}')
+    trees = samples.get("draft_trees") or {}
+    if not isinstance(trees, dict) or set(trees) - set(TREE_KEYS):
+        raise InputError(f"field samples.draft_trees must be an object {{kind: [rows]}} with kind in "
+                         f"{', '.join(TREE_KEYS)}: fix or drop it")
+    shapes = data.get("draft_shapes") or {}
+    if not isinstance(shapes, dict) or not all(isinstance(v, dict) for v in shapes.values()):
+        raise InputError('field draft_shapes must be an object {"kind": {"setting": integer}}: fix or '
+                         'drop it')
     profile = CostProfile(
         schema_version=version,
         device=_text(data, "device", "device"),
@@ -407,6 +466,9 @@ def profile_from_json(data: Any) -> CostProfile:
                                 for kind, rows in draft.items()}),
         update=MappingProxyType({kind: _seconds(update.get(kind), f"samples.update.{kind}")
                                  for kind in UPDATE_KINDS}),
+        draft_trees=MappingProxyType({kind: _series(rows, TREE_KEYS[kind], f"samples.draft_trees.{kind}")
+                                      for kind, rows in trees.items()}),
+        draft_shapes=MappingProxyType({kind: MappingProxyType(dict(v)) for kind, v in shapes.items()}),
     )
     if data.get("fits") is not None:
         _check_fits(data["fits"], profile.to_json()["fits"])

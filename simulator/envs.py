@@ -67,14 +67,15 @@ class SpecLengthBatch:
     def __init__(self, num: int, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
-                 domain_weights: Mapping[str, float] | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None,
+                 draft_shape: Mapping[str, int] | None = None) -> None:
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if self.model.cap != LENGTH_CAP:
             raise InputError(f"the acceptance model offers {self.model.cap} positions, the length features "
                              f"{LENGTH_CAP}: build it with cap={LENGTH_CAP}")
         self.drafter = drafter
-        self.steps = self.profile.step_table(drafter, LENGTH_CAP)
+        self.steps = self.profile.step_table(drafter, LENGTH_CAP, draft_shape)
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         self.tokens, self.prompt_low, self.prompt_high = _check_query(tokens_per_query, prompt_tokens)
         self.dense_steps = self.steps(np.arange(self.prompt_high + self.tokens + 1))  # T(n) at every context
@@ -82,18 +83,34 @@ class SpecLengthBatch:
         self.domain = np.zeros(num, dtype=np.int64)
         self.context = np.zeros(num, dtype=np.int64)
         self.remaining = np.zeros(num, dtype=np.int64)
+        self.rows = np.arange(num)
+        # A model with ``episodes`` (trace replay) keeps each query inside one recorded query.
+        self.episode = np.zeros(num, dtype=np.int64) if hasattr(self.model, "episodes") else None
 
     def start(self, rng: np.random.Generator, mask: np.ndarray) -> None:
-        """Begin a new query in every slot of ``mask``: draw its domain and prompt length."""
+        """Begin a new query in every slot of ``mask``: draw its domain, prompt length and recorded query."""
         k = int(mask.sum())
-        domain = np.searchsorted(self.cdf, rng.random(k), side="right")
-        self.domain[mask] = np.minimum(domain, self.cdf.size - 1)
+        domain = np.minimum(np.searchsorted(self.cdf, rng.random(k), side="right"), self.cdf.size - 1)
+        self.domain[mask] = domain
         self.context[mask] = rng.integers(self.prompt_low, self.prompt_high + 1, size=k)
         self.remaining[mask] = self.tokens
+        if self.episode is not None:
+            self.episode[mask] = self.model.episodes(rng, domain)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop every slot outside ``mask`` (between ``verify`` and ``draft``); new arrays, same order."""
+        self.num = int(mask.sum())
+        self.rows = np.arange(self.num)
+        for name in ("domain", "context", "remaining", "episode"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name)[mask])
 
     def draft(self, rng: np.random.Generator) -> None:
         """Draw every slot's next drafted iteration and its step times T(0..cap)."""
-        self.draws = self.model.sample(rng, self.domain)
+        if self.episode is None:
+            self.draws = self.model.sample(rng, self.domain)
+        else:
+            self.draws = self.model.sample(rng, self.domain, self.episode)
         self.step_seconds = np.take(self.dense_steps, self.context, axis=0)
 
     def verify(self, action: np.ndarray) -> dict[str, np.ndarray]:
@@ -104,7 +121,7 @@ class SpecLengthBatch:
         self.remaining -= tokens
         self.context += tokens
         return {
-            "seconds": np.take_along_axis(self.step_seconds, n[:, None], axis=1)[:, 0],
+            "seconds": self.step_seconds[self.rows, n],
             "accepted": accepted,
             "drafted": n,
             "available": self.draws.drafted,
@@ -159,7 +176,9 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     ## Starting State
 
     A new query: its domain drawn from ``domain_weights``, its prompt length uniform in
-    ``prompt_tokens``, and its first drafted iteration.
+    ``prompt_tokens``, and its first drafted iteration. With trace replay the query also picks the
+    recorded query whose iterations it replays (``TraceReplay.episodes``: that of a uniformly random
+    text position of the domain), so acceptance stays as easy or as hard as one real query's.
 
     ## Episode End
 
@@ -178,6 +197,9 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     | `tokens_per_query` | int                              | 512          | tokens each query generates     |
     | `prompt_tokens`    | (int, int)                       | (128, 1024)  | prompt length range             |
     | `domain_weights`   | {domain: weight} or None         | None         | None: uniform over the model's  |
+    | `draft_shape`      | {parameter: value} or None       | None         | a tree drafted whole each step  |
+    |                    |                                  |              | (``CostProfile.step_table``);   |
+    |                    |                                  |              | None: a chain of n positions    |
 
     ``info`` after each step: ``accepted`` (draft tokens accepted), ``drafted`` (positions
     verified), ``available`` (positions drafted), ``tokens`` (tokens emitted), ``seconds`` and
@@ -201,9 +223,10 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     def __init__(self, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
-                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
+                 draft_shape: Mapping[str, int] | None = None) -> None:
         self.batch = SpecLengthBatch(1, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
-                                     domain_weights)
+                                     domain_weights, draft_shape)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(LENGTH_CAP + 1)
         low, high = length_bounds()

@@ -1,20 +1,23 @@
 """Run a policy through the simulator and total what it achieved (the simulator's prediction).
 
-Length policies run on ``SpecLengthVectorEnv``, one query per slot, each query served by its own
-fresh copy of the policy (its parameters, not learned state). Adaptation policies run one
-``AdaptStreamEnv`` stream and follow the engine's loop (``policies.adaptation``): act, serve,
-observe, revert when the policy asks, checkpoint when it says the drafter is good.
+Length policies run on the batch core of a ``SpecLengthVectorEnv``, one query per slot, finished
+queries dropped as they end; each query is served by its own fresh copy of the policy (its
+parameters, not learned state), or, for a stateless policy with ``choose_batch`` (fixed, threshold,
+LibraSpec), by one numpy call that chooses the same actions for every slot at once. Adaptation
+policies run one ``AdaptStreamEnv`` stream and follow the engine's loop (``policies.adaptation``):
+act, serve, observe, revert when the policy asks, checkpoint when it says the drafter is good.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
 
 from policies import adaptation
 from policies.base import Policy, policy_from_dict, policy_to_dict
-from policies.length import FixedLength
+from policies.features import LENGTH_SLICES
 from simulator.envs import AdaptStreamEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 
@@ -54,27 +57,37 @@ def _copy(policy: Policy, seed: int) -> Policy:
 
 
 def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int) -> Outcome:
-    """Serve one query per slot of ``env`` with copies of a length ``policy``."""
+    """Serve one query per slot of ``env`` with copies of a length ``policy``.
+
+    Drives a copy of the env's batch core after ``reset`` and drops each query once it is done, so no
+    work goes to finished slots; the env itself needs a ``reset`` before it is stepped again.
+    """
     slots = env.num_envs
-    fixed = isinstance(policy, FixedLength)
-    copies = [] if fixed else [_copy(policy, seed + i) for i in range(slots)]
-    obs, _ = env.reset(seed=seed)
-    alive = np.ones(slots, dtype=bool)
+    batched = hasattr(policy, "choose_batch")
+    conf, steps = LENGTH_SLICES["confidences"], LENGTH_SLICES["step_seconds"]
+    copies = [] if batched else [_copy(policy, seed + i) for i in range(slots)]
+    env.reset(seed=seed)
+    batch, rng = copy.copy(env.batch), env.np_random
+    slot = np.arange(slots)  # which query each remaining row serves
     tokens = seconds = iterations = 0.0
-    while alive.any():
-        if fixed:
-            actions = np.full(slots, policy.params.length, dtype=np.int64)
+    while batch.num:
+        obs = batch.observations()
+        if batched:
+            actions = policy.choose_batch(obs[:, conf], obs[:, steps])
         else:
-            actions = np.array([copies[i].act(obs[i]) if alive[i] else 0 for i in range(slots)],
-                               dtype=np.int64)
-        next_obs, reward, terminated, _, info = env.step(actions)
-        for i in [] if fixed else np.flatnonzero(alive):
-            copies[i].observe(obs[i], int(actions[i]), float(reward[i]), {k: v[i] for k, v in info.items()})
-        tokens += float(info["tokens"][alive].sum())
-        seconds += float(info["seconds"][alive].sum())
-        iterations += float(alive.sum())
-        alive &= ~terminated
-        obs = next_obs
+            actions = np.array([copies[i].act(row) for i, row in zip(slot, obs, strict=True)], dtype=np.int64)
+        info = batch.verify(actions)
+        done = info.pop("done")
+        for k in [] if batched else range(batch.num):
+            copies[slot[k]].observe(obs[k], int(actions[k]), -float(info["seconds"][k]),
+                                    {key: v[k] for key, v in info.items()})
+        tokens += float(info["tokens"].sum())
+        seconds += float(info["seconds"].sum())
+        iterations += batch.num
+        if done.any():
+            batch.keep(~done)
+            slot = slot[~done]
+        batch.draft(rng)
     return Outcome(slots, tokens, seconds, iterations)
 
 

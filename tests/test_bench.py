@@ -102,8 +102,27 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     assert (out / "bench_tiny.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_length_policy_adds_steered_rows(llama_dir: Path, draft_dir: Path, prompts_dir: Path,
+                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from policies import make_policy, save_policy
+
+    policy = save_policy(make_policy("fixed", {"length": 1}), tmp_path / "one.json")
+    code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir",
+                             str(prompts_dir), "--domains", "code", "--prompts", "1", "--max-new-tokens", "8",
+                             "--drafters", "none,draft-model", "--shapes", "chain", "--verifiers", "block",
+                             "--no-hf", "--policy", str(policy), "--out", str(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    rows = [r for r in json.loads(stdout)["rows"] if r["domain"] == "code"]
+    steered = {r["temperature"]: r for r in rows if r["policy"] == "one"}
+    assert set(steered) == {0.0, 1.0}
+    assert all(len(r["alpha"]) == 1 for r in steered.values())  # drafts of depth 1 only
+    assert steered[0.0]["greedy_identical"] is True and steered[1.0]["verifier"] == "block"
+    assert all(r["policy"] is None for r in rows if r["drafter"] == "none")
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--drafters", "none,lookahead"], "lookahead"),
+    (["--policy", "ADAPT"], "drafter updates"),
     (["--verifiers", "greedy,magic"], "magic"),
     (["--domains", "poetry"], "poetry"),
     (["--prompts", "0"], "--prompts"),
@@ -113,7 +132,10 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
 def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir: Path, draft_dir: Path,
                                          prompts_dir: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    args = [a.replace("MISSING", str(tmp_path / "nowhere")) for a in args]
+    from policies import make_policy, save_policy
+
+    adapt = save_policy(make_policy("epsilon_greedy"), tmp_path / "adapt.json")
+    args = [a.replace("MISSING", str(tmp_path / "nowhere")).replace("ADAPT", str(adapt)) for a in args]
     base = ["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir", str(prompts_dir),
             "--out", str(tmp_path / "out")]
     code, stdout, err = run([*base, *args], capsys)

@@ -85,8 +85,15 @@ def broken_copies(llama_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     (["--model", "{tmp}/nowhere"], "--model"),
     (["--drafter", "draft-model", "--draft-model", "{tmp}/nowhere"], "--draft-model"),
     (["--verifier", "best"], "--verifier"),
-    (["--drafter", "eagle"], "not available yet"),
-    (["--policy", "{policy}"], "not supported yet"),
+    (["--drafter", "eagle", "--drafter-model", "{tmp}/nowhere"], "specblock train eagle"),
+    (["--drafter", "specblock"], "specblock train specblock"),  # the shipped one is for another target
+    (["--drafter", "specblock", "--paths", "2"], "--paths does not apply"),
+    (["--drafter", "medusa", "--verifier", "block", "--temperature", "1"], "deterministic top-k tree"),
+    (["--drafter", "ngram", "--policy", "{policy}"], "kind, version, params"),
+    (["--drafter", "ngram", "--policy", "{adapt}"], "drafter updates"),
+    (["--drafter", "none", "--policy", "{fixed}"], "give a --drafter"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--paths", "2", "--temperature", "1",
+      "--policy", "{fixed}"], "bias K sampled paths"),
     (["--policy", "{tmp}/none.json"], "--policy"),
     (["--prompt", "x", "--prompt-file", "{policy}"], "exactly one"),
     (["--temperature", "-1"], "temperature"),
@@ -98,10 +105,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, llama_d
                                           other_vocab_dir: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     missing, corrupt = broken_copies(llama_dir, tmp_path)
+    from policies import make_policy, save_policy
+
     policy = tmp_path / "policy.json"
     policy.write_text("{}")
     names = {"other": other_vocab_dir, "draft": draft_dir, "missing": missing, "corrupt": corrupt,
-             "tmp": tmp_path, "policy": policy}
+             "tmp": tmp_path, "policy": policy,
+             "adapt": save_policy(make_policy("cost_aware_bandit"), tmp_path / "adapt.json"),
+             "fixed": save_policy(make_policy("fixed", {"length": 2}), tmp_path / "fixed.json")}
     args = [arg.format(**names) for arg in args]
     if "--prompt" not in args and "--prompt-file" not in args:
         args += ["--prompt", "x = 1"]
@@ -109,6 +120,26 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, llama_d
     assert code == 2
     assert out == ""
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_a_length_policy_steers_generation_and_keeps_greedy_output(llama_dir: Path, draft_dir: Path,
+                                                                     tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]
+                                                                     ) -> None:
+    from policies import make_policy, save_policy
+
+    path = save_policy(make_policy("fixed", {"length": 2}), tmp_path / "fixed.json")
+    base = ["--model", str(llama_dir), "--prompt", "x = 1", "--max-new-tokens", "16", "--json"]
+    code, out, _ = run([*base, "--drafter", "none"], capsys)
+    vanilla = json.loads(out)["token_ids"]
+    code, out, err = run([*base, "--drafter", "draft-model", "--draft-model", str(draft_dir),
+                          "--draft-length", "5",
+                          "--policy", str(path)], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["token_ids"] == vanilla and result["policy"] == "fixed"
+    verified = result["verified_per_iteration"]
+    assert verified[:3] == [2, 2, 2] and max(verified) == 2  # fewer only where the token budget ends
 
 
 def test_tokenizer_falls_back_and_checks_the_vocabulary(llama_dir: Path, draft_dir: Path) -> None:

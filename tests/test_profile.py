@@ -43,6 +43,11 @@ def test_profile_loads_with_every_series(measured: dict, tmp_path: Path) -> None
     assert verify == {(n, c) for n in TINY.nodes for c in TINY.contexts}
     assert all(len(row["seconds"]) == TINY.repeats for row in measured["samples"]["verify"])
     assert [row["tokens"] for row in measured["samples"]["draft"]["draft-model"]] == list(TINY.draft_tokens)
+    tree = {(r["depth"], r["width"]) for r in measured["samples"]["draft_trees"]["draft-model"]}
+    assert tree == {(d, w) for d in TINY.tree_depths for w in TINY.tree_widths}
+    assert profile.draft_seconds("draft-model", depth=TINY.tree_depths[-1], width=TINY.tree_widths[0]) > 0
+    assert profile.draft_shapes["draft-model"]["tree_budget"] == TINY.tree_budget
+    assert set(profile.draft_shapes) == {"draft-model", "eagle", "specblock"}
     specblock = {(r["starts"], r["blocks"]) for r in measured["samples"]["draft"]["specblock"]}
     assert specblock == {(s, m) for s in TINY.specblock_starts for m in TINY.specblock_blocks}
     assert profile.block_size == 4

@@ -42,6 +42,22 @@ def _temperatures(value: str) -> tuple[float, ...]:
     return temps
 
 
+def _policies(paths: tuple[Path, ...]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(name, content) of each length policy file; InputError for a bad file or an adaptation policy."""
+    from policies import load_policy, policy_to_dict
+    from real_engine.speculate import is_length_policy
+
+    out = {}
+    for path in paths:
+        policy = load_policy(path)
+        if not is_length_policy(policy):
+            raise InputError(f"--policy {path}: kind {policy.kind!r} decides drafter updates across a "
+                             "stream: "
+                             "deploy it with `specblock pipeline`, or give a length policy")
+        out[path.stem] = policy_to_dict(policy)
+    return tuple(out.items())
+
+
 def _model(path: Path, flag: str, train: str) -> Path:
     if not (path / "config.json").is_file():
         raise InputError(f"{flag} {path} is not a model folder (no config.json): train one with "
@@ -83,11 +99,21 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench).")
 @click.option("--out", type=click.Path(path_type=Path), default=REPO / "benchmarks" / "results",
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
+@click.option("--policy", "policy_files", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              multiple=True, help="A length policy file (repeatable): each chain/tree configuration runs "
+                                  "once "
+                                  "more with the policy choosing how much of each draft to verify.")
+@click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=REPO / "data" / "profiles" / "cpu_shipped.json",
+              show_default="data/profiles/cpu_shipped.json",
+              help="The cost profile the policies see (the one they were tuned on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
 def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
             hf: bool, model_dir: Path, draft_dir: Path, drafters_dir: Path, prompts_dir: Path,
             max_new_tokens: int, seed: int, draft_length: int, tree_width: int, tree_budget: int,
-            threads: int | None, device: str | None, tag: str | None, out: Path, as_json: bool) -> None:
+            threads: int | None, device: str | None, tag: str | None, out: Path,
+            policy_files: tuple[Path, ...],
+            profile_path: Path, as_json: bool) -> None:
     """Benchmark vanilla and speculative decoding per domain, drafter, verifier and temperature.
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
@@ -105,7 +131,8 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
-        max_new_tokens=max_new_tokens, seed=seed, depth=draft_length, width=tree_width, budget=tree_budget)
+        max_new_tokens=max_new_tokens, seed=seed, depth=draft_length, width=tree_width, budget=tree_budget,
+        policies=_policies(policy_files), profile=str(profile_path))
     _model(model_dir, "--model", "target")
     notes: list[str] = []
     has_draft = (draft_dir / "config.json").is_file()
@@ -140,8 +167,9 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.bench import TRAINED_DRAFTERS, Engine, agreement, plan, run_bench, trained_available
+    from experiments.bench import TRAINED_DRAFTERS, Engine, agreement, plan, run_bench
     from experiments.hf_peer import HFPeer, transformers_available
+    from real_engine.drafters.trained import trained_available
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
 

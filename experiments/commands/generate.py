@@ -15,6 +15,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_MODEL = REPO / "data" / "models" / "target"
 DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
 DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
+TRAINED = ("specblock", "eagle", "medusa")  # drafters loaded from trained weights (--drafter-model)
+USES = {"none": (), "ngram": ("--draft-length", "--ngram-max"),  # the draft options each drafter reads
+        "draft-model": ("--draft-length", "--tree-width", "--tree-budget", "--paths"),
+        "specblock": ("--drafter-model", "--tree-budget", "--blocks"),
+        "eagle": ("--drafter-model", "--draft-length", "--tree-width", "--tree-budget"),
+        "medusa": ("--drafter-model", "--draft-length", "--tree-budget")}
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -26,12 +32,21 @@ def _folder(path: Path, flag: str, train: str) -> Path:
     return path
 
 
-def _check_policy(path: Path) -> None:
-    try:
-        json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"--policy {path} is not valid JSON ({exc}): give a policy file") from exc
-    raise InputError(f"--policy {path}: deploying a policy in generate is not supported yet; drop --policy")
+def _check_policy(path: Path, drafter: str, paths: int | None) -> Any:
+    """The length policy in ``path``; InputError when it cannot steer this generation."""
+    from policies import load_policy
+    from real_engine.speculate import is_length_policy
+
+    policy = load_policy(path)
+    if not is_length_policy(policy):
+        raise InputError(f"--policy {path}: kind {policy.kind!r} decides drafter updates across a stream of "
+                         "queries: deploy it with `specblock pipeline`, or give a length policy")
+    if drafter == "none":
+        raise InputError("--policy chooses how much of each draft to verify: give a --drafter")
+    if (paths or 1) > 1:
+        raise InputError("--policy trims a draft by confidence, which would bias K sampled paths: "
+                         "drop --paths or --policy")
+    return policy
 
 
 def _read(path: Path) -> str:
@@ -42,7 +57,11 @@ def _read(path: Path) -> str:
 
 
 def _check_verifier(verifier: str, drafter: str, tree_width: int) -> None:
-    """gbv needs i.i.d. sampled paths; gbv and seqbv need unmerged paths of equal length."""
+    """gbv needs i.i.d. sampled paths; gbv and seqbv need unmerged paths of equal length; the trained
+    drafters' deterministic top-k trees are verified by rrs (or greedy)."""
+    if drafter in TRAINED and verifier not in ("greedy", "rrs"):
+        raise InputError(f"the {drafter} drafter drafts a deterministic top-k tree: use --verifier rrs "
+                         "(or greedy at temperature 0)")
     if verifier == "gbv" and (drafter == "ngram" or tree_width > 1):
         raise InputError("gbv verifies i.i.d. sampled paths: use --drafter draft-model with --tree-width 1 "
                          "(and --paths K), or another verifier")
@@ -51,10 +70,18 @@ def _check_verifier(verifier: str, drafter: str, tree_width: int) -> None:
                          "--tree-width, or --verifier rrs")
 
 
-def _auto_verifier(temperature: float, tree_width: int, paths: int) -> str:
+def _check_options(drafter: str, given: dict[str, Any]) -> None:
+    """Refuse a drafter option the chosen drafter would not use (rather than ignore it)."""
+    unused = [flag for flag, value in given.items() if value is not None and flag not in USES[drafter]]
+    if unused:
+        takes = ", ".join(USES[drafter]) or "no draft options"
+        raise InputError(f"{unused[0]} does not apply to --drafter {drafter} (it takes {takes}): drop it")
+
+
+def _auto_verifier(temperature: float, drafter: str, tree_width: int, paths: int) -> str:
     if temperature == 0:
         return "greedy"
-    return "seqbv" if paths > 1 else "rrs" if tree_width > 1 else "block"
+    return "seqbv" if paths > 1 else "rrs" if tree_width > 1 or drafter in TRAINED else "block"
 
 
 class _Stream:
@@ -82,7 +109,10 @@ class _Stream:
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT,
               show_default="data/models/draft", help="Draft model folder, for --drafter draft-model.")
 @click.option("--drafter", type=click.Choice(DRAFTERS), default="ngram", show_default=True,
-              help="none is vanilla decoding; specblock, eagle and medusa are not available yet.")
+              help="none is vanilla decoding; specblock, eagle and medusa load trained weights.")
+@click.option("--drafter-model", "drafter_dir", type=click.Path(path_type=Path), default=None,
+              show_default="data/models/<drafter>",
+              help="Trained weights folder, for --drafter specblock, eagle or medusa.")
 @click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
               help="Default: greedy at temperature 0, else block (chain), rrs (tree) or seqbv (paths).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
@@ -90,26 +120,36 @@ class _Stream:
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus mass to keep (1: off).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds every random draw.")
-@click.option("--draft-length", type=int, default=4, show_default=True,
-              help="Draft depth: tokens per chain or path, levels of a tree.")
-@click.option("--tree-width", type=int, default=1, show_default=True,
-              help="Draft model: >1 drafts a top-k tree this wide per level (child rule topk).")
-@click.option("--tree-budget", type=int, default=16, show_default=True,
-              help="Draft model tree: most draft nodes kept (the likeliest).")
-@click.option("--paths", type=int, default=1, show_default=True,
+@click.option("--draft-length", type=int, default=None, show_default="4; trained: as trained",
+              help="Draft depth: tokens per chain or path, levels of a tree (EAGLE, Medusa too).")
+@click.option("--tree-width", type=int, default=None, show_default="1; EAGLE: as trained",
+              help="Draft model: >1 drafts a top-k tree this wide per level; EAGLE: its top-k.")
+@click.option("--tree-budget", type=int, default=None, show_default="16; trained: as trained",
+              help="Most draft nodes kept (the likeliest): draft-model tree, SpecBlock, EAGLE, Medusa.")
+@click.option("--paths", type=int, default=None, show_default="1",
               help="Draft model: >1 samples this many independent paths (for rrs, gbv, seqbv).")
-@click.option("--ngram-max", type=int, default=3, show_default=True, help="n-gram drafter: longest n tried.")
+@click.option("--blocks", type=int, default=None, show_default="2",
+              help="SpecBlock: block forwards per draft (M); the tree reaches depth M x block size.")
+@click.option("--ngram-max", type=int, default=None, show_default="3",
+              help="n-gram drafter: longest n tried.")
 @click.option("--policy", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A policy file (JSON); not supported by generate yet, so it is rejected.")
+              help="A length policy file (JSON, e.g. from `specblock tune length`): it chooses how much of "
+                   "each "
+                   "draft the target verifies.")
+@click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=REPO / "data" / "profiles" / "cpu_shipped.json", show_default=True,
+              help="The cost profile whose iteration times the policy sees (the one it was tuned on).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Read the prompt from this file instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-def command(model_dir: Path, draft_dir: Path, drafter: str, verifier: str | None, temperature: float,
-            top_k: int, top_p: float, max_new_tokens: int, seed: int, draft_length: int, tree_width: int,
-            tree_budget: int, paths: int, ngram_max: int, policy: Path | None, device: str | None, dtype: str,
+def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | None, verifier: str | None,
+            temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int,
+            draft_length: int | None, tree_width: int | None, tree_budget: int | None, paths: int | None,
+            blocks: int | None, ngram_max: int | None, policy: Path | None, profile_path: Path,
+            device: str | None, dtype: str,
             prompt: str | None, prompt_file: Path | None, as_json: bool) -> None:
     """Generate text from a prompt, with speculative decoding unless --drafter none.
 
@@ -117,8 +157,10 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, verifier: str | None
     """
     if (prompt is None) == (prompt_file is None):
         raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE")
-    if policy is not None:
-        _check_policy(policy)
+    length_policy = None if policy is None else _check_policy(policy, drafter, paths)
+    _check_options(drafter, {"--drafter-model": drafter_dir, "--draft-length": draft_length,
+                             "--tree-width": tree_width, "--tree-budget": tree_budget, "--paths": paths,
+                             "--blocks": blocks, "--ngram-max": ngram_max})
     import torch
 
     from real_engine.decode import generate, make_drafter
@@ -127,15 +169,20 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, verifier: str | None
     from real_engine.warp import Sampling
 
     sampling = Sampling(temperature, top_k, top_p)
-    verifier = verifier or _auto_verifier(temperature, tree_width, paths)
-    _check_verifier(verifier, drafter, tree_width)
+    verifier = verifier or _auto_verifier(temperature, drafter, tree_width or 1, paths or 1)
+    _check_verifier(verifier, drafter, tree_width or 1)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
     draft = None
     if drafter == "draft-model":
         draft = load_model(_folder(draft_dir, "--draft-model", "draft-model"), getattr(torch, dtype), device)
-    spec = make_drafter(drafter, target, draft, depth=draft_length, width=tree_width, budget=tree_budget,
-                        paths=paths, max_ngram=ngram_max)
+    spec = make_drafter(drafter, target, draft, folder=drafter_dir, depth=draft_length, width=tree_width,
+                        budget=tree_budget, paths=paths, max_ngram=ngram_max, blocks=blocks)
+    if length_policy is not None:
+        from real_engine.speculate import LengthControlled
+        from simulator.costs import load_profile
+
+        spec = LengthControlled(spec, length_policy, load_profile(profile_path), drafter)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     text = prompt if prompt is not None else _read(prompt_file)
     ids = tokenizer.encode(text)
@@ -150,6 +197,9 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, verifier: str | None
             "text": tokenizer.decode(list(result.tokens)), "token_ids": list(result.tokens),
             "prompt_tokens": len(ids), **stats.to_dict(), "drafter": drafter,
             "verifier": verifier if spec is not None else None, "temperature": temperature, "seed": seed,
+            "policy": None if length_policy is None else length_policy.kind,
+            "verified_per_iteration": None if length_policy is None else
+            [n for _, n in spec.decisions],
         }))
         return
     stream.show(tokenizer.decode(list(result.tokens)))

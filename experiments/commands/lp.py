@@ -60,7 +60,8 @@ def _check_flags(vocab: int | None, length: int, drafts: int, count: int | None,
     return vocab, count
 
 
-def _evaluate(inst: ARInstance, drafts: int) -> dict[str, float]:
+def evaluate_verifiers(inst: ARInstance, drafts: int) -> dict[str, float]:
+    """The LP bound and every verifier's exact expected accepted length on one instance."""
     from real_engine.exact import expected_accepted
     from simulator.lp import LPSolveError, expected_bv, expected_token, solve_lp
 
@@ -120,7 +121,8 @@ def command(vocab: int | None, length: int, drafts: int, count: int | None, seed
         rng = np.random.default_rng(seed)
         instances = [random_instance(vocab, length, rng, drafter) for _ in range(count)]
     stderr = Console(stderr=True)
-    rows = [_evaluate(inst, drafts) for inst in track(instances, description="instances", console=stderr,
+    rows = [evaluate_verifiers(inst, drafts)
+            for inst in track(instances, description="instances", console=stderr,
                                                         transient=True, disable=not stderr.is_terminal)]
     if as_json:
         report = {"vocab": vocab, "length": length, "drafts": drafts, "instances": rows}

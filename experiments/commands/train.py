@@ -1,8 +1,10 @@
 """`specblock train KIND`: build the corpus data, or train a model of the shipped family.
 
 Kinds: ``tokenizer`` (corpus manifest, tokenizer and prompt sets under data/), ``target`` (the target
-LM, shipped to data/models/target) and ``draft-model`` (a small model distilled from the target,
-shipped to data/models/draft). Checkpoints live under runs/<kind>/ and ``--resume`` continues them.
+LM, shipped to data/models/target), ``draft-model`` (a small model distilled from the target,
+shipped to data/models/draft) and the feature drafters ``specblock``, ``eagle`` and ``medusa``
+(trained on the target's rows, cached under runs/drafter-data; shipped to data/models/<kind>, see
+``real_engine.drafter_recipes``). Checkpoints live under runs/<kind>/ and ``--resume`` continues them.
 """
 
 from __future__ import annotations
@@ -14,32 +16,59 @@ import click
 
 from policies.errors import InputError
 
-KINDS = ("tokenizer", "target", "draft-model")
-DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/models/draft")}
+DRAFTERS = ("specblock", "eagle", "medusa")
+KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
+DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/models/draft"),
+               **{kind: Path("data/models") / kind for kind in DRAFTERS}}
 
 
 @click.command("train")
 @click.argument("kind", type=click.Choice(KINDS))
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Folder for the trained model (default data/models/target or data/models/draft).")
+              help="Folder for the trained model (default data/models/<kind>, data/models/draft for "
+                   "draft-model).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Checkpoint folder (default runs/<kind>).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in the run folder.")
-@click.option("--minutes", type=float, default=None, help="Wall-clock budget that the schedule spans.")
+@click.option("--minutes", type=float, default=None,
+              help="Wall-clock budget: the schedule spans it (target, draft-model), or the run stops there, "
+                   "checkpointed for --resume (specblock, eagle, medusa).")
 @click.option("--steps", type=int, default=None, help="A fixed number of steps instead of a time budget.")
 @click.option("--target", "target_dir", type=click.Path(path_type=Path), default=Path("data/models/target"),
-              help="The target to distil from (draft-model only).")
+              help="The target to distil from, or to train a drafter for (all but tokenizer and target).")
+@click.option("--sequences", type=int, default=None,
+              help="Corpus windows of the target's rows to train on (drafters; default 640).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("runs/drafter-data"),
+              show_default=True, help="Cache of the target's rows (drafters).")
+@click.option("--init", "init_dir", type=click.Path(path_type=Path), default=None,
+              help="Continue training this model of the same shape (target, draft-model): fresh "
+                   "optimiser and schedule.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (default: the recipe's).")
+@click.option("--batch-size", type=int, default=None, help="Windows per step (default: the recipe's).")
 @click.option("--threads", type=int, default=2, help="CPU threads for torch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, minutes: float | None,
-            steps: int | None, target_dir: Path, threads: int, as_json: bool) -> None:
-    """Build the tokenizer data or train the target / draft model on the offline corpus."""
+            steps: int | None, target_dir: Path, sequences: int | None, data_dir: Path, init_dir: Path | None,
+            lr: float | None, batch_size: int | None, threads: int, as_json: bool) -> None:
+    """Build the tokenizer data, or train the target, the draft model or a feature drafter."""
     if minutes is not None and minutes <= 0:
         raise InputError(f"--minutes must be positive, got {minutes}: give a budget such as 60")
     if steps is not None and steps <= 0:
         raise InputError(f"--steps must be positive, got {steps}: give a count such as 2000")
+    if lr is not None and not 0 < lr < 1:
+        raise InputError(f"--lr must be in (0, 1), got {lr}: give a rate such as 1e-3")
+    if batch_size is not None and batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {batch_size}: give a size such as 8")
+    if init_dir is not None and kind not in ("target", "draft-model"):
+        raise InputError("--init continues a target or a draft model: drop it for the drafters")
+    if init_dir is not None and not (init_dir / "config.json").exists():
+        raise InputError(f"no model in {init_dir}: give a folder with config.json and safetensors weights")
     if threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}: give 1 or 2")
+    if sequences is not None and (kind not in DRAFTERS or sequences < 1):
+        raise InputError(f"--sequences {sequences}: give a positive count, for specblock, eagle or medusa")
+    if kind in (*DRAFTERS, "draft-model") and not (target_dir / "config.json").exists():
+        raise InputError(f"no target model in {target_dir}: run `specblock train target` or give --target")
     import dataclasses
 
     import torch
@@ -49,18 +78,28 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
     torch.set_num_threads(threads)
     if kind == "tokenizer":
         result = train.prepare_data()
+    elif kind in DRAFTERS:
+        from real_engine.drafter_recipes import DataRecipe, train_drafter
+
+        given = (("steps", steps), ("lr", lr), ("batch_size", batch_size))
+        overrides = {k: v for k, v in given if v is not None}
+        recipe = DataRecipe(**({"sequences": sequences} if sequences else {}))
+        out = out or DEFAULT_OUT[kind]
+        log = train_drafter(kind, target_dir, out, run_dir or Path("runs") / kind, data_dir=data_dir,
+                            recipe=recipe, overrides=overrides, resume=resume, minutes=minutes)
+        result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
+        result["out"] = str(out)
     else:
         base = train.TARGET if kind == "target" else train.DRAFT_MODEL
-        overrides = {k: v for k, v in (("minutes", minutes), ("steps", steps)) if v is not None}
+        overrides = {k: v for k, v in (("minutes", minutes), ("steps", steps), ("lr", lr),
+                                       ("batch_size", batch_size)) if v is not None}
         cfg = dataclasses.replace(base, **overrides)
         out = out or DEFAULT_OUT[kind]
         run_dir = run_dir or Path("runs") / kind
         if kind == "target":
-            log = train.train_target(out, run_dir, cfg, resume=resume)
+            log = train.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
         else:
-            if not (target_dir / "config.json").exists():
-                raise InputError(f"no target model in {target_dir}: run `specblock train target` first")
-            log = train.train_draft_model(out, run_dir, target_dir, cfg, resume=resume)
+            log = train.train_draft_model(out, run_dir, target_dir, cfg, resume=resume, init=init_dir)
         result = {k: v for k, v in log.items() if k not in ("loss_curve", "eval_curve")}
         result["out"] = str(out)
     if as_json:

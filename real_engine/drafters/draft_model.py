@@ -15,11 +15,14 @@ The cache holds the committed tokens it has run; a proposal first runs the *back
 tokens not yet run) and the root, then writes each depth's forwarded nodes after them. ``accept``
 keeps exactly the accepted nodes that were forwarded and puts the rest in the backlog, so the cache
 always equals a fresh prefill of the committed sequence. The deepest drafted nodes are never run.
+Every tree carries ``confidence``: each node's probability under its parent's law (the plain softmax
+at temperature 0, the warped ``q`` otherwise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -45,6 +48,10 @@ class DraftModelDrafter:
         self.depth, self.width, self.budget, self.paths = depth, width, budget, paths
         self.device = model.lm_head.weight.device
         self.model_seconds = 0.0
+        # A chain's stopping rule (``real_engine.speculate``): called after each drafted token with the
+        # largest probability of every position's law so far (never the sampled token's own, which would
+        # bias the draft); False ends the chain there.
+        self.keep_drafting: Callable[[list[float]], bool] | None = None
         # Per-proposal state: the committed length once the root has run, the cache slot (offset
         # after it) of each forwarded tree node, and the tree's tokens.
         self._base: int | None = None
@@ -98,7 +105,8 @@ class DraftModelDrafter:
             self._base, self._tokens = None, [self.root]
             return DraftTree(torch.tensor([self.root], device=self.device),
                              torch.tensor([-1], device=self.device),
-                             torch.zeros(1, self.model.args.vocab_size, device=self.device), "iid")
+                             torch.zeros(1, self.model.args.vocab_size, device=self.device), "iid",
+                             torch.ones(1, device=self.device))
         run = torch.tensor([*self.backlog, self.root], device=self.device)
         logits = self._forward(run)[-1]
         self.backlog, self._base, self._slots = [], self.cache.length, {}
@@ -107,35 +115,51 @@ class DraftModelDrafter:
         self._tokens = tree.tokens.tolist()
         return tree
 
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Probability of ``tokens`` ([...]) under each row's law: the softmax when greedy, else ``q``."""
+        law = logits.float().softmax(-1) if self.sampling.greedy else q
+        return law[tokens] if law.dim() == 1 else law.gather(-1, tokens[:, None])[:, 0]
+
     def _chain(self, logits: torch.Tensor, depth: int) -> DraftTree:
         qs = [warp(logits, self.sampling)]
-        tokens = []
+        tokens, confidence = [], [torch.ones(1, device=self.device)]
+        laws = []  # the largest probability of each position's law: a stopping rule may read it (see below)
         for d in range(1, depth + 1):
             tokens.append(self._sample(qs[-1])[0])
+            confidence.append(self._confidence(logits, qs[-1], tokens[-1])[None])
+            laws.append(float((logits.float().softmax(-1) if self.sampling.greedy else qs[-1]).max()))
+            if d < depth and self.keep_drafting is not None and not self.keep_drafting(laws):
+                break
             if d < depth:
                 self._slots[d] = d - 1
-                qs.append(warp(self._forward(tokens[-1][None])[0], self.sampling))
+                logits = self._forward(tokens[-1][None])[0]
+                qs.append(warp(logits, self.sampling))
         qs.append(torch.zeros_like(qs[0]))
-        return DraftTree.chain(self.root, torch.stack(tokens).cpu(), torch.stack(qs), "iid")
+        return DraftTree.chain(self.root, torch.stack(tokens).cpu(), torch.stack(qs), "iid",
+                               torch.cat(confidence))
 
     def _paths(self, logits: torch.Tensor, depth: int) -> DraftTree:
         k = self.paths
         q_root = warp(logits, self.sampling)
         columns, qs = [self._sample(q_root, k)], []  # columns[d - 1]: the K tokens at depth d
+        confidence = [self._confidence(logits, q_root, columns[0])]
         eye = torch.eye(k, dtype=torch.bool, device=self.device)
         for d in range(1, depth):
             mask = torch.cat((torch.ones(k, self._base, dtype=torch.bool, device=self.device),
                               eye.repeat(1, d)), dim=1)
             positions = torch.full((k,), self._base - 1 + d, device=self.device)
-            qs.append(warp(self._forward(columns[-1], positions, mask), self.sampling))
+            logits = self._forward(columns[-1], positions, mask)
+            qs.append(warp(logits, self.sampling))
             columns.append(self._sample(qs[-1])[:, 0])
+            confidence.append(self._confidence(logits, qs[-1], columns[-1]))
         qs.append(torch.zeros(k, q_root.shape[-1], device=self.device))
         # Node order of from_paths: root, then path 0's nodes by depth, then path 1's, ...
         q = torch.cat((q_root[None], torch.stack(qs, dim=1).reshape(k * depth, -1)))
         for path in range(k):
             for d in range(1, depth):
                 self._slots[1 + path * depth + d - 1] = (d - 1) * k + path
-        return DraftTree.from_paths(self.root, torch.stack(columns, dim=1).tolist(), q, "iid")
+        conf = torch.cat((torch.ones(1, device=self.device), torch.stack(confidence, dim=1).reshape(-1)))
+        return DraftTree.from_paths(self.root, torch.stack(columns, dim=1).tolist(), q, "iid", conf)
 
     def _rank(self, logits: torch.Tensor) -> torch.Tensor:
         """The law that orders candidates: the warped ``q``, or the softmax at temperature 0."""
@@ -182,9 +206,11 @@ class DraftModelDrafter:
         index = {old: new for new, old in enumerate(order)}
         zero = torch.zeros_like(laws[0])
         self._slots = {index[n]: s for n, s in self._slots.items() if n in index}
+        confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]
         return DraftTree(torch.tensor([tokens[n] for n in order], device=self.device),
                          torch.tensor([index.get(parents[n], -1) for n in order], device=self.device),
-                         torch.stack([laws.get(n, zero) for n in order]), "topk")
+                         torch.stack([laws.get(n, zero) for n in order]), "topk",
+                         torch.tensor(confidence, device=self.device))
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Keep the accepted forwarded nodes in the cache; the rest join the backlog."""

@@ -16,14 +16,16 @@ likely frontier nodes by cumulative draft probability each get their ``top_k`` m
 all frontier nodes in one forward under a tree mask over the drafter's cache; finally the
 ``total_tokens`` most likely nodes are kept (an ancestor-closed set: a child's cumulative probability
 never exceeds its parent's). Candidates are deterministic (child rule ``topk``); ``q`` holds the
-warped draft law at each node whose children were kept (zero elsewhere). One drafter forward per
-depth: the queue with the root's pair, then one per expanded frontier.
+warped draft law at each node whose children were kept (zero elsewhere) and ``confidence`` each
+node's probability under its parent's ranking law (the softmax at temperature 0, else ``q``). One
+drafter forward per depth: the queue with the root's pair, then one per expanded frontier.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -210,7 +212,7 @@ class EagleDrafter:
             self._base, self._proposed = self.cache.length, [self.root]
             root = torch.tensor([self.root], device=self.device)
             q = torch.zeros(1, vocab, device=self.device)
-            return DraftTree(root, torch.full_like(root, -1), q, "topk")
+            return DraftTree(root, torch.full_like(root, -1), q, "topk", torch.ones(1, device=self.device))
         n, start = len(self._queue_tokens), self.cache.length
         mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
         positions = torch.arange(start, start + n, device=self.device)
@@ -262,9 +264,11 @@ class EagleDrafter:
             stack.extend(reversed(children[node]))
         index = {old: new for new, old in enumerate(order)}
         zero = torch.zeros_like(laws[0])
+        confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]
         return DraftTree(torch.tensor([tokens[n] for n in order], device=self.device),
                          torch.tensor([index.get(parents[n], -1) for n in order], device=self.device),
-                         torch.stack([laws[n] if n in laws and children[n] else zero for n in order]), "topk")
+                         torch.stack([laws[n] if n in laws and children[n] else zero for n in order]), "topk",
+                         torch.tensor(confidence, device=self.device))
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Drop the draft's cache entries; queue the accepted positions with the target's features."""

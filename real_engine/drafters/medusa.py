@@ -12,7 +12,8 @@ candidate, then head 2's ``i_2``-th ...". :func:`choose_tree` picks it from cali
 maximizing the expected accepted length ``sum over nodes of prod acc[d][i_d]`` under a node budget;
 as every extension multiplies by a factor <= 1, the best set is the budget's most likely nodes, found
 best first with a heap (Medusa builds its trees greedily the same way). Candidates are deterministic
-(child rule ``topk``); ``q`` holds the warped law of the head that drafted each node's children.
+(child rule ``topk``); ``q`` holds the warped law of the head that drafted each node's children and
+``confidence`` each node's probability under its head's law (the softmax at temperature 0, else ``q``).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class MedusaDrafter:
         if self.hidden is None or not fits:
             root = torch.tensor([self.root], device=self.device)
             q = torch.zeros(1, vocab, device=self.device)
-            return DraftTree(root, torch.full_like(root, -1), q, "topk")
+            return DraftTree(root, torch.full_like(root, -1), q, "topk", torch.ones(1, device=self.device))
         start = clock(self.device)
         logits = self.net(self.hidden, self.target.lm_head)  # [K, V]
         depth = max(len(n) for n in fits)
@@ -218,8 +219,12 @@ class MedusaDrafter:
         has_children = {n[:-1] for n in order}
         zero = torch.zeros(vocab, device=self.device)
         q = [laws[len(n)] if n in has_children else zero for n in [(), *order]]
-        return DraftTree(torch.tensor(tokens, device=self.device), torch.tensor(parents, device=self.device),
-                         torch.stack(q), "topk")
+        token_ids = torch.tensor(tokens, device=self.device)
+        heads = torch.tensor([len(n) - 1 for n in order], device=self.device)
+        own = logits[:depth].float().softmax(-1) if self.sampling.greedy else laws
+        confidence = torch.cat((torch.ones(1, device=self.device), own[heads, token_ids[1:]]))
+        return DraftTree(token_ids, torch.tensor(parents, device=self.device), torch.stack(q), "topk",
+                         confidence)
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Keep the hidden state of the last accepted position (it predicts the new root)."""

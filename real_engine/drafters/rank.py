@@ -85,6 +85,7 @@ class BucketTree:
         self.max_depth, self.children = max_depth, children
         self.tokens, self.parents, self.scores, self.depths = [root], [-1], [0.0], [0]
         self.origin = [-1]  # the slot whose law drafted each node (-1: the root)
+        self.buckets = [-1]  # the bucket that slot predicted (-1: the root)
         self.expanded_by: dict[int, int] = {}  # node -> the slot whose law drafted its children
         self.stopped: set[int] = set()
 
@@ -109,6 +110,7 @@ class BucketTree:
                 self.scores.append(self.scores[node] + logp)
                 self.depths.append(self.depths[node] + 1)
                 self.origin.append(slot)
+                self.buckets.append(bucket)
             node = first
         return created
 
@@ -128,11 +130,14 @@ class BucketTree:
             node = self.parents[node]
         return out[::-1]
 
-    def build(self, budget: int, laws: torch.Tensor, child_rule: str = "topk") -> DraftTree:
+    def build(self, budget: int, laws: torch.Tensor, child_rule: str = "topk",
+              confidence_laws: torch.Tensor | None = None) -> DraftTree:
         """The ``budget`` best nodes (ancestor-closed: a child never outscores its parent, and ties go
         to the lower index) renumbered depth first with the most likely child first, so ``paths()[0]``
         is the greedy chain. ``laws`` ([slots, V]) are the slots' warped laws; a node's ``q`` row is
-        the law of the slot that expanded it, zero when none of its children is kept."""
+        the law of the slot that expanded it, zero when none of its children is kept. A node's
+        confidence is its token's probability under its slot's row of ``confidence_laws`` (default
+        ``laws``; the plain softmax at temperature 0), its rank bucket that slot's bucket."""
         best = sorted(range(1, len(self.tokens)), key=lambda n: (-self.scores[n], n))[:budget]
         kids: dict[int, list[int]] = {0: [], **{n: [] for n in best}}
         for n in sorted(best):
@@ -147,6 +152,10 @@ class BucketTree:
         rows = [self.expanded_by[n] if kids[n] else none for n in order]
         q = torch.cat((laws, laws.new_zeros(1, laws.shape[1])))[torch.tensor(rows, device=laws.device)]
         device = laws.device
-        return DraftTree(torch.tensor([self.tokens[n] for n in order], device=device),
-                         torch.tensor([index.get(self.parents[n], -1) for n in order], device=device),
-                         q, child_rule)
+        tokens = torch.tensor([self.tokens[n] for n in order], device=device)
+        own = laws if confidence_laws is None else confidence_laws
+        slots = torch.tensor([self.origin[n] for n in order[1:]], dtype=torch.long, device=device)
+        confidence = torch.cat((torch.ones(1, device=device), own[slots, tokens[1:]].float()))
+        parents = torch.tensor([index.get(self.parents[n], -1) for n in order], device=device)
+        buckets = torch.tensor([self.buckets[n] for n in order], device=device)
+        return DraftTree(tokens, parents, q, child_rule, confidence, buckets)

@@ -21,7 +21,8 @@ and to its own slots ``0..k``; never to another branch.
 
 **Drafting** (:class:`SpecBlockDrafter`): block 1, then ``blocks - 1`` rounds in which every chosen
 start node (see :class:`~real_engine.drafters.rank.BucketTree`) gets a block, all in ONE forward;
-the tree keeps the ``budget`` most likely nodes, child rule ``topk``. After verification the accepted
+the tree keeps the ``budget`` most likely nodes, child rule ``topk``, and carries each node's confidence
+and predicted rank bucket (``BucketTree.build``). After verification the accepted
 tokens become prefix rows of the next block-1 forward, conditioned on the target's features, which
 the verifier's forward has just produced.
 """
@@ -331,13 +332,16 @@ class SpecBlockDrafter:
         return hidden
 
     def _heads(self, hidden: torch.Tensor
-               ) -> tuple[torch.Tensor, list[int], list[list[float]], list[list[int]]]:
-        """Laws, buckets and best tokens of slot rows (one host sync)."""
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[list[float]], list[list[int]]]:
+        """Laws (the warped ``q`` and the confidence law: the plain softmax at temperature 0, else ``q``),
+        buckets and best tokens of slot rows (one host sync)."""
         start = clock(self.device)
         logits, buckets = self.net.heads(hidden)
-        top = logits.float().log_softmax(-1).topk(min(max(self.children), logits.shape[-1]), dim=-1)
+        logp = logits.float().log_softmax(-1)
+        top = logp.topk(min(max(self.children), logits.shape[-1]), dim=-1)
         laws = warp(logits, self.sampling)
-        out = laws, buckets.argmax(-1).tolist(), top.values.tolist(), top.indices.tolist()
+        own = logp.exp() if self.sampling.greedy else laws
+        out = (laws, own), buckets.argmax(-1).tolist(), top.values.tolist(), top.indices.tolist()
         self.model_seconds += clock(self.device) - start
         return out
 
@@ -348,7 +352,8 @@ class SpecBlockDrafter:
         if max_depth < 1:
             self._base, self._tokens = None, [root]
             return DraftTree(torch.tensor([root], device=self.device), torch.tensor([-1], device=self.device),
-                             torch.zeros(1, self.net.config.vocab_size, device=self.device), "topk")
+                             torch.zeros(1, self.net.config.vocab_size, device=self.device), "topk",
+                             torch.ones(1, device=self.device), torch.full((1,), -1, device=self.device))
         net, k, dev = self.net, self.k, self.device
         n, length = len(self.backlog), self.cache.length
         width = min(k, max_depth)  # block 1 drafts depths 1..width
@@ -378,14 +383,15 @@ class SpecBlockDrafter:
             if not starts:
                 break
             created = self._block(tree, starts, cache_rows, states, all_laws, root_position)
-        laws = torch.cat(all_laws)
-        draft = tree.build(self.budget, laws)
+        laws = torch.cat([q for q, _ in all_laws])
+        own = torch.cat([c for _, c in all_laws]) if self.sampling.greedy else None
+        draft = tree.build(self.budget, laws, confidence_laws=own)
         self._tokens = draft.tokens.tolist()
         self.backlog, self.conds = [], self.conds[:0]
         return draft
 
     def _block(self, tree: BucketTree, starts: list[int], cache_rows: list[int], states: list[torch.Tensor],
-               all_laws: list[torch.Tensor], root_position: int) -> list[int]:
+               all_laws: list[tuple[torch.Tensor, torch.Tensor]], root_position: int) -> list[int]:
         """One batched forward: a block of K slots at each start node; extends ``tree``."""
         net, k, dev = self.net, self.k, self.device
         s, length = len(starts), self.cache.length

@@ -1,0 +1,400 @@
+"""Live online adaptation on a stream whose domain mix shifts, and the simulator's prediction of it.
+
+1. **Stream**: *evaluation* prompts (the second half of each ``data/prompts/<domain>.jsonl``; the first
+   half calibrates traces elsewhere): ``first`` queries of the first domain (code), then ``mixed``
+   queries taking every domain in turn. Each query generates ``max_new_tokens`` tokens, greedy.
+2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``never``, ``always`` and
+   ``cost_aware_bandit`` with their default parameters) serves the same stream through
+   ``real_engine.adapt.run_stream``; updates are waited for before the next query and everything is
+   timed on the process CPU clock with one torch thread (the machine is shared; the CPU clock is what
+   the shipped cost profile uses). The drafter's tree budget equals the simulator's 16 positions.
+3. **Fit**: ``simulator.acceptance.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
+   of all three streams, with the acceptance model replayed from the ``never`` stream's iterations.
+4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
+   policy, ``seeds`` times, on the shipped CPU profile with two engine-side substitutions: drafting
+   costs the deployed tree's time (starts x blocks of the profile's own grid) at every length, and an
+   update costs the median CPU seconds the engine measured for its kind. Simulated tokens/s are then
+   scaled by one factor, measured over simulated tokens/s of the ``never`` stream (the profile times
+   random-weight trees of the whole budget; the trained drafter's trees are smaller), so the other
+   policies' speeds are predicted out of sample. Per-query means are compared with the engine's
+   (prefill is in the engine's query time, not in the simulator's).
+
+Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
+and ``.png``. Run: ``python -m experiments.adapt_live`` (``--quick`` for a one-minute smoke run).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from policies.adaptation import ACTIONS, SKIP
+from policies.errors import InputError
+from policies.io import atomic_write, write_text
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO / "data" / "models" / "target"
+DEFAULT_DRAFTER = REPO / "data" / "models" / "specblock"
+DEFAULT_PROFILE = REPO / "data" / "profiles" / "cpu_shipped.json"
+RESULTS = REPO / "benchmarks" / "results"
+POLICIES = ("never", "always", "cost_aware_bandit")
+DOMAINS = ("code", "tests", "prose", "text")
+DRAFT = {"blocks": 2, "starts": 4, "budget": 16}  # the deployed tree; budget = the simulator's positions
+MAX_PROMPT = 192  # prompt tokens kept (each prompt's last ones)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stream size, query length and simulator repetitions."""
+
+    first: int  # queries of the first domain only
+    mixed: int  # queries of the mixed phase (domains in turn)
+    max_new_tokens: int
+    sim_seeds: int
+
+
+DEFAULT_PLAN = Plan(first=12, mixed=36, max_new_tokens=48, sim_seeds=32)
+QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4)
+
+
+def log(message: str) -> None:
+    """Progress on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_stream(prompts: Mapping[str, Sequence[Sequence[int]]], first: int, mixed: int,
+                 order: Sequence[str] = DOMAINS) -> list[tuple[str, list[int]]]:
+    """``first`` prompts of ``order[0]``, then ``mixed`` taking the domains of ``order`` in turn; no
+    prompt is used twice."""
+    taken = dict.fromkeys(order, 0)
+    stream = []
+    for domain in [order[0]] * first + [order[i % len(order)] for i in range(mixed)]:
+        if taken[domain] >= len(prompts[domain]):
+            raise InputError(f"the stream needs more {domain} prompts than the {len(prompts[domain])} held "
+                             "out: shorten the stream")
+        stream.append((domain, list(prompts[domain][taken[domain]])))
+        taken[domain] += 1
+    return stream
+
+
+def serve(target: Any, drafter_dir: Path, stream: Sequence[tuple[str, list[int]]], plan: Plan, config: Any,
+          seed: int) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``) and the ``never`` stream's
+    iterations as trace rows."""
+    from policies.base import make_policy
+    from real_engine.adapt import run_stream
+    from real_engine.decode import generate
+    from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
+    from real_engine.trace import iteration_row
+
+    rows: dict[str, list[dict[str, Any]]] = {}
+    traces: list[dict[str, Any]] = []
+    counts: dict[int, int] = {}
+
+    def keep(query: int, iteration: Any) -> None:
+        counts[query] = counts.get(query, 0) + 1
+        traces.append(iteration_row(iteration, query, stream[query][0], "specblock", counts[query] - 1))
+
+    warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
+    generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
+    for kind in POLICIES:
+        drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
+
+        began = time.perf_counter()
+        rows[kind] = run_stream(target, drafter, stream, make_policy(kind, seed=seed), config=config,
+                                max_new_tokens=plan.max_new_tokens, seed=seed,
+                                on_iteration=keep if kind == "never" else None,
+                                on_query=lambda r, k=kind: log(f"{k} {r['query']:3d} {r['domain']:5s} "
+                                                               f"tau {r['tau']:.2f} {r['action']}"))
+        log(f"{kind}: {len(stream)} queries in {time.perf_counter() - began:.0f} s")
+    return rows, traces
+
+
+def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
+    """An engine stream as ``simulator.acceptance.AdaptRecord`` (domain order ``domains``)."""
+    from simulator.acceptance import AdaptRecord
+
+    share = np.zeros((len(rows), len(domains)))
+    action, fill = np.full(len(rows), SKIP), np.zeros(len(rows))
+    for i, row in enumerate(rows):
+        update = row["update"]
+        if update is not None:
+            action[i], fill[i] = ACTIONS.index(update["kind"]), update["fill"]
+            for domain, value in update["shares"].items():
+                share[i, domains.index(domain)] = value
+    column = {key: np.array([r[key] for r in rows]) for key in ("tau", "reverted", "checkpoint")}
+    domain = np.array([domains.index(r["domain"]) for r in rows])
+    return AdaptRecord(domain, column["tau"], action, fill, share, column["reverted"], column["checkpoint"])
+
+
+def update_costs(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, list[float]]:
+    """CPU seconds of every update the engine ran, by kind."""
+    costs: dict[str, list[float]] = {"head": [], "full": []}
+    for stream in rows.values():
+        for row in stream:
+            if row["update"] is not None:
+                costs[row["update"]["kind"]].append(row["update"]["cpu_seconds"])
+    return costs
+
+
+def sim_profile(profile_path: Path, costs: Mapping[str, Sequence[float]]) -> tuple[Any, dict[str, Any]]:
+    """The shipped profile with the deployed tree's drafting time at every length and the engine's
+    update costs (a kind the engine never ran keeps the profile's); also what was substituted."""
+    from simulator.costs import load_profile, profile_from_json
+
+    shipped = load_profile(profile_path)
+    data = json.loads(profile_path.read_text())
+    data.pop("fits", None)
+    draft = float(shipped.draft_seconds("specblock", starts=DRAFT["starts"], blocks=DRAFT["blocks"]))
+    data["samples"]["draft"]["specblock"] = [{"starts": 1, "blocks": b, "seconds": [draft]}
+                                             for b in range(1, 5)]
+    for kind, seconds in costs.items():
+        if seconds:
+            data["samples"]["update"][kind] = list(seconds)
+    data["derived_from"] = {
+        "source": f"{profile_path.name} and the adapt_live engine run",
+        "derivation": "specblock drafting = the profile's starts=4 x blocks=2 time at every length; "
+                      "update seconds = the engine's measured CPU seconds"}
+    profile = profile_from_json(data)
+    return profile, {"draft_seconds": draft, "update_measured": {k: len(v) for k, v in costs.items()},
+                     "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")}}
+
+
+def simulate(kind: str, stream_domains: Sequence[str], acceptance: Any, profile: Any, dynamics: Any,
+             plan: Plan, prompt_tokens: tuple[int, int], seed: int) -> dict[str, list[float]]:
+    """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of policy ``kind``."""
+    from policies.base import make_policy
+    from simulator.envs import AdaptStreamEnv
+
+    env = AdaptStreamEnv(profile=profile, acceptance=acceptance, drafter="specblock",
+                         draft_length=acceptance.cap, tokens_per_query=plan.max_new_tokens,
+                         prompt_tokens=prompt_tokens, phases=[(1, {d: 1.0}) for d in stream_domains],
+                         dynamics=dynamics)
+    q = len(stream_domains)
+    tau, tps, update, updated = (np.zeros((plan.sim_seeds, q)) for _ in range(4))
+    for s in range(plan.sim_seeds):
+        policy = make_policy(kind, seed=seed)
+        obs, _ = env.reset(seed=seed * 1000 + s)
+        for i in range(q):
+            action = policy.act(obs)
+            next_obs, reward, _, _, info = env.step(action)
+            policy.observe(obs, action, reward, info)
+            if getattr(policy, "should_revert", lambda: False)():
+                env.revert()
+                policy.acknowledge_revert()
+            if getattr(policy, "checkpoint_good", False):
+                env.checkpoint()
+            tau[s, i], tps[s, i] = info["tau"], info["tokens_per_second"]
+            update[s, i], updated[s, i] = info["update_seconds"], info["updated"]
+            obs = next_obs
+    return {"tau": tau.mean(0).tolist(), "tokens_per_second": tps.mean(0).tolist(),
+            "update_seconds": update.mean(0).tolist(), "update_rate": updated.mean(0).tolist()}
+
+
+def summary(domains: Sequence[str], tau: Sequence[float], tps: Sequence[float], update: Sequence[float],
+            tokens: Sequence[int], first: int) -> dict[str, float]:
+    """Stream figures: tokens/s with updates charged, mean tau, and tau on the shifted domains (those
+    after the first phase's) in the first and the second half of the mixed phase."""
+    seconds = [n / r for n, r in zip(tokens, tps, strict=True)]
+    mixed = len(domains) - first
+    shifted = [i for i in range(first, len(domains)) if domains[i] != domains[0]]
+    early = [tau[i] for i in shifted if i < first + mixed // 2]
+    late = [tau[i] for i in shifted if i >= first + mixed // 2]
+    return {"tokens_per_second": sum(tokens) / (sum(seconds) + sum(update)),
+            "tau": float(np.mean(tau)),
+            "shifted_tau_early": float(np.mean(early)) if early else float("nan"),
+            "shifted_tau_late": float(np.mean(late)) if late else float("nan"),
+            "update_seconds": float(sum(update))}
+
+
+def errors(measured: Sequence[float], simulated: Sequence[float]) -> dict[str, float]:
+    """Mean absolute relative error per query and the relative error of the means (sim / measured - 1)."""
+    m, s = np.asarray(measured, dtype=float), np.asarray(simulated, dtype=float)
+    return {"per_query_mape": float(np.mean(np.abs(s / m - 1.0))),
+            "mean_error": float(s.mean() / m.mean() - 1.0)}
+
+
+def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """The results table."""
+    lines = [
+        "# Live online adaptation vs the simulator (AdaptStream)",
+        "",
+        f"Stream: {config['plan']['first']} code queries, then {config['plan']['mixed']} mixed "
+        f"(domains in turn), {config['plan']['max_new_tokens']} new tokens each, greedy; SpecBlock "
+        f"drafter `{config['drafter']}` (tree: {config['draft']}); CPU clock, one torch thread. "
+        "Shifted tau: the non-code queries of the first vs the second half of the mixed phase. "
+        "Tokens/s charge update seconds.",
+        "",
+        "| policy | tokens/s | sim | tau | sim | shifted tau early -> late | sim | updates (head/full) | "
+        "update s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, entry in result["policies"].items():
+        m, s = entry["measured"], entry["simulated_summary"]
+        lines.append(
+            f"| {kind} | {m['tokens_per_second']:.1f} | {s['tokens_per_second']:.1f} | {m['tau']:.3f} | "
+            f"{s['tau']:.3f} | {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f} | "
+            f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
+            f"{entry['updates']['full']} | {m['update_seconds']:.1f} |")
+    fit = result["fit"]
+    lines += ["", "Simulator error (sim / measured - 1; per-query MAPE of the seed-averaged prediction). "
+              f"Simulated tokens/s are scaled by {result['speed_calibration']:.3f}, the ratio of measured to "
+              "simulated tokens/s on the `never` stream (the profile times random-weight trees of the full "
+              "budget); the raw column is before that scaling.", "",
+              "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean | raw tokens/s mean |",
+              "|---|---|---|---|---|---|"]
+    for kind, entry in result["policies"].items():
+        e = entry["errors"]
+        lines.append(f"| {kind} | {e['tau']['per_query_mape']:.1%} | {e['tau']['mean_error']:+.1%} | "
+                     f"{e['tokens_per_second']['per_query_mape']:.1%} | "
+                     f"{e['tokens_per_second']['mean_error']:+.1%} | "
+                     f"{e['raw_tokens_per_second']['mean_error']:+.1%} |")
+    lines += ["", "Fitted `AdaptationDynamics` (paper defaults in brackets): " + ", ".join(
+        f"{k} {fit['dynamics'][k]:.3g} [{fit['paper'][k]:.3g}]"
+        for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise")) +
+        f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).", ""]
+    return "\n".join(lines)
+
+
+def plot(result: Mapping[str, Any], path: Path, first: int) -> None:
+    """Tau and tokens/s per query, measured vs simulated, one column per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(result["policies"])
+    fig, axes = plt.subplots(2, len(kinds), figsize=(5 * len(kinds), 6.5), sharex=True, squeeze=False)
+    for col, kind in enumerate(kinds):
+        entry = result["policies"][kind]
+        rows, sim = entry["rows"], entry["simulated"]
+        x = np.arange(len(rows))
+        for ax, key, label in ((axes[0, col], "tau", "tau"), (axes[1, col], "tokens_per_second", "tokens/s")):
+            ax.plot(x, [r[key] for r in rows], "o-", ms=3, lw=1, label="engine")
+            ax.plot(x, sim[key], "-", lw=2, alpha=0.8, label="simulator (fitted)")
+            for i, r in enumerate(rows):
+                if r["update"] is not None:
+                    color = "tab:green" if r["update"]["kind"] == "head" else "tab:red"
+                    ax.axvline(i, color=color, alpha=0.15)
+            ax.axvline(first - 0.5, color="k", ls="--", lw=1)
+            ax.set_ylabel(label)
+        axes[0, col].set_title(f"{kind} (green: head, red: full update)")
+        axes[1, col].set_xlabel("query (dashed: code-only -> mixed)")
+        axes[0, col].legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+
+
+def run(model_dir: Path, drafter_dir: Path, profile_path: Path, plan: Plan, seed: int,
+        name: str) -> dict[str, Any]:
+    """The whole experiment (see the module doc); returns the saved result."""
+    import pandas as pd
+    import torch
+
+    from experiments.provenance import save_result
+    from real_engine.adapt import AdaptConfig
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts
+    from simulator.acceptance import AdaptationDynamics, TraceReplay, adaptation_tau, fit_adaptation
+
+    torch.set_num_threads(1)
+    target = load_model(model_dir)
+    tokenizer = Tokenizer.load(model_dir)
+    count = plan.first + -(-plan.mixed // len(DOMAINS))
+    held = load_prompts(DOMAINS, count, tokenizer.encode, "evaluation", MAX_PROMPT)
+    by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
+    stream = build_stream(by_domain, plan.first, plan.mixed)
+    adapt = AdaptConfig(clock="cpu", seed=seed)
+    rows, traces = serve(target, drafter_dir, stream, plan, adapt, seed)
+    acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
+    domains = list(acceptance.domains)
+    survival = acceptance.survival(acceptance.cap)
+    costs = update_costs(rows)
+    base = AdaptationDynamics(head_capacity=adapt.head_capacity, full_capacity=adapt.full_capacity)
+    records = [record_of(rows[kind], domains) for kind in POLICIES]
+    fitted = fit_adaptation(survival, records, base)
+
+    def rmse(dynamics: AdaptationDynamics) -> float:
+        residual = np.concatenate([adaptation_tau(dynamics, survival, r) - r.tau for r in records])
+        return float(np.sqrt(np.mean(residual ** 2)))
+
+    profile, substituted = sim_profile(profile_path, costs)
+    lengths = [len(tokens) for _, tokens in stream]
+    stream_domains = [d for d, _ in stream]
+    result: dict[str, Any] = {"stream": stream_domains, "policies": {},
+                              "fit": {"dynamics": asdict(fitted), "paper": asdict(AdaptationDynamics()),
+                                      "rmse_tau": rmse(fitted), "rmse_tau_paper": rmse(base)},
+                              "simulator_profile": substituted, "acceptance_domains": domains}
+    prompt_range = (min(lengths), max(lengths))
+    sims = {kind: simulate(kind, stream_domains, acceptance, profile, fitted, plan, prompt_range, seed)
+            for kind in POLICIES}
+    # One speed factor from the no-adaptation stream: the profile's step costs are for random-weight
+    # trees of the full budget, the trained drafter's are smaller; every other policy is out of sample.
+    scale = float(np.mean([r["tokens_per_second"] for r in rows["never"]])
+                  / np.mean(sims["never"]["tokens_per_second"]))
+    result["speed_calibration"] = scale
+    for kind in POLICIES:
+        sim = sims[kind]
+        sim["raw_tokens_per_second"] = sim["tokens_per_second"]
+        sim["tokens_per_second"] = [scale * v for v in sim["raw_tokens_per_second"]]
+        column = {key: [r[key] for r in rows[kind]]
+                  for key in ("tau", "tokens_per_second", "update_seconds", "new_tokens")}
+        measured = summary(stream_domains, column["tau"], column["tokens_per_second"],
+                           column["update_seconds"], column["new_tokens"], plan.first)
+        simulated = summary(stream_domains, sim["tau"], sim["tokens_per_second"], sim["update_seconds"],
+                            [plan.max_new_tokens] * len(stream), plan.first)
+        kinds = [r["update"]["kind"] for r in rows[kind] if r["update"] is not None]
+        result["policies"][kind] = {
+            "rows": rows[kind], "simulated": sim, "measured": measured, "simulated_summary": simulated,
+            "updates": {k: kinds.count(k) for k in ("head", "full")},
+            "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")}}
+        result["policies"][kind]["errors"]["raw_tokens_per_second"] = errors(
+            column["tokens_per_second"], sim["raw_tokens_per_second"])
+    config = {"plan": asdict(plan), "model": str(model_dir), "drafter": str(drafter_dir), "draft": DRAFT,
+              "profile": str(profile_path), "max_prompt_tokens": MAX_PROMPT, "policies": list(POLICIES),
+              "adapt": asdict(adapt),
+              "clock": "cpu (process seconds, one torch thread)"}
+    save_result(name, result, config, seed)
+    write_text(RESULTS / f"{name}.md", markdown(result, config))
+    plot(result, RESULTS / f"{name}.png", plan.first)
+    return result
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+              show_default=True, help="Target model folder.")
+@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFTER,
+              show_default=True, help="SpecBlock drafter folder (save_specblock).")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=DEFAULT_PROFILE,
+              show_default=True, help="CPU cost profile the simulator starts from.")
+@click.option("--quick", is_flag=True, help="A one-minute smoke run (12 short queries, 4 simulated streams).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--name", default=None, help="Result file name [adapt_live; adapt_live_quick with --quick].")
+def main(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, seed: int,
+         name: str | None) -> None:
+    """Run the live adaptation experiment and write benchmarks/results/<name>.{json,md,png}."""
+    name = name or ("adapt_live_quick" if quick else "adapt_live")
+    try:
+        result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name)
+    except InputError as err:
+        raise click.UsageError(str(err)) from None
+    for kind, entry in result["policies"].items():
+        m, s = entry["measured"], entry["simulated_summary"]
+        log(f"{kind}: {m['tokens_per_second']:.1f} tok/s (sim {s['tokens_per_second']:.1f}), "
+            f"tau {m['tau']:.3f} (sim {s['tau']:.3f}), "
+            f"shifted {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f}")
+    log(f"wrote {RESULTS / name}.json, .md, .png")
+
+
+if __name__ == "__main__":
+    main()

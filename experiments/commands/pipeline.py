@@ -1,0 +1,107 @@
+"""`specblock pipeline`: the main job, from measuring the engine to a simulated-versus-measured report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from policies.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent.parent
+RUNS = REPO / "runs" / "pipeline"
+
+
+def _latest() -> Path:
+    runs = sorted(p for p in RUNS.glob("*") if (p / "run.json").is_file()) if RUNS.is_dir() else []
+    if not runs:
+        raise InputError(f"no pipeline run under {RUNS} to resume: give --out DIR or drop --resume")
+    return runs[-1]
+
+
+@click.command("pipeline")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Run folder [default: runs/pipeline/<date-time>; with --resume, the latest one].",
+)
+@click.option("--quick", is_flag=True, help="Small sizes: the whole loop in a few minutes on 2 CPU cores.")
+@click.option("--resume", is_flag=True, help="Continue the run in --out, skipping its finished steps.")
+@click.option(
+    "--address", default=None, help="A running Ray cluster for the tuning step [default: local Ray]."
+)
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(path_type=Path),
+    default=REPO / "data" / "models" / "target",
+    show_default=True,
+    help="Target model folder.",
+)
+@click.option(
+    "--draft-model",
+    "draft_dir",
+    type=click.Path(path_type=Path),
+    default=REPO / "data" / "models" / "draft",
+    show_default=True,
+    help="Draft model folder.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (run_dir, seconds, policies, fidelity_error, ...) on stdout.",
+)
+def command(
+    out: Path | None,
+    quick: bool,
+    resume: bool,
+    address: str | None,
+    model_dir: Path,
+    draft_dir: Path,
+    as_json: bool,
+) -> None:
+    """Profile, trace, simulate, tune, deploy and report, into one run folder."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from experiments.pipeline import FULL, QUICK, STEPS, run_pipeline
+
+    if out is None:
+        out = _latest() if resume else RUNS / time.strftime("%Y%m%d-%H%M%S")
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("[bold]pipeline[/]"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("steps", total=len(STEPS))
+        result = run_pipeline(
+            out,
+            QUICK if quick else FULL,
+            resume=resume,
+            model_dir=model_dir,
+            draft_dir=draft_dir,
+            address=address,
+            log=lambda line: console.log(line),
+            advance=lambda _: progress.advance(task),
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    click.echo(f"run folder: {result['run_dir']} ({result['seconds']:.0f} s)")
+    click.echo(f"{'policy':>22} {'measured':>10} {'simulated':>10} {'error':>8}")
+    for name, row in sorted(result["policies"].items(), key=lambda kv: -kv[1]["measured_tokens_per_second"]):
+        click.echo(
+            f"{name:>22} {row['measured_tokens_per_second']:10.1f} "
+            f"{row['predicted_tokens_per_second']:10.1f} "
+            f"{row['error']:+8.1%}"
+        )
+    click.echo(f"fidelity error (median |simulated/measured - 1|): {result['fidelity_error']:.1%}")
+    click.echo(f"report: {result['report']}")

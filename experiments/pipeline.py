@@ -1,0 +1,533 @@
+"""The main job, `specblock pipeline`: measure the engine, build the simulator, tune policies in it,
+deploy them in the engine, and report how well the simulator predicted what the engine did.
+
+Seven steps, each writing into one run folder (``--resume`` skips the finished ones, recorded in
+``run.json`` with the plan they ran under):
+
+1. ``models``   load the target, the draft model and the tokenizer -> ``models.json``
+2. ``profile``  measure this machine's costs -> ``cost_profile.json``
+3. ``traces``   decode calibration prompts with the draft-model chain -> ``traces.parquet``
+4. ``simulate`` the baseline length policies in the simulator -> ``simulate.json``
+5. ``tune``     Ray Tune over the length policies (and, unless quick, the adaptation policies) ->
+                ``tune/<task>/`` with ``best_<kind>.json`` policy files, copied to ``policies/``
+6. ``deploy``   every policy file in the live engine on held-out prompts (round-robin prompt by
+                prompt, steady-state throughput on the profile's clock) beside the simulator's
+                prediction for the same prompts -> ``deploy.json``
+7. ``report``   ``report.md`` and ``report.png``: predicted against measured tokens/s per policy, the
+                fidelity error (median absolute relative error), the tuned policies, the LP table
+
+The engine and the simulator see the same observations (``policies.features``) and the same cost
+profile, so a policy file behaves the same way in both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from policies.errors import InputError
+from policies.io import write_json, write_text
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "data" / "models"
+STEPS = ("models", "profile", "traces", "simulate", "tune", "deploy", "report")
+DRAFTER = "draft-model"
+LENGTH_KINDS = ("fixed", "threshold", "heuristic", "libraspec")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one pipeline run (``QUICK`` fits in a few minutes on 2 CPU cores)."""
+
+    quick: bool
+    domains: tuple[str, ...] = ("code", "tests", "prose", "text")
+    depth: int = 6  # the draft-model chain the engine drafts each iteration
+    calibration: int = 6  # calibration prompts per domain (traces)
+    evaluation: int = 6  # held-out prompts per domain (deployment)
+    max_new_tokens: int = 96
+    prompt_tokens: int = 256  # each prompt's last tokens
+    tune_samples: int = 12  # configurations per policy kind
+    tune_queries: int = 256
+    sim_queries: int = 512  # simulated queries per prediction
+    adapt: bool = True  # also tune the adaptation policies
+    clock: str = "cpu"  # the profile's and the deployment's clock (process CPU time on one thread)
+    seed: int = 0
+
+
+FULL = Plan(quick=False)
+QUICK = Plan(
+    quick=True,
+    calibration=3,
+    evaluation=2,
+    max_new_tokens=48,
+    prompt_tokens=128,
+    tune_samples=4,
+    tune_queries=64,
+    sim_queries=128,
+    adapt=False,
+)
+
+
+@dataclass
+class Run:
+    """The run folder, its plan and what the steps share in memory."""
+
+    out: Path
+    plan: Plan
+    model_dir: Path
+    draft_dir: Path
+    address: str | None = None
+    log: Callable[[str], None] = lambda _: None
+    loaded: dict[str, Any] | None = None
+
+    def path(self, name: str) -> Path:
+        """A file of the run folder."""
+        return self.out / name
+
+    def models(self) -> dict[str, Any]:
+        """The target, the draft model and the tokenizer, loaded once (on one torch thread for the CPU
+        clock, so measurements do not depend on how busy the other core is)."""
+        if self.loaded is None:
+            import torch
+
+            from real_engine.model import load_model
+            from real_engine.tokenizer import Tokenizer
+
+            if self.plan.clock == "cpu":
+                torch.set_num_threads(1)
+            target = load_model(self.model_dir)
+            self.loaded = {
+                "target": target,
+                "draft": load_model(self.draft_dir),
+                "tokenizer": Tokenizer.load(self.model_dir, target.args.vocab_size, target.args.eos_token_id),
+            }
+        return self.loaded
+
+    def prompts(self, part: str) -> list[Any]:
+        """The plan's calibration or evaluation prompts, domains interleaved."""
+        from real_engine.trace import load_prompts
+
+        count = self.plan.calibration if part == "calibration" else self.plan.evaluation
+        return load_prompts(
+            self.plan.domains,
+            count,
+            self.models()["tokenizer"].encode,
+            part,
+            max_tokens=self.plan.prompt_tokens,
+        )
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def step_models(run: Run) -> dict[str, Any]:
+    """Load the models and record what they are."""
+    from real_engine.drafter_data import target_fingerprint
+    from real_engine.profile import model_name
+
+    m = run.models()
+    info = {
+        "target": model_name(m["target"], run.model_dir),
+        "target_dir": str(run.model_dir),
+        "target_fingerprint": target_fingerprint(m["target"]),
+        "draft": model_name(m["draft"], run.draft_dir),
+        "draft_dir": str(run.draft_dir),
+    }
+    write_json(run.path("models.json"), info)
+    return info
+
+
+def step_profile(run: Run) -> dict[str, Any]:
+    """Measure the cost profile of the target and the draft model on this machine."""
+    from real_engine import profile as prof
+
+    m, plan = run.models(), run.plan
+    grid = (
+        replace(
+            prof.QUICK,
+            nodes=(1, 2, 4, 7, 12, 17),
+            contexts=(64, 256),
+            draft_tokens=tuple(range(1, plan.depth + 1)),
+            draft_context=128,
+        )
+        if plan.quick
+        else prof.FULL
+    )
+    data = prof.measure(
+        m["target"],
+        target_name=prof.model_name(m["target"], run.model_dir),
+        draft=m["draft"],
+        draft_name=prof.model_name(m["draft"], run.draft_dir),
+        grid=grid,
+        feature=not plan.quick,
+        threads=1 if plan.clock == "cpu" else None,
+        clock_kind=plan.clock,
+        seed=plan.seed,
+    )
+    prof.save(data, run.path("cost_profile.json"))
+    return prof.summary(data)
+
+
+def step_traces(run: Run) -> dict[str, Any]:
+    """Record the calibration traces of the draft-model chain."""
+    from real_engine.decode import make_drafter
+    from real_engine.trace import record
+    from simulator.traces import save_traces
+
+    m, plan = run.models(), run.plan
+    prompts = run.prompts("calibration")
+    rec = record(
+        m["target"],
+        prompts,
+        lambda: make_drafter(DRAFTER, m["target"], m["draft"], depth=plan.depth),
+        DRAFTER,
+        max_new_tokens=plan.max_new_tokens,
+        eos_id=None,
+        seed=plan.seed,
+    )
+    save_traces(rec.traces, run.path("traces.parquet"))
+    return {
+        "queries": len(prompts),
+        "iterations": len(rec.traces),
+        "tau": sum(s.new_tokens for s in rec.stats) / sum(s.iterations for s in rec.stats),
+    }
+
+
+def _predict(run: Run, policy: Any) -> dict[str, float]:
+    """The simulator's tokens/s and tau for ``policy`` on prompts like the evaluation set."""
+    from experiments.fidelity import Config, simulate
+    from simulator.costs import load_profile
+    from simulator.traces import load_traces
+
+    plan = run.plan
+    config = Config("policy", DRAFTER if policy is not None else "none", "", 0)
+    return simulate(
+        load_profile(run.path("cost_profile.json")),
+        load_traces(run.path("traces.parquet")),
+        config,
+        run.prompts("evaluation"),
+        plan.max_new_tokens,
+        plan.sim_queries,
+        plan.seed,
+        policy=policy,
+    )
+
+
+def _baselines(plan: Plan) -> dict[str, dict[str, Any]]:
+    """The untuned policies every run reports: fixed lengths and the kinds' defaults."""
+    lengths = (plan.depth // 2, plan.depth) if plan.quick else (1, 2, plan.depth // 2, plan.depth)
+    out = {f"fixed-{n}": {"kind": "fixed", "params": {"length": n}} for n in sorted(set(lengths))}
+    kinds = ("libraspec",) if plan.quick else ("threshold", "heuristic", "libraspec")
+    out.update({kind: {"kind": kind, "params": {}} for kind in kinds})
+    return out
+
+
+def step_simulate(run: Run) -> dict[str, Any]:
+    """Simulate vanilla and the baseline policies."""
+    from policies import make_policy
+
+    rows = {"vanilla": _predict(run, None)}
+    for name, spec in _baselines(run.plan).items():
+        rows[name] = _predict(run, make_policy(spec["kind"], spec["params"]))
+    write_json(run.path("simulate.json"), rows)
+    return {name: round(row["tokens_per_second"], 1) for name, row in rows.items()}
+
+
+def step_tune(run: Run) -> dict[str, Any]:
+    """Tune the length policies (and the adaptation ones) with Ray Tune; export the best of each kind."""
+    from experiments.tune import make_setting, tune_policies
+
+    plan = run.plan
+    tasks = [("length", LENGTH_KINDS, run.path("cost_profile.json"), run.path("traces.parquet"))]
+    if plan.adapt:
+        tasks.append(("adapt", (), run.path("cost_profile.json"), None))
+    summary: dict[str, Any] = {}
+    (run.out / "policies").mkdir(exist_ok=True)
+    for task, kinds, profile, traces in tasks:
+        setting = make_setting(
+            task,
+            profile,
+            traces,
+            queries=plan.tune_queries if task == "length" else None,
+            seed=plan.seed,
+            drafter=DRAFTER,
+        )
+        folder = run.out / "tune" / task
+        if folder.exists():  # an interrupted study of an unfinished step: start it over
+            shutil.rmtree(folder)
+        result = tune_policies(
+            setting, kinds, plan.tune_samples, folder, address=run.address, progress=run.log
+        )
+        for kind in result.best_by_kind:
+            shutil.copyfile(folder / f"best_{kind}.json", run.out / "policies" / f"tuned-{kind}.json")
+        summary[task] = {
+            "trials": len(result.table),
+            "best": result.best,
+            "seconds": round(result.seconds, 1),
+        }
+    return summary
+
+
+def _policies(run: Run) -> dict[str, Any]:
+    """Every deployed policy by name: the tuned files and the baselines."""
+    from policies import load_policy, make_policy
+    from real_engine.speculate import is_length_policy
+
+    out = {name: make_policy(spec["kind"], spec["params"]) for name, spec in _baselines(run.plan).items()}
+    for path in sorted((run.out / "policies").glob("*.json")):
+        policy = load_policy(path, seed=run.plan.seed)
+        if is_length_policy(policy):
+            out[path.stem] = policy
+    return out
+
+
+def step_deploy(run: Run) -> dict[str, Any]:
+    """Measure every policy in the live engine beside the simulator's prediction."""
+    from experiments.fidelity import StepClock, steady_state
+    from policies import policy_from_dict, policy_to_dict
+    from real_engine.decode import generate, make_drafter
+    from real_engine.speculate import LengthControlled
+    from simulator.costs import load_profile
+
+    m, plan = run.models(), run.plan
+    profile = load_profile(run.path("cost_profile.json"))
+    policies = _policies(run)
+    prompts = run.prompts("evaluation")
+    clocks: dict[str, list[StepClock]] = {name: [] for name in ["vanilla", *policies]}
+    for i, prompt in enumerate(prompts):
+        run.log(f"deploy: prompt {i + 1}/{len(prompts)}, {len(clocks)} policies")
+        for name in clocks:
+            drafter = None
+            if name != "vanilla":
+                fresh = policy_from_dict(policy_to_dict(policies[name]), seed=plan.seed + i)
+                drafter = LengthControlled(
+                    make_drafter(DRAFTER, m["target"], m["draft"], depth=plan.depth), fresh, profile, DRAFTER
+                )
+            clocks[name].append(StepClock())
+            generate(
+                m["target"],
+                list(prompt.tokens),
+                drafter=drafter,
+                max_new_tokens=plan.max_new_tokens,
+                seed=plan.seed + i,
+                on_tokens=clocks[name][-1],
+            )
+    rows = {}
+    for name, clock_list in clocks.items():
+        measured = steady_state(clock_list)
+        predicted = _predict(run, policies.get(name))
+        real = measured[plan.clock]["tokens_per_second"]
+        rows[name] = {
+            "policy": policy_to_dict(policies[name]) if name in policies else None,
+            "measured_tokens_per_second": real,
+            "measured_tau": measured["tau"],
+            "predicted_tokens_per_second": predicted["tokens_per_second"],
+            "predicted_tau": predicted["tau"],
+            "error": predicted["tokens_per_second"] / real - 1.0,
+            "measured": measured,
+        }
+    base = rows["vanilla"]
+    for row in rows.values():
+        row["measured_speedup"] = row["measured_tokens_per_second"] / base["measured_tokens_per_second"]
+        row["predicted_speedup"] = row["predicted_tokens_per_second"] / base["predicted_tokens_per_second"]
+    result = {
+        "clock": plan.clock,
+        "prompts": len(prompts),
+        "policies": rows,
+        "fidelity_error": statistics.median(abs(r["error"]) for r in rows.values()),
+    }
+    write_json(run.path("deploy.json"), result)
+    return {
+        "fidelity_error": round(result["fidelity_error"], 4),
+        "best_measured": max(rows, key=lambda n: rows[n]["measured_tokens_per_second"]),
+    }
+
+
+def lp_table(quick: bool, seed: int = 0) -> list[dict[str, Any]]:
+    """The LP bound beside every verifier on a few small random instances (expected accepted tokens)."""
+    import numpy as np
+
+    from experiments.commands.lp import evaluate_verifiers
+    from simulator.instances import random_instance
+
+    rows = []
+    for length, drafts in ((2, 1), (2, 2)) if quick else ((2, 1), (3, 1), (2, 2), (3, 2)):
+        rng = np.random.default_rng(seed)
+        cells = [
+            evaluate_verifiers(random_instance(3, length, rng, "mix"), drafts)
+            for _ in range(2 if quick else 4)
+        ]
+        rows.append(
+            {
+                "vocab": 3,
+                "length": length,
+                "drafts": drafts,
+                **{k: float(np.mean([c[k] for c in cells])) for k in cells[0] if k != "seconds"},
+            }
+        )
+    return rows
+
+
+def step_report(run: Run) -> dict[str, Any]:
+    """Write report.md, report.png and lp.json from the other steps' files."""
+    deploy = json.loads(run.path("deploy.json").read_text())
+    lp = lp_table(run.plan.quick, run.plan.seed)
+    write_json(run.path("lp.json"), lp)
+    rows = deploy["policies"]
+    lines = [
+        "# specblock pipeline report",
+        "",
+        f"Run folder `{run.out}`; clock `{deploy['clock']}`; {deploy['prompts']} held-out prompts; "
+        f"fidelity error (median |predicted / measured - 1| of tokens/s) **{deploy['fidelity_error']:.1%}**.",
+        "",
+        "| policy | measured tok/s | predicted tok/s | error | measured speedup | predicted speedup |"
+        " measured tau | predicted tau |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["measured_tokens_per_second"]):
+        lines.append(
+            f"| {name} | {r['measured_tokens_per_second']:.1f} | {r['predicted_tokens_per_second']:.1f} "
+            f"| {r['error']:+.1%} | {r['measured_speedup']:.3f} | {r['predicted_speedup']:.3f} "
+            f"| {r['measured_tau']:.2f} | {r['predicted_tau']:.2f} |"
+        )
+    lines += ["", "## Tuned policies", ""]
+    for path in sorted((run.out / "policies").glob("*.json")):
+        lines.append(f"- `{path.name}`: `{path.read_text().strip()}`")
+    lines += [
+        "",
+        "## Verification LP (expected accepted draft tokens, vocabulary 3, mean of random instances)",
+        "",
+        "| length | drafts | LP bound | token | BV | RRS | SeqBV | GBV |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in lp:
+        lines.append(
+            f"| {r['length']} | {r['drafts']} | {r['lp']:.3f} | {r['token']:.3f} | {r['bv']:.3f} "
+            f"| {r['rrs']:.3f} | {r['seqbv']:.3f} | {r['gbv']:.3f} |"
+        )
+    write_text(run.path("report.md"), "\n".join(lines) + "\n")
+    _plot(rows, run.path("report.png"))
+    return {"report": str(run.path("report.md"))}
+
+
+def _plot(rows: dict[str, Any], path: Path) -> None:
+    """Predicted against measured tokens/s, one bar pair per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from policies.io import atomic_write
+
+    names = sorted(rows, key=lambda n: rows[n]["measured_tokens_per_second"])
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.5))
+    y = range(len(names))
+    ax.barh(
+        [i - 0.2 for i in y], [rows[n]["measured_tokens_per_second"] for n in names], 0.4, label="measured"
+    )
+    ax.barh(
+        [i + 0.2 for i in y], [rows[n]["predicted_tokens_per_second"] for n in names], 0.4, label="simulated"
+    )
+    ax.set_yticks(list(y), names)
+    ax.set_xlabel("tokens / s")
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+STEP_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
+    "models": step_models,
+    "profile": step_profile,
+    "traces": step_traces,
+    "simulate": step_simulate,
+    "tune": step_tune,
+    "deploy": step_deploy,
+    "report": step_report,
+}
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _check_models(model_dir: Path, draft_dir: Path) -> None:
+    for folder, kind in ((model_dir, "target"), (draft_dir, "draft-model")):
+        if not (folder / "config.json").is_file():
+            raise InputError(
+                f"{folder} is not a model folder (no config.json): train one with "
+                f"`specblock train {kind}` or point to one"
+            )
+
+
+def _state(out: Path, plan: Plan, resume: bool) -> dict[str, Any]:
+    """The run record: new, or the resumed one after checking it was made with the same plan."""
+    record = out / "run.json"
+    if not resume:
+        if out.exists() and any(out.iterdir()):
+            raise InputError(
+                f"{out} is not empty: pass --resume to continue that run, or choose another --out"
+            )
+        return {"plan": asdict(plan), "steps": {}}
+    if not record.exists():
+        raise InputError(f"no pipeline run in {out} to resume: drop --resume to start one there")
+    state = json.loads(record.read_text())
+    if state.get("plan") != json.loads(json.dumps(asdict(plan))):
+        raise InputError(
+            f"{out} was run with another plan (see its run.json): resume with the same "
+            "options (--quick or not), or choose another --out"
+        )
+    return state
+
+
+def run_pipeline(
+    out: Path,
+    plan: Plan = QUICK,
+    *,
+    resume: bool = False,
+    model_dir: Path = MODELS / "target",
+    draft_dir: Path = MODELS / "draft",
+    address: str | None = None,
+    log: Callable[[str], None] = lambda _: None,
+    advance: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Run (or resume) every step into ``out``; return the summary that ``--json`` prints."""
+    _check_models(model_dir, draft_dir)
+    out = Path(out).resolve()
+    state = _state(out, plan, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    run = Run(out, plan, Path(model_dir), Path(draft_dir), address, log)
+    start = time.perf_counter()
+    for name in STEPS:
+        if name in state["steps"]:
+            log(f"{name}: done before, skipped")
+            advance(name)
+            continue
+        log(f"{name} ...")
+        t0 = time.perf_counter()
+        summary = STEP_FUNCTIONS[name](run)
+        state["steps"][name] = {"seconds": round(time.perf_counter() - t0, 2), "summary": summary}
+        write_json(out / "run.json", state)
+        log(f"{name}: {state['steps'][name]['seconds']:.1f} s {json.dumps(summary)[:160]}")
+        advance(name)
+    deploy = json.loads(run.path("deploy.json").read_text())
+    return {
+        "run_dir": str(out),
+        "seconds": round(time.perf_counter() - start, 2),
+        "steps": {k: v["seconds"] for k, v in state["steps"].items()},
+        "policies": {
+            name: {
+                "predicted_tokens_per_second": r["predicted_tokens_per_second"],
+                "measured_tokens_per_second": r["measured_tokens_per_second"],
+                "error": r["error"],
+            }
+            for name, r in deploy["policies"].items()
+        },
+        "fidelity_error": deploy["fidelity_error"],
+        "report": str(run.path("report.md")),
+    }

@@ -1,0 +1,84 @@
+"""The shipped recipes of the feature drafters, as ``specblock train specblock|eagle|medusa`` runs them.
+
+From a target folder: ``sequences`` windows of ``seq_len`` tokens drawn (seeded) from the training
+split of the corpus domains the target learnt, the target's rows for them cached under
+``data_dir/<target fingerprint>`` (shared by the three drafters, resumable), then training. Medusa
+also calibrates its heads on ``heldout`` windows of the corpus's held-out split, to choose its static
+tree. The settings are those of the shipped drafters in ``data/models/<kind>``; ``overrides``
+replaces any optimization field (``steps``, ``lr``, ``batch_size`` ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from policies.errors import InputError
+from real_engine.drafter_data import DrafterData, corpus_windows, prepare_drafter_data, target_fingerprint
+from real_engine.model import Transformer, load_model
+from real_engine.train_baselines import BaselineConfig, train_eagle, train_medusa
+from real_engine.train_specblock import TrainConfig, train_from_corpus
+
+KINDS = ("specblock", "eagle", "medusa")
+DOMAINS = ("code", "tests", "prose", "text")
+DATA_DIR = Path("runs") / "drafter-data"
+RECIPES: dict[str, TrainConfig | BaselineConfig] = {
+    "specblock": TrainConfig(steps=240, batch_size=4, lr=2e-3, starts=48, checkpoint_every=20),
+    "eagle": BaselineConfig(steps=250, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
+    "medusa": BaselineConfig(steps=400, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
+}
+EAGLE_UNROLL = 3  # training-time-test steps
+MEDUSA_HEADS, MEDUSA_TREE = 4, 24  # heads and static-tree nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class DataRecipe:
+    """The target rows the drafters learn from: corpus windows and the target's top-k log-probabilities."""
+
+    sequences: int = 640
+    seq_len: int = 256
+    top_k: int = 32
+    heldout: int = 32  # Medusa's calibration windows, spread over the domains
+
+
+def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split: str = "train", seed: int = 0,
+                 progress: bool = True) -> DrafterData:
+    """The target's rows for the recipe's training windows (``split="train"``, drawn with ``seed``) or
+    its held-out ones, cached under ``data_dir`` (the folder ``train_from_corpus`` uses)."""
+    folder = Path(data_dir) / target_fingerprint(target)[:12]
+    if split == "train":
+        windows = corpus_windows(DOMAINS, recipe.seq_len, recipe.sequences, seed)
+    else:
+        from real_engine.train import heldout_windows
+
+        per_domain = heldout_windows(recipe.seq_len - 1, -(-recipe.heldout // len(DOMAINS)))
+        windows = torch.cat([per_domain[d] for d in DOMAINS])[:recipe.heldout]
+        folder = folder.with_name(f"{folder.name}-heldout")
+    return prepare_drafter_data(target, windows, folder, top_k=recipe.top_k, progress=progress)
+
+
+def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: str | Path, *,
+                  data_dir: str | Path = DATA_DIR, recipe: DataRecipe = DataRecipe(),
+                  overrides: dict[str, Any] | None = None, resume: bool = False, minutes: float | None = None,
+                  progress: bool = True) -> dict[str, Any]:
+    """Train the ``kind`` drafter for the target in ``target_dir`` into ``out`` (checkpoints in
+    ``run_dir``; ``minutes`` caps this call, ``resume`` continues); returns its training record."""
+    if kind not in KINDS:
+        raise InputError(f"unknown drafter kind {kind!r}: use one of {', '.join(KINDS)}")
+    config = dataclasses.replace(RECIPES[kind], **(overrides or {}))
+    if kind == "specblock":
+        return train_from_corpus(target_dir, out, run_dir, data_dir, sequences=recipe.sequences,
+                                 seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
+                                 resume=resume, minutes=minutes, progress=progress)
+    target = load_model(target_dir)
+    data = prepare_data(target, recipe, Path(data_dir), seed=config.seed, progress=progress)
+    if kind == "eagle":
+        return train_eagle(target, data, out, config=config, unroll=EAGLE_UNROLL, checkpoint=run_dir,
+                           resume=resume, minutes=minutes, progress=progress)
+    heldout = prepare_data(target, recipe, Path(data_dir), "heldout", progress=progress)
+    return train_medusa(target, data, heldout, out, config=config, heads=MEDUSA_HEADS, own_heads=False,
+                        tree_budget=MEDUSA_TREE, checkpoint=run_dir, resume=resume, minutes=minutes,
+                        progress=progress)

@@ -1,0 +1,164 @@
+"""Length policies in the live engine: a policy chooses how much of each draft the target verifies.
+
+``LengthControlled`` wraps any drafter. A drafter that drafts token by token (one with a
+``keep_drafting`` hook, as the draft model's chain has) asks before each further token whether the
+policy would verify it were it certain, so the chain ends where the policy stops, as in the
+simulator; any other drafter drafts as it is configured. Then the drafted nodes are ranked by path
+confidence (the product of the drafter's confidences along the path); the observation is built by
+``policies.features.length_features`` with the iteration times ``T(0..cap)`` of the same cost
+profile the simulator uses, so a policy sees exactly the features it was tuned on; the policy's
+``n`` keeps the ``n`` most confident nodes (an ancestor-closed subtree, since a child's path
+confidence never exceeds its parent's) and the target verifies that subtree. Trimming depends only
+on the draft's laws, never on the target or on a sampled token's own probability, so verification
+stays lossless (enumerated exactly in the tests: token-level and block verification on trimmed
+sampled chains, RRS on trimmed top-k trees; greedy on any tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from policies import length as length_policies
+from policies.base import Policy
+from policies.errors import InputError
+from policies.features import LENGTH_CAP, length_features, tree_confidences
+from real_engine.drafters.base import Drafter, clock
+from real_engine.model import Output
+from real_engine.tree import DraftTree
+from real_engine.warp import Sampling
+from simulator.costs import CostProfile
+
+
+def node_confidences(tree: DraftTree, greedy: bool = True) -> np.ndarray:
+    """[N] float64: each node's drafter confidence given its parent (root 1.0).
+
+    At temperature 0, or for deterministic (top-k) candidates, it is the drafter's probability of the
+    node's token. For sampled children it is the largest probability of the parent's law instead: a
+    trimming rule that read the sampled token's own probability would change the law of the draft it
+    keeps, and the verifier, which assumes draws from ``q``, would no longer be lossless.
+    """
+    out = np.ones(tree.size)
+    if tree.size == 1:
+        return out
+    sampled = not greedy and tree.child_rule != "topk"
+    conf = getattr(tree, "confidence", None)
+    if conf is not None and not sampled:
+        return np.clip(conf.double().cpu().numpy(), 0.0, 1.0)
+    if tree.q is not None:
+        rows = tree.q[tree.parents[1:].to(tree.q.device)]
+        picked = (
+            rows.max(-1).values if sampled else rows.gather(-1, tree.tokens[1:, None].to(rows.device))[:, 0]
+        )
+        out[1:] = picked.double().cpu().numpy()
+    return np.clip(out, 0.0, 1.0)
+
+
+def ranked_nodes(tree: DraftTree, greedy: bool = True) -> tuple[list[int], np.ndarray]:
+    """Non-root nodes by decreasing path confidence (ties: shallower, then earlier), and those products.
+
+    Every node comes after its parent in this order, so any prefix of it is an ancestor-closed set.
+    """
+    conf = node_confidences(tree, greedy)
+    parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    products = np.ones(tree.size)
+    for i in range(1, tree.size):
+        products[i] = products[parents[i]] * conf[i]
+    order = sorted(range(1, tree.size), key=lambda i: (-products[i], depths[i], i))
+    return order, products[order]
+
+
+def subtree(tree: DraftTree, nodes: Sequence[int]) -> tuple[DraftTree, list[int]]:
+    """The tree of the root and ``nodes`` (ancestor-closed), in the original order, and for each of
+    its nodes the original index."""
+    keep = [0, *sorted(set(nodes) - {0})]
+    index = {old: new for new, old in enumerate(keep)}
+    parents = tree.parents.tolist()
+    if any(parents[n] not in index for n in keep[1:]):
+        raise InputError("a subtree must hold every kept node's parent: keep an ancestor-closed set")
+    rows = torch.tensor(keep, device=tree.tokens.device)
+    new_parents = torch.tensor([-1, *(index[parents[n]] for n in keep[1:])], device=tree.tokens.device)
+
+    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[rows.to(x.device)]
+
+    extra = {
+        name: pick(getattr(tree, name)) for name in ("confidence", "rank_buckets") if hasattr(tree, name)
+    }
+    return DraftTree(tree.tokens[rows], new_parents, pick(tree.q), tree.child_rule, **extra), keep
+
+
+def is_length_policy(policy: Policy) -> bool:
+    """Whether ``policy`` chooses speculation lengths (else it decides drafter updates)."""
+    return type(policy).__module__ == length_policies.__name__
+
+
+class LengthControlled:
+    """A drafter whose proposals a length policy trims before verification (see the module doc).
+
+    ``kind`` names the drafter in the cost profile (``ngram``, ``draft-model``, ``specblock``, ...).
+    ``decisions`` records, per iteration, the nodes drafted and the ``n`` the policy chose.
+    """
+
+    def __init__(self, drafter: Drafter, policy: Policy, profile: CostProfile, kind: str) -> None:
+        if not is_length_policy(policy):
+            raise InputError(
+                f"policy kind {policy.kind!r} decides drafter updates, not speculation length: "
+                "deploy it on a query stream (`specblock bench --policy` or the pipeline)"
+            )
+        profile.step_seconds(kind, [0, 1], 0.0)  # fails early, with the fix, if the profile lacks the drafter
+        self.drafter, self.policy, self.profile, self.kind = drafter, policy, profile, kind
+        self.decisions: list[tuple[int, int]] = []
+        if hasattr(drafter, "keep_drafting"):
+            drafter.keep_drafting = self.keep_drafting
+
+    @property
+    def model_seconds(self) -> float:
+        """The wrapped drafter's model time."""
+        return self.drafter.model_seconds
+
+    def begin(
+        self,
+        prompt: torch.Tensor,
+        target: Output,
+        sampling: Sampling,
+        generator: torch.Generator,
+        max_length: int,
+    ) -> None:
+        """Start the wrapped drafter and a fresh episode of the policy (one query, as in the simulator);
+        the context is every prompt token but the root."""
+        self.drafter.begin(prompt, target, sampling, generator, max_length)
+        self.policy.reset()
+        self.greedy = sampling.greedy
+        self.context = prompt.numel() - 1
+        self.device = prompt.device
+
+    def keep_drafting(self, confidences: Sequence[float]) -> bool:
+        """Whether the policy would verify more than the chain drafted so far, were the next token certain."""
+        if len(confidences) >= LENGTH_CAP:
+            return False
+        obs = length_features(np.array([*confidences, 1.0]), self.context, self.steps)
+        return int(self.policy.act(obs)) > len(confidences)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """Draft, let the policy choose n from the length features, keep the n most confident nodes."""
+        self.start = clock(self.device)
+        self.steps = self.profile.step_seconds(self.kind, range(LENGTH_CAP + 1), float(self.context))
+        tree = self.drafter.propose(max_depth)
+        order, products = ranked_nodes(tree, self.greedy)
+        self.obs = length_features(tree_confidences(products[:LENGTH_CAP]), self.context, self.steps)
+        self.n = min(int(self.policy.act(self.obs)), len(order), LENGTH_CAP)
+        self.decisions.append((len(order), self.n))
+        pruned, self.original = subtree(tree, order[: self.n])
+        return pruned
+
+    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
+        """Pass the accepted nodes (in the drafter's numbering) on; show the policy the outcome."""
+        self.drafter.accept([self.original[i] for i in path], token, target)
+        seconds = clock(self.device) - self.start
+        self.policy.observe(
+            self.obs, self.n, -seconds, {"accepted": len(path), "drafted": self.n, "seconds": seconds}
+        )
+        self.context += len(path) + 1

@@ -1,0 +1,210 @@
+"""Online adaptation: feedback recording and buffers, the KL-regularized updates, the swap under
+concurrent decoding, the revert rule, losslessness while adapting, and the stream runner. Tiny random
+target and SpecBlock drafter, CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from policies.adaptation import FULL, HEAD, SKIP
+from policies.base import make_policy
+from policies.errors import InputError
+from policies.features import ADAPT_INDEX
+from real_engine.adapt import AdaptConfig, Adapter, reference_kl, run_stream, update_drafter
+from real_engine.decode import Iteration, generate
+from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter
+from real_engine.model import ModelArgs, Transformer
+
+VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    torch.manual_seed(0)
+    args = ModelArgs(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    return Transformer(args).eval()
+
+
+def drafter(target: Transformer, seed: int = 1) -> SpecBlockDrafter:
+    """A random drafter whose rank head always branches (4 children per slot): deep trees, many rejections."""
+    net = SpecBlock.for_target(target, seed=seed).eval()
+    with torch.no_grad():
+        net.rank_head.down.bias.copy_(torch.tensor((0.0, 20.0, 0.0, -20.0)))
+    return SpecBlockDrafter(net, blocks=2, starts=2, budget=12)
+
+
+def prompt(seed: int, length: int = 12) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def checksum(net: SpecBlock) -> float:
+    return sum(float(p.detach().double().sum()) for p in net.parameters())
+
+
+def states(net: SpecBlock) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in net.state_dict().items()}
+
+
+def serve(adapter: Adapter, target: Transformer, seed: int, tokens: int = 24, domain: str = "code",
+          hook=None) -> tuple[tuple[int, ...], dict[str, float]]:
+    out = generate(target, prompt(seed), drafter=adapter.drafter, max_new_tokens=tokens, on_iteration=hook)
+    return out.tokens, adapter.end_query(out.stats, domain)
+
+
+def test_feedback_rows_and_buffers_fill_from_rejections(target: Transformer) -> None:
+    adapter = Adapter(drafter(target), AdaptConfig(head_capacity=6, full_capacity=1000, top_k=8),
+                      domains=("code", "prose"))
+    iterations: list[Iteration] = []
+    tokens, info = serve(adapter, target, 3, hook=iterations.append)
+    # the last iteration ends the query before the drafter hears the verdict
+    roots = [it.context_length for it in iterations[:-1] if len(it.path) < int(it.tree.depths.max())]
+    assert len(roots) >= 8
+    assert adapter.trigger == len(roots) and len(adapter.full) == len(roots)
+    assert [r for _, r in adapter.head.items] == roots[-6:]  # the oldest left the small buffer
+    assert adapter.head.fill == 1.0 and adapter.full.fill == pytest.approx(len(roots) / 1000)
+    obs = adapter.features()
+    assert obs[ADAPT_INDEX["trigger"]] == len(roots) and obs[ADAPT_INDEX["head_fill"]] == 1.0
+    assert obs[ADAPT_INDEX["recent_tau"]] == info["tau"] and list(obs[6:]) == [1.0, 0.0]
+    # the recorded rows are the target's own over the committed sequence
+    feedback = adapter.full.items[0][0]
+    assert feedback.tokens.tolist() == prompt(3) + list(tokens[:feedback.tokens.numel() - 12])
+    assert feedback.rejected == tuple(roots)
+    with torch.no_grad():
+        full = target(feedback.tokens[None])
+    torch.testing.assert_close(feedback.features[:-1].float(), full.features[0, :-1].bfloat16().float(),
+                               atol=2e-2, rtol=2e-2)
+    top = full.logits[0, :-1].float().log_softmax(-1).topk(8, dim=-1)
+    torch.testing.assert_close(feedback.topk_logp[:-1], top.values, atol=1e-4, rtol=1e-4)
+    assert torch.equal(feedback.topk_ids[:-1, 0], top.indices[:, 0])
+    # a head update drains the head buffer only; a full update both
+    assert adapter.apply(SKIP) is False
+    assert adapter.apply(HEAD) is True
+    report = adapter.wait()
+    assert report is not None and report.kind == "head" and report.positions == 6 and report.fill == 1.0
+    assert len(adapter.head) == 0 and len(adapter.full) == len(roots) and adapter.trigger == 0
+    assert adapter.apply(HEAD) is False  # nothing buffered for it
+    assert adapter.apply(FULL) is True
+    adapter.wait()
+    assert len(adapter.full) == 0 and adapter.reports[-1].positions == len(roots)
+    with pytest.raises(InputError):
+        adapter.apply(7)
+
+
+def test_kl_term_zero_after_copy_positive_after_update_and_it_restrains(target: Transformer) -> None:
+    logits = torch.randn(3, 5, VOCAB)
+    assert float(reference_kl(logits, logits.clone())) == pytest.approx(0.0, abs=1e-6)
+    assert float(reference_kl(logits, logits + torch.randn_like(logits))) > 0.01
+    adapter = Adapter(drafter(target), AdaptConfig(full_capacity=1000))
+    for seed in range(2):
+        serve(adapter, target, seed)
+    data = list(adapter.full.drain())
+    live = adapter.drafter.net
+    before = states(live)
+    kls = {}
+    for weight in (0.0, 20.0):
+        config = AdaptConfig(kl_weight=weight, full_steps=6, full_lr=3e-3)
+        new, report = update_drafter(live, data, "full", config, seed=0)
+        assert report.kl_first == pytest.approx(0.0, abs=1e-6) and report.kl > 0 and report.steps == 6
+        assert report.loss_after < report.loss_before
+        kls[weight] = report.kl
+        assert new is not live and checksum(new) != checksum(live)
+    assert kls[20.0] < 0.5 * kls[0.0]  # the KL term holds the update near the pre-update drafter
+    for name, value in live.state_dict().items():  # the live network was only read
+        assert torch.equal(value, before[name]), name
+    new, report = update_drafter(live, data, "head", AdaptConfig(), seed=0)
+    changed = {n for n, v in new.state_dict().items() if not torch.equal(v, before[n])}
+    assert changed and all(n.startswith(("lm_head.", "rank_head.")) for n in changed)
+    assert new.embed is live.embed  # the target's embeddings are shared, not copied
+
+
+def test_swap_is_atomic_under_concurrent_decoding(target: Transformer) -> None:
+    adapter = Adapter(drafter(target), AdaptConfig(full_capacity=64, full_steps=3, revert_windows=0))
+    seen: list[list[tuple[int, float]]] = []
+    overlapped = 0  # queries during which an update finished and queued its weights
+
+    def look(_iteration: Iteration) -> None:
+        seen[-1].append((id(adapter.drafter.net), checksum(adapter.drafter.net)))
+        finished[-1].append(len(adapter.reports))
+
+    finished: list[list[int]] = []
+    for seed in range(60):
+        adapter.apply(FULL)  # trains in the background while this query decodes
+        seen.append([])
+        finished.append([])
+        serve(adapter, target, seed, tokens=32, hook=look)
+        overlapped += len(set(finished[-1])) > 1
+        if overlapped >= 3:
+            break
+    adapter.wait()
+    assert overlapped >= 3
+    for query in seen:
+        assert len(set(query)) == 1  # one network, unchanged, from the first iteration to the last
+    assert len({query[0] for query in seen}) >= 3  # and new weights did go live between queries
+
+
+def test_revert_after_three_falling_windows(target: Transformer) -> None:
+    adapter = Adapter(drafter(target), AdaptConfig(window=1, revert_windows=3))
+    original = adapter.drafter.net
+    snapshot = states(original)
+
+    def window(tau: float) -> None:
+        out = generate(target, prompt(5), drafter=adapter.drafter, max_new_tokens=8)
+        adapter.end_query(dataclasses.replace(out.stats, tau=tau), "code")
+
+    def perturbed() -> SpecBlock:
+        net = SpecBlock.for_target(target, seed=9).eval()
+        net.load_state_dict(original.state_dict())
+        with torch.no_grad():
+            net.lm_head.weight.add_(1.0)
+        return net
+
+    window(2.0)  # the drafter as loaded: the last good one, tau 2.0
+    adapter.drafter.offer(bad := perturbed())
+    for tau in (1.9, 1.8):
+        window(tau)
+        assert adapter.drafter.net is bad and adapter.reverts == 0
+    window(1.7)  # the third falling window in a row
+    assert adapter.reverts == 1
+    window(1.7)  # the next query runs the last good drafter again
+    assert adapter.drafter.net is original
+    assert all(torch.equal(v, snapshot[k]) for k, v in original.state_dict().items())
+    # a window that does not fall makes the new drafter the last good one: later falls keep it
+    adapter.drafter.offer(better := perturbed())
+    for tau in (1.6, 1.8, 1.7, 1.6, 1.5, 1.4):
+        window(tau)
+    assert adapter.drafter.net is better and adapter.reverts == 1
+
+
+def test_greedy_output_is_vanilla_while_adapting(target: Transformer) -> None:
+    adapter = Adapter(drafter(target), AdaptConfig(head_capacity=16, full_capacity=32, full_lr=5e-3,
+                                                   head_lr=5e-3, revert_windows=0))
+    checksums = set()
+    for seed, action in zip(range(6), (SKIP, FULL, HEAD, FULL, HEAD, FULL), strict=True):
+        adapter.apply(action)
+        adapter.wait()
+        tokens, _ = serve(adapter, target, seed, tokens=30)
+        checksums.add(checksum(adapter.drafter.net))
+        assert tokens == generate(target, prompt(seed), max_new_tokens=30).tokens
+    assert adapter.drafter.syncs == 5 and len(checksums) == 6  # every update changed the live drafter
+
+
+def test_run_stream_rows_and_policies(target: Transformer) -> None:
+    stream = [("code" if i < 4 else "prose", prompt(i)) for i in range(8)]
+    rows = run_stream(target, drafter(target), stream, make_policy("always", {"update": "head"}),
+                      config=AdaptConfig(head_capacity=8), max_new_tokens=12)
+    assert [r["domain"] for r in rows] == [d for d, _ in stream]
+    assert rows[0]["update"] is None and all(r["update"]["kind"] == "head" for r in rows[1:])
+    assert all(r["update_seconds"] > 0 for r in rows[1:]) and rows[0]["update_seconds"] == 0
+    assert rows[-1]["syncs"] == 7 and all(r["new_tokens"] == 12 for r in rows)
+    never = run_stream(target, drafter(target), stream, make_policy("never"), max_new_tokens=12)
+    assert all(r["update"] is None and r["syncs"] == 0 for r in never)
+    bandit = make_policy("cost_aware_bandit", {"warmup": 2, "saturation": 0.5, "cooldown": 0}, seed=0)
+    config = AdaptConfig(head_capacity=8, clock="cpu")
+    rows = run_stream(target, drafter(target), stream, bandit, config=config, max_new_tokens=12)
+    assert all(r["action"] == "skip" for r in rows[:2]) and any(r["update"] for r in rows[2:])
+    with pytest.raises(InputError):
+        run_stream(target, drafter(target), stream, bandit, config=AdaptConfig(clock="cpu"), overlap=True)

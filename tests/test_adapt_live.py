@@ -1,0 +1,86 @@
+"""Fitting the simulator's adaptation dynamics to engine streams, and the live experiment's helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from experiments.adapt_live import build_stream, record_of, summary
+from policies.adaptation import FULL, HEAD, SKIP
+from policies.errors import InputError
+from simulator.acceptance import AdaptationDynamics, AdaptRecord, adaptation_tau, fit_adaptation, level_rates
+
+RATES = np.array([[0.7] * 8, [0.4] * 8])
+SURVIVAL = np.hstack([np.ones((2, 1)), np.cumprod(RATES, axis=1)])  # P(accepted >= i), i = 0..8
+
+
+def stream(seed: int, queries: int = 80) -> AdaptRecord:
+    """Domains in turn; a head update every 4th query, a full update every 10th, on mixed buffers."""
+    rng = np.random.default_rng(seed)
+    action = np.full(queries, SKIP)
+    action[4::4], action[10::10] = HEAD, FULL
+    share = rng.dirichlet([1.0, 1.0], size=queries)
+    fill = rng.uniform(0.5, 1.0, queries)
+    no = np.zeros(queries, bool)
+    return AdaptRecord(np.arange(queries) % 2, np.ones(queries), action, fill, share, no, no)
+
+
+def test_adaptation_tau_follows_updates_reverts_and_checkpoints() -> None:
+    dyn = AdaptationDynamics(headroom=0.5, head_rate=1.0, full_rate=1.0, harm_probability=0.0)
+    base = 1.0 + SURVIVAL[:, 1:].sum(axis=1)
+    idle = AdaptRecord(np.array([0, 1]), np.ones(2), np.full(2, SKIP), np.zeros(2), np.zeros((2, 2)),
+                       np.zeros(2, bool), np.zeros(2, bool))
+    assert np.allclose(adaptation_tau(dyn, SURVIVAL, idle), base)
+    # a full update on a code-only buffer moves code halfway to its floor (rate 1, fill 1) and leaves prose
+    one = np.array([[1.0, 0.0]] * 4)
+    record = AdaptRecord(np.array([0, 1, 0, 0]), np.ones(4), np.array([FULL, SKIP, SKIP, SKIP]), np.ones(4),
+                         one, np.array([False, False, True, False]), np.zeros(4, bool))
+    tau = adaptation_tau(dyn, SURVIVAL, record)
+    assert tau[0] == pytest.approx(1.0 + level_rates(SURVIVAL[0], 0.5)[0]) and tau[0] > base[0]
+    assert tau[1] == pytest.approx(base[1]) and tau[2] == pytest.approx(tau[0])
+    assert tau[3] == pytest.approx(base[0])  # reverted after query 2 to the never-checkpointed start
+    kept = dataclasses.replace(record, checkpoint=np.array([True, False, False, False]))
+    assert adaptation_tau(dyn, SURVIVAL, kept)[3] == pytest.approx(tau[0])
+    harmful = dataclasses.replace(dyn, harm_probability=1.0)
+    assert adaptation_tau(harmful, SURVIVAL, record)[0] < base[0]
+
+
+def test_fit_adaptation_recovers_the_dynamics() -> None:
+    truth = AdaptationDynamics(headroom=0.3, head_reach=0.5, head_rate=0.4, full_rate=0.7)
+    rng = np.random.default_rng(3)
+    records = []
+    for seed in range(3):
+        r = stream(seed)
+        tau = adaptation_tau(truth, SURVIVAL, r) * np.exp(0.01 * rng.standard_normal(len(r.tau)))
+        records.append(dataclasses.replace(r, tau=tau))
+    fitted = fit_adaptation(SURVIVAL, records, headroom_starts=(0.1,))
+    for name, tolerance in (("headroom", 0.03), ("full_rate", 0.05), ("head_reach", 0.1), ("head_rate", 0.1)):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), abs=tolerance), name
+    for r in records:  # head reach and rate trade off a little; the predicted stream does not move
+        assert np.abs(adaptation_tau(fitted, SURVIVAL, r) - adaptation_tau(truth, SURVIVAL, r)).max() < 0.03
+    assert fitted.query_noise == pytest.approx(0.01, abs=0.005)
+    assert fitted.head_capacity == AdaptationDynamics().head_capacity  # what is not fitted stays
+    with pytest.raises(InputError):
+        fit_adaptation(SURVIVAL, [])
+
+
+def test_stream_record_and_summary() -> None:
+    prompts = {d: [[i, j] for j in range(3)] for i, d in enumerate(("code", "tests", "prose", "text"))}
+    stream_ = build_stream(prompts, 1, 5)
+    assert [d for d, _ in stream_] == ["code", "code", "tests", "prose", "text", "code"]
+    assert [t for d, t in stream_ if d == "code"] == [[0, 0], [0, 1], [0, 2]]  # no prompt twice
+    with pytest.raises(InputError):
+        build_stream(prompts, 3, 1)
+    rows = [{"domain": "code", "tau": 1.5, "update": None, "reverted": False, "checkpoint": True},
+            {"domain": "prose", "tau": 2.0, "reverted": True, "checkpoint": False,
+             "update": {"kind": "full", "fill": 0.5, "shares": {"prose": 0.25, "code": 0.75}}}]
+    record = record_of(rows, ["code", "prose"])
+    assert record.domain.tolist() == [0, 1] and record.action.tolist() == [SKIP, FULL]
+    assert record.fill.tolist() == [0.0, 0.5] and record.share.tolist() == [[0, 0], [0.75, 0.25]]
+    assert record.revert.tolist() == [False, True] and record.checkpoint.tolist() == [True, False]
+    figures = summary(["code", "code", "prose", "code", "text", "prose"], [1, 1, 2, 9, 3, 5],
+                      [10, 10, 10, 10, 10, 10], [0, 0, 0, 0, 6, 0], [10] * 6, first=2)
+    assert figures["shifted_tau_early"] == 2 and figures["shifted_tau_late"] == 4  # code is not shifted
+    assert figures["tokens_per_second"] == pytest.approx(60 / 12)

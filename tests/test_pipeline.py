@@ -1,0 +1,87 @@
+"""`specblock pipeline --quick` end to end on the shipped models, its resume, and its bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from experiments.pipeline import STEPS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def specblock(*args: str) -> subprocess.CompletedProcess:
+    """The installed command, as a user runs it."""
+    return subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "specblock"), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    proc = specblock("pipeline", "--quick", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+def test_quick_pipeline_writes_every_step_and_the_summary(quick_run: tuple[Path, dict]) -> None:
+    out, summary = quick_run
+    assert summary["run_dir"] == str(out.resolve())
+    assert set(summary["steps"]) == set(STEPS)
+    for name in (
+        "models.json",
+        "cost_profile.json",
+        "traces.parquet",
+        "simulate.json",
+        "deploy.json",
+        "report.md",
+        "report.png",
+        "lp.json",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in (out / "policies").glob("*.json"))  # tuned policy files exported
+    policies = summary["policies"]
+    assert "vanilla" in policies and any(name.startswith("tuned-") for name in policies)
+    for row in policies.values():
+        assert row["measured_tokens_per_second"] > 0 and row["predicted_tokens_per_second"] > 0
+    errors = sorted(abs(r["error"]) for r in policies.values())
+    assert summary["fidelity_error"] == pytest.approx(
+        errors[len(errors) // 2]
+        if len(errors) % 2
+        else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
+    )
+    report = (out / "report.md").read_text()
+    assert "fidelity error" in report and "LP bound" in report
+
+
+def test_resume_skips_finished_steps(quick_run: tuple[Path, dict]) -> None:
+    out, summary = quick_run
+    before = json.loads((out / "run.json").read_text())
+    proc = specblock("pipeline", "--quick", "--out", str(out), "--resume", "--json")
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(proc.stdout)
+    assert again["policies"] == summary["policies"]
+    assert json.loads((out / "run.json").read_text()) == before  # nothing re-ran
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, quick_run: tuple[Path, dict]) -> None:
+    out, _ = quick_run
+    cases = [
+        (["pipeline", "--quick", "--out", str(out)], "--resume"),  # a finished run, not empty
+        (["pipeline", "--out", str(out), "--resume"], "another plan"),  # full plan on a quick run
+        (["pipeline", "--quick", "--out", str(tmp_path / "new"), "--resume"], "drop --resume"),
+        (["pipeline", "--quick", "--out", str(tmp_path / "x"), "--model", str(tmp_path)], "specblock train"),
+    ]
+    for args, fix in cases:
+        proc = specblock(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert fix in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.stdout == ""

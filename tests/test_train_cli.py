@@ -1,0 +1,83 @@
+"""`specblock train specblock|eagle|medusa`: one-line input errors, and a two-step run of each drafter's
+recipe on a tiny target whose output `make_drafter` loads and decodes with losslessly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.cli import main
+from real_engine.decode import generate, make_drafter
+from real_engine.model import ModelArgs, Transformer, load_model, save_model
+
+VOCAB = 40
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(["train", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                  max_position_embeddings=512, eos_token_id=0))
+    return save_model(model, tmp_path_factory.mktemp("target"), dtype=torch.float32)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["specblock", "--target", "{tmp}/nowhere"], "no target model"),
+    (["eagle", "--sequences", "0"], "--sequences"),
+    (["target", "--sequences", "8"], "--sequences"),
+    (["medusa", "--init", "{target}"], "--init continues a target or a draft model"),
+    (["specblock", "--steps", "0"], "--steps"),
+    (["eagle", "--lr", "2"], "--lr"),
+])
+def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_dir: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    args = [a.format(tmp=tmp_path, target=target_dir) for a in args]
+    if "--target" not in args:
+        args += ["--target", str(target_dir)]
+    code, out, err = run([*args, "--out", str(tmp_path / "out"), "--run-dir", str(tmp_path / "run")], capsys)
+    assert (code, out) == (2, "")
+    assert len(err.strip().splitlines()) == 1 and needle in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kind", ["specblock", "eagle", "medusa"])
+def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import real_engine.train
+
+    def stream(domain: str, split: str) -> np.ndarray:  # a synthetic corpus in place of the tokenized one
+        rng = np.random.default_rng([len(domain), len(split)])
+        return rng.integers(1, VOCAB, 4096).astype(np.uint16)
+
+    monkeypatch.setattr(real_engine.train, "token_stream", stream)
+    out, data = tmp_path / "out", tmp_path / "data"
+    code, stdout, err = run([kind, "--target", str(target_dir), "--out", str(out), "--run-dir",
+                             str(tmp_path / "run"), "--data-dir", str(data), "--steps", "2",
+                             "--sequences", "8", "--threads", "1", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert result["out"] == str(out) and result["train"]["steps"] == 2 and result["data"]["sequences"] == 8
+    assert (tmp_path / "run" / "state.json").exists()
+    cached = {p.name.endswith("-heldout") for p in data.iterdir()}  # Medusa calibrates on held-out rows
+    assert cached == ({False, True} if kind == "medusa" else {False})
+    target = load_model(target_dir)
+    prompt = [5, 9, 2, 5, 9]
+    expected = generate(target, prompt, max_new_tokens=10).tokens
+    drafter = make_drafter(kind, target, folder=out)
+    assert generate(target, prompt, drafter=drafter, max_new_tokens=10).tokens == expected
