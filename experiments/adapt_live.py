@@ -46,6 +46,8 @@ DEFAULT_DRAFTER = REPO / "data" / "models" / "specblock"
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "cpu_shipped.json"
 RESULTS = REPO / "benchmarks" / "results"
 POLICIES = ("never", "always", "cost_aware_bandit")
+"""The policies compared by default, with their default parameters (``never`` must always be there: its
+stream gives the traces and the speed calibration)."""
 DOMAINS = ("code", "tests", "prose", "text")
 DRAFT = {"blocks": 2, "starts": 4, "budget": 16}  # the deployed tree; budget = the simulator's positions
 MAX_PROMPT = 192  # prompt tokens kept (each prompt's last ones)
@@ -70,25 +72,40 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def build_stream(prompts: Mapping[str, Sequence[Sequence[int]]], first: int, mixed: int,
-                 order: Sequence[str] = DOMAINS) -> list[tuple[str, list[int]]]:
+def build_stream(
+    prompts: Mapping[str, Sequence[Sequence[int]]], first: int, mixed: int, order: Sequence[str] = DOMAINS
+) -> list[tuple[str, list[int]]]:
     """``first`` prompts of ``order[0]``, then ``mixed`` taking the domains of ``order`` in turn; no
     prompt is used twice."""
     taken = dict.fromkeys(order, 0)
     stream = []
     for domain in [order[0]] * first + [order[i % len(order)] for i in range(mixed)]:
         if taken[domain] >= len(prompts[domain]):
-            raise InputError(f"the stream needs more {domain} prompts than the {len(prompts[domain])} held "
-                             "out: shorten the stream")
+            raise InputError(
+                f"the stream needs more {domain} prompts than the {len(prompts[domain])} held "
+                "out: shorten the stream"
+            )
         stream.append((domain, list(prompts[domain][taken[domain]])))
         taken[domain] += 1
     return stream
 
 
-def serve(target: Any, drafter_dir: Path, stream: Sequence[tuple[str, list[int]]], plan: Plan, config: Any,
-          seed: int) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``) and the ``never`` stream's
-    iterations as trace rows."""
+def default_policies() -> dict[str, dict[str, Any]]:
+    """``POLICIES`` by name, as policy-file content with default parameters."""
+    return {kind: {"kind": kind, "params": {}} for kind in POLICIES}
+
+
+def serve(
+    target: Any,
+    drafter_dir: Path,
+    stream: Sequence[tuple[str, list[int]]],
+    plan: Plan,
+    config: Any,
+    seed: int,
+    policies: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
+    content) and the ``never`` stream's iterations as trace rows."""
     from policies.base import make_policy
     from real_engine.adapt import run_stream
     from real_engine.decode import generate
@@ -105,15 +122,23 @@ def serve(target: Any, drafter_dir: Path, stream: Sequence[tuple[str, list[int]]
 
     warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
     generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
-    for kind in POLICIES:
+    for kind, spec in policies.items():
         drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
-
+        policy = make_policy(spec["kind"], spec["params"], seed=seed)
         began = time.perf_counter()
-        rows[kind] = run_stream(target, drafter, stream, make_policy(kind, seed=seed), config=config,
-                                max_new_tokens=plan.max_new_tokens, seed=seed,
-                                on_iteration=keep if kind == "never" else None,
-                                on_query=lambda r, k=kind: log(f"{k} {r['query']:3d} {r['domain']:5s} "
-                                                               f"tau {r['tau']:.2f} {r['action']}"))
+        rows[kind] = run_stream(
+            target,
+            drafter,
+            stream,
+            policy,
+            config=config,
+            max_new_tokens=plan.max_new_tokens,
+            seed=seed,
+            on_iteration=keep if kind == "never" else None,
+            on_query=lambda r, k=kind: log(
+                f"{k} {r['query']:3d} {r['domain']:5s} tau {r['tau']:.2f} {r['action']}"
+            ),
+        )
         log(f"{kind}: {len(stream)} queries in {time.perf_counter() - began:.0f} s")
     return rows, traces
 
@@ -154,34 +179,54 @@ def sim_profile(profile_path: Path, costs: Mapping[str, Sequence[float]]) -> tup
     data = json.loads(profile_path.read_text())
     data.pop("fits", None)
     draft = float(shipped.draft_seconds("specblock", starts=DRAFT["starts"], blocks=DRAFT["blocks"]))
-    data["samples"]["draft"]["specblock"] = [{"starts": 1, "blocks": b, "seconds": [draft]}
-                                             for b in range(1, 5)]
+    data["samples"]["draft"]["specblock"] = [
+        {"starts": 1, "blocks": b, "seconds": [draft]} for b in range(1, 5)
+    ]
     for kind, seconds in costs.items():
         if seconds:
             data["samples"]["update"][kind] = list(seconds)
     data["derived_from"] = {
         "source": f"{profile_path.name} and the adapt_live engine run",
         "derivation": "specblock drafting = the profile's starts=4 x blocks=2 time at every length; "
-                      "update seconds = the engine's measured CPU seconds"}
+        "update seconds = the engine's measured CPU seconds",
+    }
     profile = profile_from_json(data)
-    return profile, {"draft_seconds": draft, "update_measured": {k: len(v) for k, v in costs.items()},
-                     "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")}}
+    return profile, {
+        "draft_seconds": draft,
+        "update_measured": {k: len(v) for k, v in costs.items()},
+        "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
+    }
 
 
-def simulate(kind: str, stream_domains: Sequence[str], acceptance: Any, profile: Any, dynamics: Any,
-             plan: Plan, prompt_tokens: tuple[int, int], seed: int) -> dict[str, list[float]]:
-    """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of policy ``kind``."""
+def simulate(
+    spec: Mapping[str, Any],
+    stream_domains: Sequence[str],
+    acceptance: Any,
+    profile: Any,
+    dynamics: Any,
+    plan: Plan,
+    prompt_tokens: tuple[int, int],
+    seed: int,
+) -> dict[str, list[float]]:
+    """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of the policy ``spec``
+    (policy-file content)."""
     from policies.base import make_policy
     from simulator.envs import AdaptStreamEnv
 
-    env = AdaptStreamEnv(profile=profile, acceptance=acceptance, drafter="specblock",
-                         draft_length=acceptance.cap, tokens_per_query=plan.max_new_tokens,
-                         prompt_tokens=prompt_tokens, phases=[(1, {d: 1.0}) for d in stream_domains],
-                         dynamics=dynamics)
+    env = AdaptStreamEnv(
+        profile=profile,
+        acceptance=acceptance,
+        drafter="specblock",
+        draft_length=acceptance.cap,
+        tokens_per_query=plan.max_new_tokens,
+        prompt_tokens=prompt_tokens,
+        phases=[(1, {d: 1.0}) for d in stream_domains],
+        dynamics=dynamics,
+    )
     q = len(stream_domains)
     tau, tps, update, updated = (np.zeros((plan.sim_seeds, q)) for _ in range(4))
     for s in range(plan.sim_seeds):
-        policy = make_policy(kind, seed=seed)
+        policy = make_policy(spec["kind"], spec["params"], seed=seed)
         obs, _ = env.reset(seed=seed * 1000 + s)
         for i in range(q):
             action = policy.act(obs)
@@ -195,12 +240,22 @@ def simulate(kind: str, stream_domains: Sequence[str], acceptance: Any, profile:
             tau[s, i], tps[s, i] = info["tau"], info["tokens_per_second"]
             update[s, i], updated[s, i] = info["update_seconds"], info["updated"]
             obs = next_obs
-    return {"tau": tau.mean(0).tolist(), "tokens_per_second": tps.mean(0).tolist(),
-            "update_seconds": update.mean(0).tolist(), "update_rate": updated.mean(0).tolist()}
+    return {
+        "tau": tau.mean(0).tolist(),
+        "tokens_per_second": tps.mean(0).tolist(),
+        "update_seconds": update.mean(0).tolist(),
+        "update_rate": updated.mean(0).tolist(),
+    }
 
 
-def summary(domains: Sequence[str], tau: Sequence[float], tps: Sequence[float], update: Sequence[float],
-            tokens: Sequence[int], first: int) -> dict[str, float]:
+def summary(
+    domains: Sequence[str],
+    tau: Sequence[float],
+    tps: Sequence[float],
+    update: Sequence[float],
+    tokens: Sequence[int],
+    first: int,
+) -> dict[str, float]:
     """Stream figures: tokens/s with updates charged, mean tau, and tau on the shifted domains (those
     after the first phase's) in the first and the second half of the mixed phase."""
     seconds = [n / r for n, r in zip(tokens, tps, strict=True)]
@@ -208,18 +263,22 @@ def summary(domains: Sequence[str], tau: Sequence[float], tps: Sequence[float], 
     shifted = [i for i in range(first, len(domains)) if domains[i] != domains[0]]
     early = [tau[i] for i in shifted if i < first + mixed // 2]
     late = [tau[i] for i in shifted if i >= first + mixed // 2]
-    return {"tokens_per_second": sum(tokens) / (sum(seconds) + sum(update)),
-            "tau": float(np.mean(tau)),
-            "shifted_tau_early": float(np.mean(early)) if early else float("nan"),
-            "shifted_tau_late": float(np.mean(late)) if late else float("nan"),
-            "update_seconds": float(sum(update))}
+    return {
+        "tokens_per_second": sum(tokens) / (sum(seconds) + sum(update)),
+        "tau": float(np.mean(tau)),
+        "shifted_tau_early": float(np.mean(early)) if early else float("nan"),
+        "shifted_tau_late": float(np.mean(late)) if late else float("nan"),
+        "update_seconds": float(sum(update)),
+    }
 
 
 def errors(measured: Sequence[float], simulated: Sequence[float]) -> dict[str, float]:
     """Mean absolute relative error per query and the relative error of the means (sim / measured - 1)."""
     m, s = np.asarray(measured, dtype=float), np.asarray(simulated, dtype=float)
-    return {"per_query_mape": float(np.mean(np.abs(s / m - 1.0))),
-            "mean_error": float(s.mean() / m.mean() - 1.0)}
+    return {
+        "per_query_mape": float(np.mean(np.abs(s / m - 1.0))),
+        "mean_error": float(s.mean() / m.mean() - 1.0),
+    }
 
 
 def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
@@ -243,24 +302,37 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             f"| {kind} | {m['tokens_per_second']:.1f} | {s['tokens_per_second']:.1f} | {m['tau']:.3f} | "
             f"{s['tau']:.3f} | {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f} | "
             f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
-            f"{entry['updates']['full']} | {m['update_seconds']:.1f} |")
+            f"{entry['updates']['full']} | {m['update_seconds']:.1f} |"
+        )
     fit = result["fit"]
-    lines += ["", "Simulator error (sim / measured - 1; per-query MAPE of the seed-averaged prediction). "
-              f"Simulated tokens/s are scaled by {result['speed_calibration']:.3f}, the ratio of measured to "
-              "simulated tokens/s on the `never` stream (the profile times random-weight trees of the full "
-              "budget); the raw column is before that scaling.", "",
-              "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean | raw tokens/s mean |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Simulator error (sim / measured - 1; per-query MAPE of the seed-averaged prediction). "
+        f"Simulated tokens/s are scaled by {result['speed_calibration']:.3f}, the ratio of measured to "
+        "simulated tokens/s on the `never` stream (the profile times random-weight trees of the full "
+        "budget); the raw column is before that scaling.",
+        "",
+        "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean | raw tokens/s mean |",
+        "|---|---|---|---|---|---|",
+    ]
     for kind, entry in result["policies"].items():
         e = entry["errors"]
-        lines.append(f"| {kind} | {e['tau']['per_query_mape']:.1%} | {e['tau']['mean_error']:+.1%} | "
-                     f"{e['tokens_per_second']['per_query_mape']:.1%} | "
-                     f"{e['tokens_per_second']['mean_error']:+.1%} | "
-                     f"{e['raw_tokens_per_second']['mean_error']:+.1%} |")
-    lines += ["", "Fitted `AdaptationDynamics` (paper defaults in brackets): " + ", ".join(
-        f"{k} {fit['dynamics'][k]:.3g} [{fit['paper'][k]:.3g}]"
-        for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise")) +
-        f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).", ""]
+        lines.append(
+            f"| {kind} | {e['tau']['per_query_mape']:.1%} | {e['tau']['mean_error']:+.1%} | "
+            f"{e['tokens_per_second']['per_query_mape']:.1%} | "
+            f"{e['tokens_per_second']['mean_error']:+.1%} | "
+            f"{e['raw_tokens_per_second']['mean_error']:+.1%} |"
+        )
+    lines += [
+        "",
+        "Fitted `AdaptationDynamics` (paper defaults in brackets): "
+        + ", ".join(
+            f"{k} {fit['dynamics'][k]:.3g} [{fit['paper'][k]:.3g}]"
+            for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise")
+        )
+        + f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -294,9 +366,24 @@ def plot(result: Mapping[str, Any], path: Path, first: int) -> None:
     plt.close(fig)
 
 
-def run(model_dir: Path, drafter_dir: Path, profile_path: Path, plan: Plan, seed: int,
-        name: str) -> dict[str, Any]:
-    """The whole experiment (see the module doc); returns the saved result."""
+def run(
+    model_dir: Path,
+    drafter_dir: Path,
+    profile_path: Path,
+    plan: Plan,
+    seed: int,
+    name: str,
+    policies: Mapping[str, Mapping[str, Any]] | None = None,
+    results: Path = RESULTS,
+) -> dict[str, Any]:
+    """The whole experiment (see the module doc) for ``policies`` (name -> policy-file content;
+    default ``POLICIES``), written under ``results``; returns the saved result."""
+    policies = dict(policies or default_policies())
+    if "never" not in policies:
+        raise InputError(
+            "the adaptation experiment needs the never policy (its stream calibrates the "
+            "simulator): include it"
+        )
     import pandas as pd
     import torch
 
@@ -315,73 +402,129 @@ def run(model_dir: Path, drafter_dir: Path, profile_path: Path, plan: Plan, seed
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
     stream = build_stream(by_domain, plan.first, plan.mixed)
     adapt = AdaptConfig(clock="cpu", seed=seed)
-    rows, traces = serve(target, drafter_dir, stream, plan, adapt, seed)
+    rows, traces = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
     costs = update_costs(rows)
     base = AdaptationDynamics(head_capacity=adapt.head_capacity, full_capacity=adapt.full_capacity)
-    records = [record_of(rows[kind], domains) for kind in POLICIES]
+    records = [record_of(rows[kind], domains) for kind in policies]
     fitted = fit_adaptation(survival, records, base)
 
     def rmse(dynamics: AdaptationDynamics) -> float:
         residual = np.concatenate([adaptation_tau(dynamics, survival, r) - r.tau for r in records])
-        return float(np.sqrt(np.mean(residual ** 2)))
+        return float(np.sqrt(np.mean(residual**2)))
 
     profile, substituted = sim_profile(profile_path, costs)
     lengths = [len(tokens) for _, tokens in stream]
     stream_domains = [d for d, _ in stream]
-    result: dict[str, Any] = {"stream": stream_domains, "policies": {},
-                              "fit": {"dynamics": asdict(fitted), "paper": asdict(AdaptationDynamics()),
-                                      "rmse_tau": rmse(fitted), "rmse_tau_paper": rmse(base)},
-                              "simulator_profile": substituted, "acceptance_domains": domains}
+    result: dict[str, Any] = {
+        "stream": stream_domains,
+        "policies": {},
+        "fit": {
+            "dynamics": asdict(fitted),
+            "paper": asdict(AdaptationDynamics()),
+            "rmse_tau": rmse(fitted),
+            "rmse_tau_paper": rmse(base),
+        },
+        "simulator_profile": substituted,
+        "acceptance_domains": domains,
+    }
     prompt_range = (min(lengths), max(lengths))
-    sims = {kind: simulate(kind, stream_domains, acceptance, profile, fitted, plan, prompt_range, seed)
-            for kind in POLICIES}
+    sims = {
+        kind: simulate(spec, stream_domains, acceptance, profile, fitted, plan, prompt_range, seed)
+        for kind, spec in policies.items()
+    }
     # One speed factor from the no-adaptation stream: the profile's step costs are for random-weight
     # trees of the full budget, the trained drafter's are smaller; every other policy is out of sample.
-    scale = float(np.mean([r["tokens_per_second"] for r in rows["never"]])
-                  / np.mean(sims["never"]["tokens_per_second"]))
+    scale = float(
+        np.mean([r["tokens_per_second"] for r in rows["never"]]) / np.mean(sims["never"]["tokens_per_second"])
+    )
     result["speed_calibration"] = scale
-    for kind in POLICIES:
+    for kind in policies:
         sim = sims[kind]
         sim["raw_tokens_per_second"] = sim["tokens_per_second"]
         sim["tokens_per_second"] = [scale * v for v in sim["raw_tokens_per_second"]]
-        column = {key: [r[key] for r in rows[kind]]
-                  for key in ("tau", "tokens_per_second", "update_seconds", "new_tokens")}
-        measured = summary(stream_domains, column["tau"], column["tokens_per_second"],
-                           column["update_seconds"], column["new_tokens"], plan.first)
-        simulated = summary(stream_domains, sim["tau"], sim["tokens_per_second"], sim["update_seconds"],
-                            [plan.max_new_tokens] * len(stream), plan.first)
+        column = {
+            key: [r[key] for r in rows[kind]]
+            for key in ("tau", "tokens_per_second", "update_seconds", "new_tokens")
+        }
+        measured = summary(
+            stream_domains,
+            column["tau"],
+            column["tokens_per_second"],
+            column["update_seconds"],
+            column["new_tokens"],
+            plan.first,
+        )
+        simulated = summary(
+            stream_domains,
+            sim["tau"],
+            sim["tokens_per_second"],
+            sim["update_seconds"],
+            [plan.max_new_tokens] * len(stream),
+            plan.first,
+        )
         kinds = [r["update"]["kind"] for r in rows[kind] if r["update"] is not None]
         result["policies"][kind] = {
-            "rows": rows[kind], "simulated": sim, "measured": measured, "simulated_summary": simulated,
+            "rows": rows[kind],
+            "simulated": sim,
+            "measured": measured,
+            "simulated_summary": simulated,
             "updates": {k: kinds.count(k) for k in ("head", "full")},
-            "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")}}
+            "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")},
+        }
         result["policies"][kind]["errors"]["raw_tokens_per_second"] = errors(
-            column["tokens_per_second"], sim["raw_tokens_per_second"])
-    config = {"plan": asdict(plan), "model": str(model_dir), "drafter": str(drafter_dir), "draft": DRAFT,
-              "profile": str(profile_path), "max_prompt_tokens": MAX_PROMPT, "policies": list(POLICIES),
-              "adapt": asdict(adapt),
-              "clock": "cpu (process seconds, one torch thread)"}
-    save_result(name, result, config, seed)
-    write_text(RESULTS / f"{name}.md", markdown(result, config))
-    plot(result, RESULTS / f"{name}.png", plan.first)
+            column["tokens_per_second"], sim["raw_tokens_per_second"]
+        )
+    config = {
+        "plan": asdict(plan),
+        "model": str(model_dir),
+        "drafter": str(drafter_dir),
+        "draft": DRAFT,
+        "profile": str(profile_path),
+        "max_prompt_tokens": MAX_PROMPT,
+        "policies": policies,
+        "adapt": asdict(adapt),
+        "clock": "cpu (process seconds, one torch thread)",
+    }
+    save_result(name, result, config, seed, directory=results)
+    write_text(results / f"{name}.md", markdown(result, config))
+    plot(result, results / f"{name}.png", plan.first)
     return result
 
 
 @click.command()
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
-              show_default=True, help="Target model folder.")
-@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFTER,
-              show_default=True, help="SpecBlock drafter folder (save_specblock).")
-@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=DEFAULT_PROFILE,
-              show_default=True, help="CPU cost profile the simulator starts from.")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="Target model folder.",
+)
+@click.option(
+    "--drafter",
+    "drafter_dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_DRAFTER,
+    show_default=True,
+    help="SpecBlock drafter folder (save_specblock).",
+)
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_PROFILE,
+    show_default=True,
+    help="CPU cost profile the simulator starts from.",
+)
 @click.option("--quick", is_flag=True, help="A one-minute smoke run (12 short queries, 4 simulated streams).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--name", default=None, help="Result file name [adapt_live; adapt_live_quick with --quick].")
-def main(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, seed: int,
-         name: str | None) -> None:
+def main(
+    model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, seed: int, name: str | None
+) -> None:
     """Run the live adaptation experiment and write benchmarks/results/<name>.{json,md,png}."""
     name = name or ("adapt_live_quick" if quick else "adapt_live")
     try:
@@ -390,9 +533,11 @@ def main(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, se
         raise click.UsageError(str(err)) from None
     for kind, entry in result["policies"].items():
         m, s = entry["measured"], entry["simulated_summary"]
-        log(f"{kind}: {m['tokens_per_second']:.1f} tok/s (sim {s['tokens_per_second']:.1f}), "
+        log(
+            f"{kind}: {m['tokens_per_second']:.1f} tok/s (sim {s['tokens_per_second']:.1f}), "
             f"tau {m['tau']:.3f} (sim {s['tau']:.3f}), "
-            f"shifted {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f}")
+            f"shifted {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f}"
+        )
     log(f"wrote {RESULTS / name}.json, .md, .png")
 
 

@@ -10,9 +10,12 @@ Seven steps, each writing into one run folder (``--resume`` skips the finished o
 4. ``simulate`` the baseline length policies in the simulator -> ``simulate.json``
 5. ``tune``     Ray Tune over the length policies (and, unless quick, the adaptation policies) ->
                 ``tune/<task>/`` with ``best_<kind>.json`` policy files, copied to ``policies/``
-6. ``deploy``   every policy file in the live engine on held-out prompts (round-robin prompt by
-                prompt, steady-state throughput on the profile's clock) beside the simulator's
-                prediction for the same prompts -> ``deploy.json``
+6. ``deploy``   every length policy file in the live engine on held-out prompts (round-robin prompt
+                by prompt, steady-state throughput on the profile's clock) beside the simulator's
+                prediction for the same prompts -> ``deploy.json``; the adaptation policies (never,
+                always, the cost-aware bandit, and the tuned ones) serve a stream with a domain shift
+                with online updates of the SpecBlock drafter (``experiments.adapt_live``) ->
+                ``adaptation.json``
 7. ``report``   ``report.md`` and ``report.png``: predicted against measured tokens/s per policy, the
                 fidelity error (median absolute relative error), the tuned policies, the LP table
 
@@ -341,12 +344,64 @@ def step_deploy(run: Run) -> dict[str, Any]:
         "prompts": len(prompts),
         "policies": rows,
         "fidelity_error": statistics.median(abs(r["error"]) for r in rows.values()),
+        "adaptation": _adaptation(run),
     }
     write_json(run.path("deploy.json"), result)
     return {
         "fidelity_error": round(result["fidelity_error"], 4),
         "best_measured": max(rows, key=lambda n: rows[n]["measured_tokens_per_second"]),
     }
+
+
+ADAPTATION_KINDS = ("never", "always", "epsilon_greedy", "cost_aware_bandit")
+
+
+def _adaptation(run: Run) -> dict[str, Any]:
+    """Serve the adaptation stream with the default and tuned adaptation policies (SpecBlock drafter);
+    per policy, measured and simulated tokens/s and tau; a note instead when the drafter cannot run."""
+    import torch
+
+    from experiments import adapt_live
+    from simulator.costs import load_profile
+
+    policies = adapt_live.default_policies()
+    for path in sorted((run.out / "policies").glob("tuned-*.json")):
+        spec = json.loads(path.read_text())
+        if spec["kind"] in ADAPTATION_KINDS:
+            policies[path.stem] = {"kind": spec["kind"], "params": spec["params"]}
+    profile = run.path("cost_profile.json")
+    if "specblock" not in load_profile(profile).drafters:  # a quick profile times no feature drafter
+        profile = adapt_live.DEFAULT_PROFILE
+    plan = adapt_live.QUICK_PLAN if run.plan.quick else adapt_live.DEFAULT_PLAN
+    threads = torch.get_num_threads()
+    try:
+        result = adapt_live.run(
+            run.model_dir,
+            MODELS / "specblock",
+            profile,
+            plan,
+            run.plan.seed,
+            "adaptation",
+            policies,
+            results=run.out,
+        )
+    except InputError as err:
+        return {"skipped": str(err)}
+    finally:
+        torch.set_num_threads(threads)
+    out = {}
+    for name, entry in result["policies"].items():
+        measured, simulated = entry["measured"], entry["simulated_summary"]
+        out[name] = {
+            "measured_tokens_per_second": measured["tokens_per_second"],
+            "simulated_tokens_per_second": simulated["tokens_per_second"],
+            "measured_tau": measured["tau"],
+            "simulated_tau": simulated["tau"],
+            "shifted_tau_early": measured["shifted_tau_early"],
+            "shifted_tau_late": measured["shifted_tau_late"],
+            "updates": entry["updates"],
+        }
+    return out
 
 
 def lp_table(quick: bool, seed: int = 0) -> list[dict[str, Any]]:
@@ -396,6 +451,24 @@ def step_report(run: Run) -> dict[str, Any]:
             f"| {r['error']:+.1%} | {r['measured_speedup']:.3f} | {r['predicted_speedup']:.3f} "
             f"| {r['measured_tau']:.2f} | {r['predicted_tau']:.2f} |"
         )
+    adaptation = deploy.get("adaptation", {})
+    lines += ["", "## Online adaptation (SpecBlock drafter, a stream whose domain mix shifts)", ""]
+    if "skipped" in adaptation:
+        lines.append(f"Skipped: {adaptation['skipped']}")
+    else:
+        lines += [
+            "| policy | measured tok/s | simulated tok/s | measured tau | simulated tau "
+            "| shifted-domain tau early -> late | head/full updates |",
+            "|---|---:|---:|---:|---:|---|---|",
+        ]
+        for name, r in adaptation.items():
+            lines.append(
+                f"| {name} | {r['measured_tokens_per_second']:.1f} | "
+                f"{r['simulated_tokens_per_second']:.1f} | {r['measured_tau']:.3f} | "
+                f"{r['simulated_tau']:.3f} | {r['shifted_tau_early']:.3f} -> "
+                f"{r['shifted_tau_late']:.3f} | {r['updates'].get('head', 0)}/"
+                f"{r['updates'].get('full', 0)} |"
+            )
     lines += ["", "## Tuned policies", ""]
     for path in sorted((run.out / "policies").glob("*.json")):
         lines.append(f"- `{path.name}`: `{path.read_text().strip()}`")

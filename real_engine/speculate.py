@@ -146,6 +146,8 @@ class LengthControlled:
         """Draft, let the policy choose n from the length features, keep the n most confident nodes."""
         self.start = clock(self.device)
         self.steps = self.profile.step_seconds(self.kind, range(LENGTH_CAP + 1), float(self.context))
+        if not self.keep_drafting([]):  # nothing would be verified even were the first token certain:
+            max_depth = 0  # skip drafting (a plain decoding step)
         tree = self.drafter.propose(max_depth)
         order, products = ranked_nodes(tree, self.greedy)
         self.obs = length_features(tree_confidences(products[:LENGTH_CAP]), self.context, self.steps)

@@ -169,6 +169,17 @@ def test_a_chain_stops_drafting_where_the_policy_stops(tiny: Transformer) -> Non
         assert drafter.model_seconds > before
 
 
+def test_length_zero_skips_drafting(tiny: Transformer) -> None:
+    profile = load_profile(PROFILE)
+    prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(3))
+    for shape in ({"depth": 4}, {"depth": 3, "width": 2, "budget": 6}):
+        inner = make_drafter("draft-model", tiny, tiny, **shape)
+        drafter = LengthControlled(inner, make_policy("fixed", {"length": 0}), profile, "draft-model")
+        out = generate(tiny, prompt, drafter=drafter, max_new_tokens=10)
+        assert out.tokens == generate(tiny, prompt, max_new_tokens=10).tokens
+        assert drafter.decisions == [(0, 0)] * 10 and inner.model_seconds == 0.0  # the draft model never ran
+
+
 def test_adaptation_policy_is_refused_with_the_fix(tiny: Transformer) -> None:
     with pytest.raises(InputError, match="drafter updates"):
         LengthControlled(

@@ -51,10 +51,13 @@ def _folder(path: Path, flag: str, train: str) -> Path:
               show_default="data/models/target", help="Target checkpoint folder.")
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT,
               show_default="data/models/draft", help="Draft model folder (for --drafter draft-model).")
-@click.option("--draft-length", type=int, default=8, show_default=True, help="Draft depth per iteration.")
-@click.option("--tree-width", type=int, default=1, show_default=True,
-              help="Draft model: >1 drafts a top-k tree.")
-@click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft model tree: nodes kept.")
+@click.option("--draft-length", type=int, default=None,
+              help="Draft depth per iteration [default: 8 for n-gram and the draft model; a trained "
+                   "drafter's own].")
+@click.option("--tree-width", type=int, default=None,
+              help="Draft model: >1 drafts a top-k tree [default 1]; EAGLE: its top-k [default: as trained].")
+@click.option("--tree-budget", type=int, default=None,
+              help="Tree nodes kept [default: 16 for the draft model; a trained drafter's own].")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
               help="Default: greedy at temperature 0, else block (chain) or rrs (tree).")
@@ -65,12 +68,17 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a summary) on stdout.")
 def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path, draft_dir: Path,
-            draft_length: int, tree_width: int, tree_budget: int, max_new_tokens: int, verifier: str | None,
+            draft_length: int | None, tree_width: int | None, tree_budget: int | None, max_new_tokens: int,
+            verifier: str | None,
             temperature: float, seed: int, device: str | None, dtype: str, threads: int | None,
             as_json: bool) -> None:
     """Record one trace row per decoding iteration of the live engine."""
     if drafter not in DRAFTERS:
         raise InputError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
+    if drafter in ("ngram", "draft-model"):  # a trained drafter keeps the settings it was trained with
+        draft_length = 8 if draft_length is None else draft_length
+        tree_width = 1 if tree_width is None else tree_width
+        tree_budget = 16 if tree_budget is None else tree_budget
     names = _domains(domains)
     if prompts < 1:
         raise InputError(f"--prompts {prompts} is too few: trace at least 1 prompt per domain")
@@ -93,11 +101,12 @@ def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path
     if threads is not None:
         torch.set_num_threads(threads)
     sampling = Sampling(temperature)
-    verifier = verifier or ("greedy" if temperature == 0 else "rrs" if tree_width > 1 else "block")
+    tree_drafter = (tree_width or 1) > 1 or drafter in ("specblock", "eagle", "medusa")
+    verifier = verifier or ("greedy" if temperature == 0 else "rrs" if tree_drafter else "block")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_model(model_dir, getattr(torch, dtype), device)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
-    room = target.args.max_position_embeddings - max_new_tokens - draft_length - 1
+    room = target.args.max_position_embeddings - max_new_tokens - (draft_length or 16) - 1
     if room < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
                          f"{target.args.max_position_embeddings} positions: lower it")
