@@ -51,7 +51,8 @@ def test_policy_files_and_traces(tmp_path, capsys):
     save_policy(make_policy("cost_aware_bandit"), tmp_path / "bandit.json")
     recorded = synthetic_traces(default_acceptance(), queries=8, iterations=30, seed=0, drafter="eagle")
     traces = save_traces(recorded, tmp_path / "t.parquet")
-    code, out, err = run(["--traces", str(traces), "--policy", str(tmp_path / "libra.json"),
+    code, out, err = run(["--profile", str(PAPER_PROFILE), "--traces", str(traces),
+                          "--policy", str(tmp_path / "libra.json"),
                           "--policy", str(tmp_path / "bandit.json"), "--queries", "12", "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
