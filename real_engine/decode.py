@@ -212,7 +212,10 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
         else:
             tree = drafter.propose(remaining - 1)
             t1 = clock(device)
-            out, path, token, forward = _speculative_step(model, cache, tree, verifier, sampling, sampler)
+            if tree.size == 1:  # nothing drafted (the last token, or a length policy chose 0): plain step
+                out, path, token, forward = _vanilla_step(model, cache, root, sampling, sampler)
+            else:
+                out, path, token, forward = _speculative_step(model, cache, tree, verifier, sampling, sampler)
             new = [*tree.tokens[list(path)].tolist(), token]
             sizes.append(tree.size)
         t2 = clock(device)
