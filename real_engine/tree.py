@@ -14,6 +14,7 @@ SpecBlock rank head's bucket for the slot that drafted node ``i`` (-1 at the roo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,32 @@ class DraftTree:
                 parents.append(prev)
                 prev = len(tokens) - 1
         return cls(torch.tensor(tokens), torch.tensor(parents), q, child_rule, confidence)
+
+
+def best_subtree(parents: list[int], tokens: list[int], scores: list[float], laws: dict[int, torch.Tensor],
+                 budget: int, device: torch.device | str) -> tuple[DraftTree, dict[int, int]]:
+    """The ``budget`` most likely nodes of a tree grown by ``expand_topk`` (an ancestor-closed set: a
+    child's score never exceeds its parent's) as a top-k ``DraftTree``, renumbered depth first with the
+    most likely sibling first (so ``paths()[0]`` is the most likely path); each node's law from
+    ``laws`` where it keeps children (zero elsewhere) and its confidence ``exp(score - parent score)``.
+    Also returns the old -> new index of the kept nodes."""
+    best = sorted(range(1, len(tokens)), key=lambda n: (-scores[n], n))[:budget]
+    children: dict[int, list[int]] = {n: [] for n in (0, *best)}
+    for n in sorted(best):  # creation order is most likely first among siblings
+        children[parents[n]].append(n)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    index = {old: new for new, old in enumerate(order)}
+    zero = torch.zeros_like(laws[0])
+    confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]
+    tree = DraftTree(torch.tensor([tokens[n] for n in order], device=device),
+                     torch.tensor([index.get(parents[n], -1) for n in order], device=device),
+                     torch.stack([laws[n] if n in laws and children[n] else zero for n in order]), "topk",
+                     torch.tensor(confidence, device=device))
+    return tree, index
 
 
 def expand_topk(frontier: list[int], probs: torch.Tensor, ids: torch.Tensor, parents: list[int],

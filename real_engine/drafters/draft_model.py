@@ -21,7 +21,6 @@ at temperature 0, the warped ``q`` otherwise).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,7 +28,7 @@ import torch
 from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
-from real_engine.tree import DraftTree, expand_topk
+from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
 SHAPES = ("chain", "tree", "paths")
@@ -192,25 +191,10 @@ class DraftModelDrafter:
 
     def _select(self, parents: list[int], tokens: list[int], scores: list[float],
                 laws: dict[int, torch.Tensor]) -> DraftTree:
-        """The ``budget`` most likely nodes (an ancestor-closed set), renumbered depth first."""
-        best = sorted(range(1, len(tokens)), key=lambda n: (-scores[n], n))[:self.budget]
-        kept = {0, *best}
-        children: dict[int, list[int]] = {n: [] for n in kept}
-        for n in sorted(kept - {0}):  # creation order is most likely first among siblings
-            children[parents[n]].append(n)
-        order, stack = [], [0]
-        while stack:
-            node = stack.pop()
-            order.append(node)
-            stack.extend(reversed(children[node]))
-        index = {old: new for new, old in enumerate(order)}
-        zero = torch.zeros_like(laws[0])
+        """The ``budget`` most likely nodes (``tree.best_subtree``), with the forwarded ones' cache slots."""
+        tree, index = best_subtree(parents, tokens, scores, laws, self.budget, self.device)
         self._slots = {index[n]: s for n, s in self._slots.items() if n in index}
-        confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]
-        return DraftTree(torch.tensor([tokens[n] for n in order], device=self.device),
-                         torch.tensor([index.get(parents[n], -1) for n in order], device=self.device),
-                         torch.stack([laws.get(n, zero) for n in order]), "topk",
-                         torch.tensor(confidence, device=self.device))
+        return tree
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Keep the accepted forwarded nodes in the cache; the rest join the backlog."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
-from real_engine.tree import DraftTree, expand_topk
+from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
 
@@ -247,28 +246,7 @@ class EagleDrafter:
             hidden, logits = self._run(cond, [tokens[n] for n in frontier], positions, mask.to(self.device))
             for node, h, row in zip(frontier, hidden, logits, strict=True):
                 hiddens[node], laws[node], ranks[node] = h, warp(row, self.sampling), self._rank(row)
-        return self._select(parents, tokens, scores, laws)
-
-    def _select(self, parents: list[int], tokens: list[int], scores: list[float],
-                laws: dict[int, torch.Tensor]) -> DraftTree:
-        """The ``total_tokens`` most likely nodes, renumbered depth first with the most likely sibling
-        first (so ``paths()[0]`` follows the most likely child at every node)."""
-        best = sorted(range(1, len(tokens)), key=lambda n: (-scores[n], n))[:self.shape.total_tokens]
-        children: dict[int, list[int]] = {n: [] for n in (0, *best)}
-        for n in sorted(best):  # creation order is most likely first among siblings
-            children[parents[n]].append(n)
-        order, stack = [], [0]
-        while stack:
-            node = stack.pop()
-            order.append(node)
-            stack.extend(reversed(children[node]))
-        index = {old: new for new, old in enumerate(order)}
-        zero = torch.zeros_like(laws[0])
-        confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]
-        return DraftTree(torch.tensor([tokens[n] for n in order], device=self.device),
-                         torch.tensor([index.get(parents[n], -1) for n in order], device=self.device),
-                         torch.stack([laws[n] if n in laws and children[n] else zero for n in order]), "topk",
-                         torch.tensor(confidence, device=self.device))
+        return best_subtree(parents, tokens, scores, laws, self.shape.total_tokens, self.device)[0]
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Drop the draft's cache entries; queue the accepted positions with the target's features."""
