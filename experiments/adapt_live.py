@@ -1,8 +1,10 @@
 """Live online adaptation on a stream whose domain mix shifts, and the simulator's prediction of it.
 
-1. **Stream**: *evaluation* prompts (the second half of each ``data/prompts/<domain>.jsonl``; the first
-   half calibrates traces elsewhere): ``first`` queries of the first domain (code), then ``mixed``
-   queries taking every domain in turn. Each query generates ``max_new_tokens`` tokens, greedy.
+1. **Stream**: held-out prompts of each ``data/prompts/<domain>.jsonl``, its evaluation half first,
+   then its calibration half (no prompt is used twice; the stream is long enough that an update's
+   cost can pay back, as in the paper's 2K-query streams): ``first`` queries of the first domain
+   (code), then ``mixed`` queries taking every domain in turn. Each query generates
+   ``max_new_tokens`` tokens, greedy.
 2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``never``, ``always`` and
    ``cost_aware_bandit`` with their default parameters) serves the same stream through
    ``real_engine.adapt.run_stream``; updates are waited for before the next query and everything is
@@ -11,13 +13,13 @@
 3. **Fit**: ``simulator.acceptance.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
    of all three streams, with the acceptance model replayed from the ``never`` stream's iterations.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
-   policy, ``seeds`` times, on the shipped CPU profile with two engine-side substitutions: drafting
-   costs the deployed tree's time (starts x blocks of the profile's own grid) at every length, and an
-   update costs the median CPU seconds the engine measured for its kind. Simulated tokens/s are then
-   scaled by one factor, measured over simulated tokens/s of the ``never`` stream (the profile times
-   random-weight trees of the whole budget; the trained drafter's trees are smaller), so the other
-   policies' speeds are predicted out of sample. Per-query means are compared with the engine's
-   (prefill is in the engine's query time, not in the simulator's).
+   policy, ``seeds`` times, on the shipped CPU profile. Drafting costs the profile's SpecBlock series
+   at the shapes the drafter really ran on the ``never`` stream (block forwards and start nodes, which
+   its rank head decides: ``SpecBlockDrafter.shapes``); verification costs the tree sizes the replayed
+   iterations verified (``verified_shares``); an update costs the profile's time for SpecBlock's
+   update of a full buffer (``real_engine.profile.specblock_update_samples``) times the used buffer's
+   fill. Nothing measured on the stream's own speed enters the prediction. Per-query means are
+   compared with the engine's (prefill is in the engine's query time, not in the simulator's).
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
 and ``.png``. Run: ``python -m experiments.adapt_live`` (``--quick`` for a one-minute smoke run).
@@ -47,7 +49,7 @@ DEFAULT_PROFILE = REPO / "data" / "profiles" / "cpu_shipped.json"
 RESULTS = REPO / "benchmarks" / "results"
 POLICIES = ("never", "always", "cost_aware_bandit")
 """The policies compared by default, with their default parameters (``never`` must always be there: its
-stream gives the traces and the speed calibration)."""
+stream gives the traces and the drafting shapes the simulator replays)."""
 DOMAINS = ("code", "tests", "prose", "text")
 DRAFT = {"blocks": 2, "starts": 4, "budget": 16}  # the deployed tree; budget = the simulator's positions
 MAX_PROMPT = 192  # prompt tokens kept (each prompt's last ones)
@@ -63,7 +65,7 @@ class Plan:
     sim_seeds: int
 
 
-DEFAULT_PLAN = Plan(first=12, mixed=36, max_new_tokens=48, sim_seeds=32)
+DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32)
 QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4)
 
 
@@ -103,9 +105,9 @@ def serve(
     config: Any,
     seed: int,
     policies: Mapping[str, Mapping[str, Any]],
-) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, float]]]:
     """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
-    content) and the ``never`` stream's iterations as trace rows."""
+    content), and the ``never`` stream's iterations as trace rows and its drafting shapes."""
     from policies.base import make_policy
     from real_engine.adapt import run_stream
     from real_engine.decode import generate
@@ -114,6 +116,7 @@ def serve(
 
     rows: dict[str, list[dict[str, Any]]] = {}
     traces: list[dict[str, Any]] = []
+    shapes: list[dict[str, float]] = []
     counts: dict[int, int] = {}
 
     def keep(query: int, iteration: Any) -> None:
@@ -140,7 +143,9 @@ def serve(
             ),
         )
         log(f"{kind}: {len(stream)} queries in {time.perf_counter() - began:.0f} s")
-    return rows, traces
+        if kind == "never":
+            shapes = drafter.shapes
+    return rows, traces, shapes
 
 
 def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
@@ -160,44 +165,6 @@ def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
     return AdaptRecord(domain, column["tau"], action, fill, share, column["reverted"], column["checkpoint"])
 
 
-def update_costs(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, list[float]]:
-    """CPU seconds of every update the engine ran, by kind."""
-    costs: dict[str, list[float]] = {"head": [], "full": []}
-    for stream in rows.values():
-        for row in stream:
-            if row["update"] is not None:
-                costs[row["update"]["kind"]].append(row["update"]["cpu_seconds"])
-    return costs
-
-
-def sim_profile(profile_path: Path, costs: Mapping[str, Sequence[float]]) -> tuple[Any, dict[str, Any]]:
-    """The shipped profile with the deployed tree's drafting time at every length and the engine's
-    update costs (a kind the engine never ran keeps the profile's); also what was substituted."""
-    from simulator.costs import load_profile, profile_from_json
-
-    shipped = load_profile(profile_path)
-    data = json.loads(profile_path.read_text())
-    data.pop("fits", None)
-    draft = float(shipped.draft_seconds("specblock", starts=DRAFT["starts"], blocks=DRAFT["blocks"]))
-    data["samples"]["draft"]["specblock"] = [
-        {"starts": 1, "blocks": b, "seconds": [draft]} for b in range(1, 5)
-    ]
-    for kind, seconds in costs.items():
-        if seconds:
-            data["samples"]["update"][kind] = list(seconds)
-    data["derived_from"] = {
-        "source": f"{profile_path.name} and the adapt_live engine run",
-        "derivation": "specblock drafting = the profile's starts=4 x blocks=2 time at every length; "
-        "update seconds = the engine's measured CPU seconds",
-    }
-    profile = profile_from_json(data)
-    return profile, {
-        "draft_seconds": draft,
-        "update_measured": {k: len(v) for k, v in costs.items()},
-        "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
-    }
-
-
 def simulate(
     spec: Mapping[str, Any],
     stream_domains: Sequence[str],
@@ -207,9 +174,10 @@ def simulate(
     plan: Plan,
     prompt_tokens: tuple[int, int],
     seed: int,
+    shapes: Sequence[Mapping[str, float]],
 ) -> dict[str, list[float]]:
     """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of the policy ``spec``
-    (policy-file content)."""
+    (policy-file content), drafting costed at the recorded SpecBlock ``shapes``."""
     from policies.base import make_policy
     from simulator.envs import AdaptStreamEnv
 
@@ -222,6 +190,7 @@ def simulate(
         prompt_tokens=prompt_tokens,
         phases=[(1, {d: 1.0}) for d in stream_domains],
         dynamics=dynamics,
+        draft_shape=list(shapes),
     )
     q = len(stream_domains)
     tau, tps, update, updated = (np.zeros((plan.sim_seeds, q)) for _ in range(4))
@@ -307,21 +276,23 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     fit = result["fit"]
     lines += [
         "",
-        "Simulator error (sim / measured - 1; per-query MAPE of the seed-averaged prediction). "
-        f"Simulated tokens/s are scaled by {result['speed_calibration']:.3f}, the ratio of measured to "
-        "simulated tokens/s on the `never` stream (the profile times random-weight trees of the full "
-        "budget); the raw column is before that scaling.",
+        "Simulator error (sim / measured - 1; per-query MAPE of the seed-averaged prediction; no factor "
+        "fitted to the measured speed). Drafting is costed at the SpecBlock shapes the `never` stream "
+        f"ran (mean {result['simulator_profile']['draft_shape']['blocks']:.2f} block forwards, "
+        f"{result['simulator_profile']['draft_shape']['starts']:.2f} start nodes per later block); "
+        "updates at the profile's full-buffer times "
+        f"({result['simulator_profile']['update_seconds']['head']:.2f} s head, "
+        f"{result['simulator_profile']['update_seconds']['full']:.2f} s full) times the buffer's fill.",
         "",
-        "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean | raw tokens/s mean |",
-        "|---|---|---|---|---|---|",
+        "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean |",
+        "|---|---|---|---|---|",
     ]
     for kind, entry in result["policies"].items():
         e = entry["errors"]
         lines.append(
             f"| {kind} | {e['tau']['per_query_mape']:.1%} | {e['tau']['mean_error']:+.1%} | "
             f"{e['tokens_per_second']['per_query_mape']:.1%} | "
-            f"{e['tokens_per_second']['mean_error']:+.1%} | "
-            f"{e['raw_tokens_per_second']['mean_error']:+.1%} |"
+            f"{e['tokens_per_second']['mean_error']:+.1%} |"
         )
     lines += [
         "",
@@ -393,20 +364,21 @@ def run(
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts
     from simulator.acceptance import AdaptationDynamics, TraceReplay, adaptation_tau, fit_adaptation
+    from simulator.costs import load_profile
 
     torch.set_num_threads(1)
     target = load_model(model_dir)
     tokenizer = Tokenizer.load(model_dir)
     count = plan.first + -(-plan.mixed // len(DOMAINS))
-    held = load_prompts(DOMAINS, count, tokenizer.encode, "evaluation", MAX_PROMPT)
+    held = [p for part in ("evaluation", "calibration")
+            for p in load_prompts(DOMAINS, count, tokenizer.encode, part, MAX_PROMPT)]
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
     stream = build_stream(by_domain, plan.first, plan.mixed)
     adapt = AdaptConfig(clock="cpu", seed=seed)
-    rows, traces = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
+    rows, traces, shapes = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
-    costs = update_costs(rows)
     base = AdaptationDynamics(head_capacity=adapt.head_capacity, full_capacity=adapt.full_capacity)
     records = [record_of(rows[kind], domains) for kind in policies]
     fitted = fit_adaptation(survival, records, base)
@@ -415,7 +387,10 @@ def run(
         residual = np.concatenate([adaptation_tau(dynamics, survival, r) - r.tau for r in records])
         return float(np.sqrt(np.mean(residual**2)))
 
-    profile, substituted = sim_profile(profile_path, costs)
+    profile = load_profile(profile_path)
+    costed = {"draft_shape": {k: float(np.mean([s[k] for s in shapes])) for k in ("blocks", "starts")},
+              "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
+              "update_model": json.loads(profile_path.read_text()).get("measurement", {}).get("update_model")}
     lengths = [len(tokens) for _, tokens in stream]
     stream_domains = [d for d, _ in stream]
     result: dict[str, Any] = {
@@ -427,24 +402,16 @@ def run(
             "rmse_tau": rmse(fitted),
             "rmse_tau_paper": rmse(base),
         },
-        "simulator_profile": substituted,
+        "simulator_profile": costed,
         "acceptance_domains": domains,
     }
     prompt_range = (min(lengths), max(lengths))
     sims = {
-        kind: simulate(spec, stream_domains, acceptance, profile, fitted, plan, prompt_range, seed)
+        kind: simulate(spec, stream_domains, acceptance, profile, fitted, plan, prompt_range, seed, shapes)
         for kind, spec in policies.items()
     }
-    # One speed factor from the no-adaptation stream: the profile's step costs are for random-weight
-    # trees of the full budget, the trained drafter's are smaller; every other policy is out of sample.
-    scale = float(
-        np.mean([r["tokens_per_second"] for r in rows["never"]]) / np.mean(sims["never"]["tokens_per_second"])
-    )
-    result["speed_calibration"] = scale
     for kind in policies:
         sim = sims[kind]
-        sim["raw_tokens_per_second"] = sim["tokens_per_second"]
-        sim["tokens_per_second"] = [scale * v for v in sim["raw_tokens_per_second"]]
         column = {
             key: [r[key] for r in rows[kind]]
             for key in ("tau", "tokens_per_second", "update_seconds", "new_tokens")
@@ -474,9 +441,6 @@ def run(
             "updates": {k: kinds.count(k) for k in ("head", "full")},
             "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")},
         }
-        result["policies"][kind]["errors"]["raw_tokens_per_second"] = errors(
-            column["tokens_per_second"], sim["raw_tokens_per_second"]
-        )
     config = {
         "plan": asdict(plan),
         "model": str(model_dir),

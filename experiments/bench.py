@@ -284,6 +284,36 @@ def agreement(target: Transformer, draft: Transformer, prompts: Sequence[list[in
     return {"top1": agree / total, "tokens": total}
 
 
+@torch.inference_mode()
+def rank_confusion(target: Transformer, net: Any, prompts: Sequence[list[int]], seed: int = 0,
+                   top_k: int = 32) -> dict[str, Any]:
+    """SpecBlock's rank head, teacher-forced on the prompts' real text: the confusion counts of the
+    target token's rank bucket in the draft law (rows) against the predicted bucket (columns), over
+    the valid-prefix positions of M = 2 blocks started at every position (the training loss's view)."""
+    from real_engine.train_specblock import specblock_loss
+
+    device = target.lm_head.weight.device
+    generator = torch.Generator().manual_seed(seed)
+    total = None
+    for ids in prompts:
+        if len(ids) < 3:
+            continue
+        tokens = torch.tensor([ids], device=device)
+        out = target(tokens)
+        top = out.logits.float().log_softmax(-1).topk(min(top_k, out.logits.shape[-1]), dim=-1)
+        batch = {"tokens": tokens, "features": out.features.float(), "topk_logp": top.values,
+                 "topk_ids": top.indices}
+        starts = torch.arange(len(ids) - 1, device=device)
+        slots = torch.randint(0, net.config.block_size, (1, starts.numel()), generator=generator).to(device)
+        counts = torch.tensor(specblock_loss(net, batch, starts, slots)[1]["confusion"])
+        total = counts if total is None else total + counts
+    if total is None:
+        raise InputError("no prompt has 3 tokens or more: give longer prompts for the rank-head confusion")
+    positions = int(total.sum())
+    return {"confusion": total.tolist(), "positions": positions,
+            "accuracy": float(total.diagonal().sum()) / max(positions, 1)}
+
+
 def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Sequence[Measurement],
               hf_base: Sequence[Measurement] | None = None) -> dict[str, Any]:
     """One row from a config's measurements and vanilla's on the same prompts; for ``hf-assisted``,

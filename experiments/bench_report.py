@@ -19,7 +19,8 @@ def _num(x: float | None, digits: int = 2) -> str:
 
 
 def markdown(results: dict[str, Any], title: str) -> str:
-    """The rows as markdown tables (one per temperature), the draft model's agreement and the notes."""
+    """The rows as markdown tables (one per temperature), the draft model's agreement, SpecBlock's
+    rank-head confusion and the notes."""
     rows = results["rows"]
     lines = [f"# {title}", ""]
     for t in sorted({r["temperature"] for r in rows}):
@@ -45,6 +46,20 @@ def markdown(results: dict[str, Any], title: str) -> str:
                     if r["domain"] == domain and r["drafter"] == "draft-model" and r["temperature"] == 0}
             lines.append(f"| {domain} | {a['tokens']} | {a['top1']:.3f} | {_num(taus.get('chain'))} | "
                          f"{_num(taus.get('tree'))} |")
+        lines.append("")
+    confusion = results.get("rank_confusion") or {}
+    if confusion:
+        lines += ["## SpecBlock rank head: teacher-forced confusion on the prompts' text", "",
+                  "Rows: the bucket of the target token's rank in the draft law (0: rank 1, 1: ranks 2-4, "
+                  "2: ranks 5-10, 3: beyond); columns: the predicted bucket; counts over the valid-prefix "
+                  "positions of two blocks started at every position.", "",
+                  "| domain | true bucket | pred 0 | pred 1 | pred 2 | pred 3 | accuracy |",
+                  "|---|---|---|---|---|---|---|"]
+        for domain, c in confusion.items():
+            for bucket, counts in enumerate(c["confusion"]):
+                accuracy = f"{c['accuracy']:.3f}" if bucket == 0 else ""
+                lines.append(f"| {domain if bucket == 0 else ''} | {bucket} | "
+                             + " | ".join(str(n) for n in counts) + f" | {accuracy} |")
         lines.append("")
     if results.get("notes"):
         lines += ["## Notes", "", *(f"- {n}" for n in results["notes"]), ""]

@@ -1,7 +1,8 @@
 """Measured fidelity: the simulator's predicted tokens/s against the live engine's, per configuration.
 
-Fixed configurations (draft-model chains of 2, 4 and 6 tokens, the n-gram drafter, a draft-model
-top-k tree, and vanilla decoding) are run twice:
+Fixed configurations (vanilla decoding; draft-model chains of 2, 4 and 6 tokens; the n-gram drafter;
+a draft-model top-k tree; SpecBlock with M = 1, 2 and 3 block forwards; EAGLE-style trees 2, 4 and 6
+deep; Medusa-style heads) are run twice:
 
 - in the engine on *evaluation* prompts (the second half of each domain's prompt file), all
   configurations round-robin prompt by prompt, measuring steady-state decode throughput: the new
@@ -15,16 +16,18 @@ Each configuration replays a calibration trace recorded with its own draft shape
 at n (a greedy chain of n accepts the first n of what a deeper chain accepts) is biased: the deeper
 drafter crosses easy stretches of text in fewer iterations, so its iterations over-represent hard
 ones (``TraceReplay`` samples iterations uniformly); here that under-predicted n-gram 4's tau by
-about 10% from a depth-8 trace. The simulator costs drafting as a chain (``T_draft(n)`` of n
-draft-model tokens); a top-k tree instead is drafted whole whatever n is verified, so its drafting
-is timed per tree shape (``real_engine.profile.drafter_seconds``, on the profile's clock) and the
-tree's simulator is given a profile whose draft-model time is that for every n.
+about 10% from a depth-8 trace. Chains are costed per drafted token (``T_draft(n)``). Trees are
+drafted whole however many nodes are verified, so they are costed by their shape's series in the
+profile (``draft_shape``): the draft model's tree by depth and width, EAGLE by depth, and SpecBlock by
+the block forwards and start nodes it really ran on each calibration iteration (its rank head decides
+them; ``SpecBlockDrafter.shapes``), at their mean cost. Trees are kept within the simulator's 16
+positions (``LENGTH_CAP``) and verified whole.
 
 Timing: the comparison uses the profile's clock. On a shared CPU machine the profile is measured on
 the CPU clock (process CPU seconds, one torch thread), which other jobs' load barely moves; the
 engine's throughput is then taken on the same clock, and the wall-clock error is reported beside
-it. SpecBlock, EAGLE and Medusa are skipped, with the reason, unless the engine can build them.
-Writes ``benchmarks/results/fidelity.json`` (with provenance) and ``fidelity.md``.
+it. A configuration whose drafter the engine cannot build (no trained weights) is skipped with the
+reason. Writes ``benchmarks/results/fidelity.json`` (with provenance) and ``fidelity.md``.
 
 Run: ``python -m experiments.fidelity`` (``--help`` for the sizes).
 """
@@ -61,17 +64,27 @@ class Config:
     drafter: str  # "none" for vanilla
     trace: str  # key of the calibration trace (TRACES); "" for vanilla
     length: int
-    depth: int = 1
-    width: int = 1
-    budget: int = 16
+    depth: int | None = None
+    width: int | None = None
+    budget: int | None = None
+    blocks: int | None = None
+
+    @property
+    def options(self) -> dict[str, int | None]:
+        """The drafter options ``make_drafter`` takes."""
+        return {"depth": self.depth, "width": self.width, "budget": self.budget, "blocks": self.blocks}
 
 
+TREE = 16  # drafted nodes of every tree configuration: the simulator's LENGTH_CAP
 TRACES: dict[str, dict[str, Any]] = {
     "chain-2": {"drafter": "draft-model", "depth": 2},
     "chain-4": {"drafter": "draft-model", "depth": 4},
     "chain-6": {"drafter": "draft-model", "depth": 6},
     "ngram-4": {"drafter": "ngram", "depth": 4},
-    "tree-4x3": {"drafter": "draft-model", "depth": 4, "width": 3, "budget": 12},
+    "tree-4x3": {"drafter": "draft-model", "depth": 4, "width": 3, "budget": TREE},
+    **{f"specblock-{m}": {"drafter": "specblock", "blocks": m, "budget": TREE} for m in (1, 2, 3)},
+    **{f"eagle-{d}": {"drafter": "eagle", "depth": d, "budget": TREE} for d in (2, 4, 6)},
+    "medusa": {"drafter": "medusa", "budget": TREE},
 }
 CONFIGS = (
     Config("vanilla", "none", "", 0),
@@ -79,27 +92,36 @@ CONFIGS = (
     Config("draft-model chain 4", "draft-model", "chain-4", 4, depth=4),
     Config("draft-model chain 6", "draft-model", "chain-6", 6, depth=6),
     Config("n-gram 4", "ngram", "ngram-4", 4, depth=4),
-    Config("draft-model tree 4x3 (12 nodes)", "draft-model", "tree-4x3", 12, depth=4, width=3, budget=12),
+    Config(f"draft-model tree 4x3 ({TREE} nodes)", "draft-model", "tree-4x3", TREE, depth=4, width=3,
+           budget=TREE),
+    *(Config(f"specblock M={m} ({TREE} nodes)", "specblock", f"specblock-{m}", TREE, blocks=m, budget=TREE)
+      for m in (1, 2, 3)),
+    *(Config(f"eagle depth {d} ({TREE} nodes)", "eagle", f"eagle-{d}", TREE, depth=d, budget=TREE)
+      for d in (2, 4, 6)),
+    Config(f"medusa ({TREE} nodes)", "medusa", "medusa", TREE, budget=TREE),
 )
 
 
-def tree_profile(profile: Any, seconds: float) -> Any:
-    """``profile`` with the draft-model's drafting time set to ``seconds`` for every n: a top-k tree is
-    drafted whole (one draft forward per level) however many of its nodes are verified, so its cost is
-    measured per tree shape, not per token."""
-    from simulator.costs import profile_from_json
-
-    data = profile.to_json()
-    data.pop("fits")
-    tokens = sorted({row["tokens"] for row in data["samples"]["draft"]["draft-model"]})
-    data["samples"]["draft"]["draft-model"] = [{"tokens": n, "seconds": [seconds]} for n in tokens]
-    return profile_from_json(data)
+def draft_shape(config: Config, shapes: Sequence[Mapping[str, float]] = ()) -> Any:
+    """How the simulator costs ``config``'s drafting (``SpecLengthBatch``'s ``draft_shape``): None for a
+    chain or a one-call drafter, the tree's series parameters, or SpecBlock's recorded ``shapes``."""
+    if config.drafter == "draft-model" and (config.width or 1) > 1:
+        return {"depth": config.depth, "width": config.width}
+    if config.drafter == "eagle":
+        return {"depth": config.depth}
+    if config.drafter == "specblock":
+        if not shapes:
+            raise InputError(f"{config.name}: no recorded SpecBlock drafting shapes: record its calibration "
+                             "trace here instead of passing it with --traces")
+        return list(shapes)
+    return None
 
 
 def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], tokens: int, queries: int,
-             seed: int, tree_seconds: float | None = None, policy: Any = None) -> dict[str, float]:
+             seed: int, shape: Any = None, policy: Any = None) -> dict[str, float]:
     """The simulator's tokens/s, tau and mean iteration seconds for ``config`` on prompts like ``prompts``
-    (with ``policy`` choosing the lengths instead of the config's fixed length, when given)."""
+    (drafting costed by ``shape``, see ``draft_shape``; ``policy`` chooses the lengths instead of the
+    config's fixed length, when given)."""
     from policies.base import make_policy
     from simulator.acceptance import TraceReplay
     from simulator.rollout import run_length
@@ -110,10 +132,9 @@ def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], 
     weights = {d: domains.count(d) for d in replay.domains if d in domains}
     lengths = [len(p.tokens) for p in prompts]
     kind = "ngram" if config.drafter == "none" else config.drafter  # T(0) is vanilla for every kind
-    if tree_seconds is not None:
-        profile = tree_profile(profile, tree_seconds)
     env = SpecLengthVectorEnv(queries, profile, replay, kind, tokens_per_query=tokens,
-                              prompt_tokens=(min(lengths), max(lengths)), domain_weights=weights)
+                              prompt_tokens=(min(lengths), max(lengths)), domain_weights=weights,
+                              draft_shape=shape)
     out = run_length(policy or make_policy("fixed", {"length": config.length}), env, seed)
     return {"tokens_per_second": out.tokens_per_second, "tau": out.tau,
             "iteration_seconds": out.seconds / out.iterations}
@@ -151,32 +172,33 @@ class Engine:
     max_new_tokens: int
     seed: int
 
-    def drafter_factory(self, drafter: str, depth: int, width: int = 1, budget: int = 16
-                        ) -> Callable[[], Any] | None:
-        """A builder of fresh drafters (None for vanilla); InputError when the engine lacks one."""
+    def drafter_factory(self, config: Config | Mapping[str, Any]) -> Callable[[], Any] | None:
+        """A builder of fresh drafters for a config (or a TRACES entry); None for vanilla; InputError when
+        the engine cannot build the drafter (no trained weights)."""
         from real_engine.decode import make_drafter
 
-        if drafter == "none":
+        spec = asdict(config) if isinstance(config, Config) else dict(config)
+        name = spec["drafter"]
+        options = {k: spec.get(k) for k in ("depth", "width", "budget", "blocks")}
+        if name == "none":
             return None
-        make_drafter(drafter, self.target, self.draft, depth=depth, width=width, budget=budget)
-        return lambda: make_drafter(drafter, self.target, self.draft, depth=depth, width=width, budget=budget)
+        make_drafter(name, self.target, self.draft, **options)
+        return lambda: make_drafter(name, self.target, self.draft, **options)
 
-    def trace(self, prompts: Sequence[Any], drafter: str, depth: int = 1, width: int = 1,
-              budget: int = 16) -> Any:
-        """Traces of decoding ``prompts`` with a drafter (a DataFrame of ``simulator.traces``)."""
+    def trace(self, prompts: Sequence[Any], spec: Mapping[str, Any]) -> tuple[Any, list[dict[str, float]]]:
+        """Traces of decoding ``prompts`` with the drafter of a TRACES entry (a DataFrame of
+        ``simulator.traces``), and the drafting shapes it recorded (SpecBlock's; empty for others)."""
         from real_engine.trace import record
 
-        factory = self.drafter_factory(drafter, depth, width, budget)
-        return record(self.target, prompts, factory, drafter, max_new_tokens=self.max_new_tokens,
-                      eos_id=self.eos_id, seed=self.seed).traces
+        factory, built = self.drafter_factory(spec), []
 
-    def tree_draft_seconds(self, config: Config, clock: str) -> float:
-        """Median seconds of one iteration's drafting of ``config``'s tree, timed as the profiler does."""
-        from real_engine.profile import drafter_seconds
+        def build() -> Any:
+            built.append(factory())
+            return built[-1]
 
-        factory = self.drafter_factory(config.drafter, config.depth, config.width, config.budget)
-        return statistics.median(drafter_seconds(self.target, factory(), config.depth, clock_kind=clock,
-                                                 seed=self.seed))
+        traces = record(self.target, prompts, build, spec["drafter"], max_new_tokens=self.max_new_tokens,
+                        eos_id=self.eos_id, seed=self.seed).traces
+        return traces, [s for d in built for s in getattr(d, "shapes", [])]
 
     def measure(self, prompts: Sequence[Any], configs: Sequence[Config],
                 log: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
@@ -184,7 +206,7 @@ class Engine:
         change of load on a shared machine touches all configs alike); config name -> ``steady_state``."""
         from real_engine.decode import generate
 
-        factories = {c.name: self.drafter_factory(c.drafter, c.depth, c.width, c.budget) for c in configs}
+        factories = {c.name: self.drafter_factory(c) for c in configs}
         clocks: dict[str, list[StepClock]] = {c.name: [] for c in configs}
         for i, prompt in enumerate(prompts):
             log(f"engine: prompt {i + 1}/{len(prompts)} with {len(configs)} configurations")
@@ -204,10 +226,11 @@ def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Sequence
     in the engine and the simulator, compare the prediction with the throughput measured on ``clock``
     (the profile's clock)."""
     traces, skipped, rows = dict(recorded or {}), [], []
+    shapes: dict[str, list[dict[str, float]]] = {}
     for key in sorted({c.trace for c in configs if c.trace} - set(traces)):
         try:
             log(f"calibration trace {key} ({len(calibration)} prompts)")
-            traces[key] = engine.trace(calibration, **TRACES[key])
+            traces[key], shapes[key] = engine.trace(calibration, TRACES[key])
         except InputError as err:
             skipped.append({"trace": key, "reason": str(err)})
     any_trace = next(iter(traces.values()), None)
@@ -219,11 +242,12 @@ def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Sequence
     measured = engine.measure(evaluation, runnable, log)
     for config in runnable:
         real = measured[config.name]
-        tree = engine.tree_draft_seconds(config, clock) if config.width > 1 else None
+        shape = draft_shape(config, shapes.get(config.trace, ()))
         sim = simulate(profile, sources[config.name], config, evaluation, engine.max_new_tokens, queries,
-                       engine.seed, tree)
+                       engine.seed, shape)
         rows.append({
-            **asdict(config), "measured": real, "predicted": sim, "tree_draft_seconds": tree,
+            **asdict(config), "measured": real, "predicted": sim,
+            "draft_shape": shape if not isinstance(shape, list) else _mean_shape(shape),
             "error": sim["tokens_per_second"] / real[clock]["tokens_per_second"] - 1.0,
             f"error_{other}_clock": sim["tokens_per_second"] / real[other]["tokens_per_second"] - 1.0,
             "tau_error": sim["tau"] / real["tau"] - 1.0,
@@ -296,18 +320,9 @@ def given_traces(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def feature_notes(engine: Engine, models: Path = REPO / "data" / "models") -> list[dict[str, str]]:
-    """Why SpecBlock (M = 1, 2, 3), EAGLE and Medusa configurations are not in the comparison."""
-    notes = []
-    for kind in ("specblock", "eagle", "medusa"):
-        weights = "shipped weights found" if (models / kind).is_dir() else f"no weights in data/models/{kind}"
-        try:
-            engine.drafter_factory(kind, 4)
-            reason = f"{weights}; the engine builds it but this harness has no configuration for it"
-        except InputError as err:
-            reason = f"{weights}; the engine cannot build it: {err}"
-        notes.append({"config": kind, "reason": reason})
-    return notes
+def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The mean of each parameter over recorded shapes (for the report)."""
+    return {k: statistics.fmean(s[k] for s in shapes) for k in shapes[0]}
 
 
 @click.command()
@@ -352,7 +367,6 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
     recorded = given_traces(trace_files)
     result = run_fidelity(engine, profile, clock, cal, ev, configs, queries, recorded,
                           log=lambda m: click.echo(f"[{time.perf_counter() - start:6.0f} s] {m}", err=True))
-    result["skipped"] += feature_notes(engine)
     meta = {"profile": str(profile_path), "model": str(model_dir),
             "draft_model": str(draft_dir) if draft is not None else None,
             "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,

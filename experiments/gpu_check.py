@@ -276,7 +276,7 @@ def overlap_jobs(plan: Plan, target: Transformer, specblock: SpecBlock, seed: in
     full update of a copy of ``specblock``.
 
     The verify step is the decode loop's (tree forward, greedy verification, cache compaction) without
-    its ``clock`` calls, which synchronize the whole device and so would wait for a side stream.
+    its ``clock`` calls, which would wait for the stream between verify steps; CUDA events time it.
     """
     device = target.lm_head.weight.device
     context, nodes = plan.grid.contexts[-1], min(32, max(plan.grid.nodes))

@@ -16,7 +16,9 @@ An :class:`Adapter` runs the lifecycle an adaptation policy drives once per quer
   queries, from each one's first buffered rejection on; ``START_RULES``) plus ``kl_weight`` times
   KL(pre-update draft law || updated draft law) on the same block rows. ``head`` trains the LM head
   and the rank head only, ``full`` every parameter; a head update drains the head buffer, a full
-  update both (as ``AdaptStream`` does).
+  update both (as ``AdaptStream`` does). On a GPU the thread's work runs on its own CUDA stream
+  (``side_stream``), overlapping the target's verify forwards; ``drafters.base.clock`` waits only for
+  the decode thread's stream, so decode timings exclude it.
 - **Swap**: the trained copy is handed over under a lock and goes live at the next ``begin``, by
   replacing the drafter's network reference. A live network is never modified, so a query sees one set
   of weights from its first to its last draft, whatever the trainer is doing.
@@ -262,6 +264,21 @@ class UpdateReport:
     fill: float = math.nan  # the used buffer's fill when the update started (set by the Adapter)
 
 
+@contextmanager
+def side_stream(device: torch.device) -> Iterator[None]:
+    """On a GPU, run the enclosed work on its own CUDA stream, so that it overlaps the target's verify
+    forwards on the decode thread's stream, and wait for it before leaving (a network is offered only
+    once complete); elsewhere (the CPU's background thread) do nothing."""
+    if device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
+
+
 def reference_kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Mean KL(reference || current) of the draft laws over all rows ([..., V] each)."""
     ref = reference_logits.float().log_softmax(-1)
@@ -424,7 +441,8 @@ class Adapter:
     def _train(self, net: SpecBlock, data: list[tuple[Feedback, list[int]]], kind: str, fill: float,
                epoch: int, seed: int) -> None:
         try:
-            new, report = update_drafter(net, data, kind, self.config, seed)
+            with side_stream(net.lm_head.weight.device):
+                new, report = update_drafter(net, data, kind, self.config, seed)
         except BaseException as exc:  # re-raised in the caller's thread by wait() / end_query()
             self._error = exc
             return

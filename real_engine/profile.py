@@ -6,8 +6,9 @@ compaction) over a grid of tree sizes and context lengths, its vanilla step over
 available drafter's ``propose`` + ``accept`` (one iteration's drafting, the first half of the first
 path accepted) per shape of what it drafts (a draft-model chain by tokens and its top-k tree by depth
 and width, EAGLE's dynamic tree by depth, SpecBlock by block forwards and start positions; the settings
-each series holds fixed go to ``draft_shapes``), and a backward plus AdamW step of a head-only and a
-full drafter update. Timings run
+each series holds fixed go to ``draft_shapes``), and a head-only and a full drafter update: the
+SpecBlock drafter's online update as ``real_engine.adapt`` runs it, on synthetic buffers filled to
+capacity, when SpecBlock is profiled, else one next-token step of the draft model. Timings run
 round-robin (``Bench``): after warm-up rounds, every round calls each configuration once, so repeats
 spread over the whole run and target and drafter calls alternate as in the decode loop; the profile
 stores every repeat and ``simulator.costs`` takes their median. The clock is the wall clock, or on a
@@ -277,7 +278,7 @@ def drafter_seconds(target: Transformer, drafter: Drafter, depth: int, *, clock_
 
 def update_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0) -> dict[str, list[float]]:
     """Seconds of one next-token-loss backward plus AdamW step, LM head only vs all parameters (on a
-    copy), timed when ``bench`` runs."""
+    copy), timed when ``bench`` runs: the update cost of a plain LM drafter (no SpecBlock profiled)."""
     device = model.lm_head.weight.device
     sequences, length = grid.update_batch
     length = min(length, model.args.max_position_embeddings)
@@ -298,6 +299,44 @@ def update_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0) 
             optimizer.step()
 
         out[kind] = bench.add(step, inference=False)
+    return out
+
+
+NEW_TOKENS = 48  # generated tokens of a synthetic feedback query (as adapt_live's); the rest is prompt
+REJECTED_EVERY = 3  # a cut-short draft every third generated position (about what the engine buffers)
+
+
+def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: Bench, seed: int = 0
+                             ) -> dict[str, list[float]]:
+    """Seconds of one online update of the SpecBlock drafter as the engine runs it
+    (``real_engine.adapt.update_drafter``, ``AdaptConfig`` defaults), head and full, each on a buffer
+    filled to its capacity with synthetic feedback: queries of ``grid.update_batch[1]`` random tokens
+    whose last ``NEW_TOKENS`` are roots, every ``REJECTED_EVERY``-th rejected, with the target's own
+    features and top-k log-probabilities. Timed when ``bench`` runs."""
+    from real_engine.adapt import AdaptConfig, Feedback, update_drafter
+
+    config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
+    length = min(grid.update_batch[1], target.args.max_position_embeddings)
+    roots = tuple(range(max(length - NEW_TOKENS, 0), length - 1))
+    rejected = roots[::REJECTED_EVERY]
+    gen = torch.Generator().manual_seed(seed)
+
+    def query() -> Feedback:
+        tokens = _tokens(length, target.args.vocab_size, gen).to(device)
+        with torch.inference_mode():
+            out = target(tokens[None])
+        top = out.logits[0].float().log_softmax(-1).topk(min(config.top_k, out.logits.shape[-1]), dim=-1)
+        return Feedback("synthetic", tokens.cpu(), out.features[0].to("cpu", torch.bfloat16),
+                        top.values.cpu(), top.indices.cpu(), roots, rejected)
+
+    out: dict[str, list[float]] = {}
+    for kind, capacity in (("head", config.head_capacity), ("full", config.full_capacity)):
+        data, left = [], capacity
+        while left > 0:
+            data.append((query(), list(rejected[:left])))
+            left -= len(rejected)
+        out[kind] = bench.add(lambda data=data, kind=kind: update_drafter(net, data, kind, config, seed),
+                              inference=False)
     return out
 
 
@@ -337,7 +376,8 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``simulator.costs``."""
     device = target.lm_head.weight.device
     timer = make_timer(device, clock_kind)
-    bench, updates = Bench(timer, grid.repeats, grid.warmup), Bench(timer, grid.repeats, grid.warmup)
+    bench = Bench(timer, grid.repeats, grid.warmup)
+    updates = Bench(timer, min(grid.repeats, 3), min(grid.warmup, 1))  # an update takes seconds
     verify, vanilla = verify_samples(target, grid, bench, seed)
     nets: dict[str, Any] = {}
     names = {"ngram": "n-gram prompt lookup (no model)"}
@@ -349,8 +389,15 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         names.update(more_names)
     update_model = draft if draft is not None else target
     draft_rows, tree_rows = draft_samples(target, nets, grid, bench, seed)
-    samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows,
-               "update": update_samples(update_model, grid, updates, seed), "draft_trees": tree_rows}
+    if "specblock" in nets:  # the drafter the engine adapts online
+        update_rows = specblock_update_samples(target, nets["specblock"], grid, updates, seed)
+        update_name = f"specblock: {names['specblock']}, real_engine.adapt.update_drafter on full buffers"
+    else:
+        update_rows = update_samples(update_model, grid, updates, seed)
+        update_name = (f"{'draft model' if draft is not None else 'target'}: "
+                       f"{draft_name if draft is not None else target_name}, one next-token step")
+    samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows, "update": update_rows,
+               "draft_trees": tree_rows}
     bench.run()  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
     data = {
@@ -369,8 +416,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     return {**profile.to_json(), "measurement": {
         "grid": asdict(grid), "clock": clock_kind, "threads": threads or torch.get_num_threads(),
         "torch": torch.__version__, "seed": seed,
-        "update_model": f"{'draft model' if draft is not None else 'target'}: "
-                        f"{draft_name if draft is not None else target_name}",
+        "update_model": update_name,
         "verify": "greedy verify step of a chain (tree forward, verification, cache compaction)",
         "draft": "one iteration's propose + accept at the draft context; the first half of the first "
                  "path accepted"}}

@@ -108,7 +108,9 @@ class LengthControlled:
                 f"policy kind {policy.kind!r} decides drafter updates, not speculation length: "
                 "deploy it on a query stream (`specblock bench --policy` or the pipeline)"
             )
-        profile.step_seconds(kind, [0, 1], 0.0)  # fails early, with the fix, if the profile lacks the drafter
+        # T(0..cap) over the context grid, built once (fails early, with the fix, if the profile lacks
+        # the drafter); each iteration reads its context's row.
+        self.steps_table = profile.step_table(kind, LENGTH_CAP)
         self.drafter, self.policy, self.profile, self.kind = drafter, policy, profile, kind
         self.decisions: list[tuple[int, int]] = []
         if hasattr(drafter, "keep_drafting"):
@@ -145,7 +147,7 @@ class LengthControlled:
     def propose(self, max_depth: int) -> DraftTree:
         """Draft, let the policy choose n from the length features, keep the n most confident nodes."""
         self.start = clock(self.device)
-        self.steps = self.profile.step_seconds(self.kind, range(LENGTH_CAP + 1), float(self.context))
+        self.steps = self.steps_table(np.float64(self.context))
         if not self.keep_drafting([]):  # nothing would be verified even were the first token certain:
             max_depth = 0  # skip drafting (a plain decoding step)
         tree = self.drafter.propose(max_depth)

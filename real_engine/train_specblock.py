@@ -122,7 +122,8 @@ def draft_kl(logits: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Tens
 def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Tensor,
                    start_slots: torch.Tensor, rank_weight: float = 1.0
                    ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The training loss of one batch and its parts: draft KL, rank CE, per-(block, slot) accuracy."""
+    """The training loss of one batch and its parts: draft KL, rank CE, per-(block, slot) accuracy, and
+    the rank head's confusion counts (row: the label's bucket, column: the predicted one)."""
     tokens, logp, ids = batch["tokens"], batch["topk_logp"], batch["topk_ids"]
     b, t = tokens.shape
     edges = net.config.edges
@@ -143,8 +144,12 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
     with torch.no_grad():
         hits = (correct & valid).sum((0, 2)).float()
         tried = valid.sum((0, 2)).float()
+        buckets = len(edges) + 1
+        pairs = labels * buckets + out.blocks.buckets[valid].argmax(-1)
+        confusion = torch.bincount(pairs, minlength=buckets * buckets).view(buckets, buckets)
         metrics = {"loss": float(loss), "kl": float(kl_all.mean()), "rank": float(rank_all.mean()),
-                   "accuracy": (hits / tried.clamp(min=1)).tolist(), "valid": tried.tolist()}
+                   "accuracy": (hits / tried.clamp(min=1)).tolist(), "valid": tried.tolist(),
+                   "confusion": confusion.tolist()}
     return loss, metrics
 
 

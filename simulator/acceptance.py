@@ -89,6 +89,14 @@ class AcceptanceModel(Protocol):
     def survival(self, n: int) -> np.ndarray:
         """(domains, n + 1): P(at least i tokens accepted when n positions are verified), i = 0..n."""
 
+    def verified_shares(self, n: int) -> np.ndarray:
+        """(domains, n + 1): the share of iterations that verify i positions when n are asked for
+        (fewer where fewer were drafted), i = 0..n: what an iteration's verify costs on average."""
+
+    def rejection_rates(self) -> np.ndarray:
+        """(domains,): the share of iterations whose draft was cut short (its deepest branch not accepted
+        whole; an empty draft is not): each buffers one rejected position for online adaptation."""
+
 
 @dataclass(frozen=True)
 class PositionTable:
@@ -101,6 +109,7 @@ class PositionTable:
     drafted: np.ndarray  # (R,)
     query: np.ndarray | None = None  # (R,) index of the recorded query; None: each domain is one query
     tokens: np.ndarray | None = None  # (R,) positions the iteration advanced (accepted + 1); None: from need
+    cut: np.ndarray | None = None  # (R,) bool: the draft was cut short (accepted < its deepest node's depth)
 
     @property
     def chain_accepted(self) -> np.ndarray:
@@ -109,8 +118,34 @@ class PositionTable:
         return np.logical_and.accumulate(self.need == k, axis=1).sum(axis=1)
 
 
+def end_limited(traces: pd.DataFrame) -> np.ndarray:
+    """(R,) bool: the iterations whose draft the end of their query cut short.
+
+    The decode loop never drafts more than the tokens a query still has to generate, less one, so a
+    query's last iterations draft less than its drafter otherwise does; replayed as ordinary
+    iterations they would bias acceptance down (the simulator ends its own queries). True where the
+    draft is exactly as deep as that cap (the tokens left when the iteration began, less one) and the
+    cap is below the deepest draft of its query (so a query's deepest iteration always stays).
+    """
+    nodes = node_arrays(traces)
+    deepest = np.zeros(len(traces), dtype=np.int64)
+    np.maximum.at(deepest, nodes.row, nodes.depths)
+    frame = pd.DataFrame({"domain": traces["domain"].to_numpy(dtype=str),
+                          "query": traces["query_id"].to_numpy(dtype=np.int64),
+                          "iteration": traces["iteration"].to_numpy(dtype=np.int64),
+                          "tokens": traces["accepted"].to_numpy(dtype=np.int64) + 1, "deepest": deepest})
+    frame = frame.sort_values(["domain", "query", "iteration"], kind="stable")
+    by_query = frame.groupby(["domain", "query"], sort=False)
+    left = by_query["tokens"].transform("sum") - by_query["tokens"].cumsum() + frame["tokens"]
+    cap = left - 1
+    limited = (frame["deepest"] == cap) & (cap < by_query["deepest"].transform("max"))
+    return limited.sort_index().to_numpy()
+
+
 def positions(traces: pd.DataFrame, cap: int = LENGTH_CAP) -> PositionTable:
-    """Turn trace rows (draft trees) into position form: nodes ranked by path product, top ``cap`` kept."""
+    """Turn trace rows (draft trees) into position form: nodes ranked by path product, top ``cap`` kept;
+    the iterations the end of their query cut short (``end_limited``) are left out."""
+    traces = traces[~end_limited(traces)]
     nodes = node_arrays(traces)
     product = nodes.confidences.astype(np.float64).copy()
     for depth in range(2, int(nodes.depths.max(initial=1)) + 1):
@@ -129,12 +164,15 @@ def positions(traces: pd.DataFrame, cap: int = LENGTH_CAP) -> PositionTable:
     need = np.full((rows, cap), cap + 1, dtype=np.int64)
     on = keep & nodes.on_path[order]
     need[row[on], nodes.depths[order][on] - 1] = rank[on] + 1
+    deepest = np.zeros(rows, dtype=np.int64)
+    np.maximum.at(deepest, nodes.row, nodes.depths)
+    accepted = traces["accepted"].to_numpy(dtype=np.int64)
     domains, domain = np.unique(traces["domain"].to_numpy(dtype=str), return_inverse=True)
     pairs = np.stack((domain, traces["query_id"].to_numpy(dtype=np.int64)), axis=1)
     query = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
     return PositionTable(tuple(str(d) for d in domains), domain.astype(np.int64), confidences, need,
                          np.minimum(nodes.count, cap), query.astype(np.int64),
-                         traces["accepted"].to_numpy(dtype=np.int64) + 1)
+                         traces["accepted"].to_numpy(dtype=np.int64) + 1, accepted < deepest)
 
 
 class TraceReplay:
@@ -172,6 +210,7 @@ class TraceReplay:
         self.offsets = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
         self.confidences = np.ascontiguousarray(table.confidences[order])
         self.drafted = table.drafted[order]
+        self.cut = (table.chain_accepted < table.drafted if table.cut is None else table.cut)[order]
         lengths = np.arange(self.cap + 1)
         by_length = (table.need[order][:, None, :] <= lengths[None, :, None]).sum(axis=2)
         self.accepted_all = by_length[:, -1]
@@ -226,6 +265,20 @@ class TraceReplay:
         sums = np.zeros((len(self.domains), n + 1))
         np.add.at(sums, domain, at_least)
         return sums / np.bincount(domain, self.weights, minlength=len(self.domains))[:, None]
+
+
+    def rejection_rates(self) -> np.ndarray:
+        """Share of each domain's recorded iterations that were cut short."""
+        domain = np.repeat(np.arange(len(self.domains)), self.counts)
+        cut = np.bincount(domain, self.cut.astype(np.float64), len(self.domains))
+        return cut / np.maximum(self.counts, 1)
+
+    def verified_shares(self, n: int) -> np.ndarray:
+        """Share of each domain's recorded iterations that verify i = 0..n positions (min(drafted, n))."""
+        domain = np.repeat(np.arange(len(self.domains)), self.counts)
+        shares = np.zeros((len(self.domains), n + 1))
+        np.add.at(shares, (domain, np.minimum(self.drafted, n)), 1.0)
+        return shares / np.maximum(self.counts, 1)[:, None]
 
 
 def _weighted_pick(cumulative: np.ndarray, first: np.ndarray, count: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -314,6 +367,17 @@ class ParametricAcceptance:
             raise InputError(f"n = {n} is outside 0..{self.cap}: ask for a drafted length")
         reach = np.cumprod(self.position_rates()[:, :, :n], axis=2)
         return np.hstack([np.ones((len(self.domains), 1)), np.einsum("k,dki->di", _WEIGHTS, reach)])
+
+    def rejection_rates(self) -> np.ndarray:
+        """A chain of ``depth`` positions is cut short unless all of them are accepted."""
+        survival = self.survival(self.cap)
+        return 1.0 - survival[np.arange(len(self.domains)), self.depth]
+
+    def verified_shares(self, n: int) -> np.ndarray:
+        """Every iteration drafts its domain's ``depth``: it verifies min(depth, n) positions."""
+        shares = np.zeros((len(self.domains), n + 1))
+        shares[np.arange(len(self.domains)), np.minimum(self.depth, n)] = 1.0
+        return shares
 
     @classmethod
     def fit(cls, table: PositionTable, ridge: float = 1.0) -> ParametricAcceptance:
@@ -491,8 +555,8 @@ class AdaptationDynamics:
         return level + np.where(harm[:, None], self.harm_size * push * self.headroom, gain)
 
 
-def level_rates(survival: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(expected accepted tokens, P(every verified position accepted)) at acceptance levels ``level``.
+def level_rates(survival: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Expected accepted tokens at acceptance levels ``level``.
 
     ``survival`` (..., n + 1) gives the drafter's conditional rates ``S(i) / S(i-1)``; a level ``m``
     turns each rejection probability ``1 - rate`` into ``m (1 - rate)``. Shapes broadcast.
@@ -500,7 +564,7 @@ def level_rates(survival: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np
     rates = np.divide(survival[..., 1:], survival[..., :-1], out=np.zeros_like(survival[..., 1:]),
                       where=survival[..., :-1] > 0)
     reach = np.cumprod(np.clip(1.0 - np.asarray(level)[..., None] * (1.0 - rates), 0.0, 1.0), axis=-1)
-    return reach.sum(axis=-1), np.concatenate((np.ones_like(reach[..., :1]), reach), axis=-1)[..., -1]
+    return reach.sum(axis=-1)
 
 
 
@@ -534,7 +598,7 @@ def adaptation_tau(dynamics: AdaptationDynamics, survival: np.ndarray, record: A
             args = (level, np.array([record.action[i] == FULL]), record.fill[i:i + 1], record.share[i:i + 1])
             p = dynamics.harm_probability
             level = (1.0 - p) * certain[0].updated(rng, *args) + p * certain[1].updated(rng, *args)
-        out[i] = 1.0 + level_rates(survival[d], level[0, d])[0]
+        out[i] = 1.0 + level_rates(survival[d], level[0, d])
         if record.revert[i]:
             level = good
         if record.checkpoint[i]:

@@ -89,6 +89,8 @@ DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 TREE_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({"draft-model": ("depth", "width")})
 """Drafter kind -> the parameters of its optional tree series (``samples.draft_trees``)."""
 UPDATE_KINDS = ("head", "full")
+DraftShape = Mapping[str, float] | Sequence[Mapping[str, float]]
+"""A drafter's tree shape (``draft_seconds`` parameters), or the shapes of recorded iterations."""
 _MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1, "width": 1}
 
 
@@ -291,25 +293,31 @@ class CostProfile:
             params = {key: depth for key in grid.keys}
         return float(grid(*(params[k] for k in grid.keys)))
 
-    def step_table(self, kind: str, n_max: int, shape: Mapping[str, float] | None = None) -> StepTable:
-        """The T(0..n_max) of drafter ``kind`` over the context grid (see ``StepTable``), built once.
-
-        Without ``shape`` drafting n positions is a chain (``chain_draft_seconds``); with ``shape`` (the
-        parameters of ``draft_seconds``, e.g. ``{"depth": 4, "width": 3}``) the drafter makes that whole
-        tree every iteration and n counts its verified nodes: T_draft = ``draft_seconds(kind, **shape)``
-        for every n >= 1.
-        """
+    def draft_row(self, kind: str, n_max: int, shape: DraftShape | None = None) -> np.ndarray:
+        """T_draft for 0..n_max drafted positions (0 for none): a chain's ``chain_draft_seconds``; with
+        ``shape`` (the parameters of ``draft_seconds``, e.g. ``{"depth": 4, "width": 3}``) a tree drafted
+        whole, ``draft_seconds(kind, **shape)`` for every n >= 1. A list of shapes (those a
+        data-dependent drafter such as SpecBlock ran on recorded iterations) costs their mean."""
         if n_max < 0:
             raise InputError(f"n_max = {n_max} is negative: pass the largest draft length to cost")
-        key = (kind, n_max, None if shape is None else tuple(sorted(shape.items())))
+        if shape is None:
+            return np.array([self.chain_draft_seconds(kind, k) for k in range(n_max + 1)])
+        shapes = [shape] if isinstance(shape, Mapping) else list(shape)
+        if not shapes:
+            raise InputError("the list of draft shapes is empty: give at least one, or None for a chain")
+        whole = float(np.mean([self.draft_seconds(kind, **s) for s in shapes]))
+        return np.concatenate(([0.0], np.full(n_max, whole)))
+
+    def step_table(self, kind: str, n_max: int, shape: DraftShape | None = None) -> StepTable:
+        """The T(0..n_max) of drafter ``kind`` over the context grid (see ``StepTable``), built once:
+        T(n) = ``draft_row(kind, n_max, shape)[n]`` + T_verify(n + 1 nodes), T(0) the vanilla step."""
+        shapes = None if shape is None else [shape] if isinstance(shape, Mapping) else list(shape)
+        key = (kind, n_max, None if shapes is None else tuple(tuple(sorted(s.items())) for s in shapes))
         if key in self._tables:
             return self._tables[key]
+        draft = self.draft_row(kind, n_max, shape)[1:]
         context = np.union1d(self.fits["verify"].axes[1], self.fits["vanilla"].axes[0])
         n = np.arange(1, n_max + 1)
-        if shape is None:
-            draft = np.array([self.chain_draft_seconds(kind, int(k)) for k in n])
-        else:
-            draft = np.full(n_max, float(self.draft_seconds(kind, **shape)))
         verify = self.verify_seconds(n[None, :] + 1, context[:, None]) + draft[None, :]
         vanilla = np.asarray(self.vanilla_seconds(context)).reshape(-1, 1)
         table = StepTable(context, np.hstack([vanilla, np.asarray(verify).reshape(context.size, n_max)]))
@@ -318,7 +326,7 @@ class CostProfile:
         return table
 
     def step_seconds(self, kind: str, n_range: Sequence[int] | np.ndarray, context: float | np.ndarray,
-                     shape: Mapping[str, float] | None = None) -> np.ndarray:
+                     shape: DraftShape | None = None) -> np.ndarray:
         """T(n) = T_draft(n) + T_verify(n + 1 nodes) for each n in ``n_range`` (T(0) = vanilla decode).
 
         Shape ``np.shape(context) + (len(n_range),)``: the length features' step seconds; ``shape`` as in

@@ -35,7 +35,7 @@ from simulator.acceptance import (
     level_rates,
     resolve_acceptance,
 )
-from simulator.costs import CostProfile, resolve_profile
+from simulator.costs import CostProfile, DraftShape, resolve_profile
 
 DEFAULT_TOKENS = 512
 DEFAULT_PROMPT = (128, 1024)
@@ -61,6 +61,10 @@ def _check_query(tokens_per_query: int, prompt_tokens: Sequence[int]) -> tuple[i
     return int(tokens_per_query), low, high
 
 
+SEQUENTIAL_DRAFTERS = ("draft-model",)
+"""Drafter kinds whose chain a length policy can stop token by token (``SpecLengthBatch.sequential``)."""
+
+
 class SpecLengthBatch:
     """N SpecLength queries at once: the state and dynamics both SpecLength environments run."""
 
@@ -68,7 +72,7 @@ class SpecLengthBatch:
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  domain_weights: Mapping[str, float] | None = None,
-                 draft_shape: Mapping[str, int] | None = None) -> None:
+                 draft_shape: DraftShape | None = None) -> None:
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if self.model.cap != LENGTH_CAP:
@@ -76,6 +80,12 @@ class SpecLengthBatch:
                              f"{LENGTH_CAP}: build it with cap={LENGTH_CAP}")
         self.drafter = drafter
         self.steps = self.profile.step_table(drafter, LENGTH_CAP, draft_shape)
+        # What drafting costs by positions drafted, so that ``verify`` can charge drafting the policy did not
+        # verify: a draft-model chain stops token by token where a length policy would verify no more
+        # (``sequential``, as in ``real_engine.speculate``); a tree (``draft_shape``) is drafted whole.
+        self.sequential = draft_shape is None and drafter in SEQUENTIAL_DRAFTERS
+        self.whole = draft_shape is not None
+        self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP, draft_shape)
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         self.tokens, self.prompt_low, self.prompt_high = _check_query(tokens_per_query, prompt_tokens)
         self.dense_steps = self.steps(np.arange(self.prompt_high + self.tokens + 1))  # T(n) at every context
@@ -113,15 +123,27 @@ class SpecLengthBatch:
             self.draws = self.model.sample(rng, self.domain, self.episode)
         self.step_seconds = np.take(self.dense_steps, self.context, axis=0)
 
-    def verify(self, action: np.ndarray) -> dict[str, np.ndarray]:
-        """Verify the first ``action`` positions of each pending draft and commit the outcome."""
+    def verify(self, action: np.ndarray, drafted: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Verify the first ``action`` positions of each pending draft and commit the outcome.
+
+        ``drafted``: the positions the drafter drafted before the policy chose (``rollout.run_length``
+        decides it as the engine does; for a tree, 0 when drafting was skipped, else any n >= 1). The
+        target verifies at most those, and drafting it did not verify is charged too (a chain's tokens
+        past n; a whole tree whose verified part is empty). None: a chain drafts exactly what it
+        verifies, a tree is drafted whenever ``action`` >= 1.
+        """
         n = np.minimum(action, self.draws.drafted)
+        if drafted is None:
+            drafted = action if self.whole else n
+        n = np.minimum(n, drafted)
+        cost = self.draft_cost
+        seconds = self.step_seconds[self.rows, n] + cost[np.minimum(drafted, LENGTH_CAP)] - cost[n]
         accepted = self.draws.accepted(n)
         tokens = np.minimum(accepted + 1, self.remaining)
         self.remaining -= tokens
         self.context += tokens
         return {
-            "seconds": self.step_seconds[self.rows, n],
+            "seconds": seconds,
             "accepted": accepted,
             "drafted": n,
             "available": self.draws.drafted,
@@ -197,9 +219,10 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     | `tokens_per_query` | int                              | 512          | tokens each query generates     |
     | `prompt_tokens`    | (int, int)                       | (128, 1024)  | prompt length range             |
     | `domain_weights`   | {domain: weight} or None         | None         | None: uniform over the model's  |
-    | `draft_shape`      | {parameter: value} or None       | None         | a tree drafted whole each step  |
-    |                    |                                  |              | (``CostProfile.step_table``);   |
-    |                    |                                  |              | None: a chain of n positions    |
+    | `draft_shape`      | {parameter: value}, a list of    | None         | a tree drafted whole each step  |
+    |                    | them, or None                    |              | (``CostProfile.step_table``; a  |
+    |                    |                                  |              | list costs its mean); None: a   |
+    |                    |                                  |              | chain of n positions            |
 
     ``info`` after each step: ``accepted`` (draft tokens accepted), ``drafted`` (positions
     verified), ``available`` (positions drafted), ``tokens`` (tokens emitted), ``seconds`` and
@@ -224,7 +247,7 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
-                 draft_shape: Mapping[str, int] | None = None) -> None:
+                 draft_shape: DraftShape | None = None) -> None:
         self.batch = SpecLengthBatch(1, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
                                      domain_weights, draft_shape)
         self.render_mode = render_mode
@@ -274,7 +297,8 @@ class AdaptStreamBatch:
                  drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  phases: Phases | None = None,
-                 dynamics: AdaptationDynamics | None = None) -> None:
+                 dynamics: AdaptationDynamics | None = None,
+                 draft_shape: DraftShape | None = None) -> None:
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if not 1 <= draft_length <= self.model.cap:
@@ -283,7 +307,12 @@ class AdaptStreamBatch:
         self.dynamics = dynamics or AdaptationDynamics()
         self.tokens, self.prompt_low, self.prompt_high = _check_query(tokens_per_query, prompt_tokens)
         self.survival = self.model.survival(self.draft_length)
-        self.steps = self.profile.step_table(drafter, self.draft_length)
+        self.steps = self.profile.step_table(drafter, self.draft_length, draft_shape)
+        self.verified = self.model.verified_shares(self.draft_length)  # (domains, n): iterations verifying n
+        self.rejection = np.clip(self.model.rejection_rates(), 0.0, 1.0)  # a cut-short iteration buffers one
+        # A tree is drafted whole every iteration, also where fewer of its nodes (or none) are verified.
+        draft = self.profile.draft_row(drafter, self.draft_length, draft_shape)
+        self.unverified = draft[-1] - draft if draft_shape is not None else np.zeros_like(draft)
         self.update_cost = np.array([0.0, *(self.profile.update_seconds(kind) for kind in ("head", "full"))])
         # indexed by action: the buffer an update trains on (skip's entry is never used)
         self.capacity = np.array([1.0, self.dynamics.head_capacity, self.dynamics.full_capacity])
@@ -331,7 +360,7 @@ class AdaptStreamBatch:
         share = used / np.where(used_total > 0, used_total, 1.0)[:, None]
         moved = dyn.updated(rng, s["level"], is_full, fill, share)
         s["level"] = np.where(runs[:, None], moved, s["level"])
-        update_seconds = np.where(runs, self.update_cost[action], 0.0)
+        update_seconds = np.where(runs, self.update_cost[action] * fill, 0.0)  # profiled on a full buffer
         s["head"][runs] = 0.0
         s["full"][runs & is_full] = 0.0
         s["trigger"][runs] = 0.0
@@ -341,12 +370,13 @@ class AdaptStreamBatch:
         domain = np.minimum((rng.random(k)[:, None] >= cdf).sum(1), cdf.shape[1] - 1)
         prompt = rng.integers(self.prompt_low, self.prompt_high + 1, size=k)
         noise = rng.standard_normal(k)
-        accepted, all_accepted = level_rates(self.survival[domain], s["level"][rows, domain])
+        accepted = level_rates(self.survival[domain], s["level"][rows, domain])
         sigma = dyn.query_noise
         tau = np.clip((1.0 + accepted) * np.exp(sigma * noise - sigma**2 / 2), 1.0, 1.0 + self.draft_length)
         iterations = np.ceil(self.tokens / tau)
-        seconds = iterations * self.steps(prompt + self.tokens / 2)[:, self.draft_length]
-        rejected = rng.binomial(iterations.astype(np.int64), np.clip(1.0 - all_accepted, 0.0, 1.0))
+        step = self.steps(prompt + self.tokens / 2) + self.unverified
+        seconds = iterations * (step * self.verified[domain]).sum(1)
+        rejected = rng.binomial(iterations.astype(np.int64), self.rejection[domain])
         for name in ("head", "full"):
             s[name] = _push(s[name], rows, domain, rejected, self.capacity[HEAD if name == "head" else FULL])
         s["trigger"] += rejected
@@ -403,11 +433,12 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     Whether to spend compute updating the drafter online (SpecBlock appendix A.3). A step is one
     query of a mixed-domain stream whose mix shifts (by default: a quarter of the stream from the
     first domain only, then equal shares of all). Verification leaves rejected positions with their
-    target distributions; they fill a head buffer and a full buffer. Before each query the policy
+    target distributions (one per iteration whose draft was cut short, at the acceptance model's
+    ``rejection_rates``); they fill a head buffer and a full buffer. Before each query the policy
     chooses to skip, to train the head on the head buffer, or to train the whole drafter on the
     full buffer; an update moves each domain's acceptance toward a ceiling in proportion to that
     domain's share of the buffer, with diminishing returns and a small chance of harm
-    (``simulator.acceptance.AdaptationDynamics``), and costs the profile's backward time. Queries
+    (``simulator.acceptance.AdaptationDynamics``), and costs the profile's update time. Queries
     then run at the drafter's current acceptance with the profile's iteration time.
 
     ## Action Space
@@ -431,7 +462,8 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
 
     ## Rewards
 
-    Minus the query's seconds plus the seconds of the update run before it.
+    Minus the query's seconds plus the seconds of the update run before it: the profile's update time
+    (measured on a full buffer) times the fill of the buffer it trained on.
 
     ## Starting State
 
@@ -455,6 +487,13 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     | `phases`           | [(queries, {domain: weight})]     | None        | ``default_phases`` (2000); a   |
     |                    |                                   |             | None weight: equal shares      |
     | `dynamics`         | AdaptationDynamics or None        | None        | update effects, buffer sizes   |
+    | `draft_shape`      | as SpecLength's                   | None        | None: a chain of the verified  |
+    |                    |                                   |             | positions; else a tree's shape |
+
+    A query costs its iterations times the mean iteration time over how many positions iterations
+    verify (``verified_shares`` of the acceptance model: a replayed drafter that drafted fewer than
+    ``draft_length`` positions verifies fewer); a tree (``draft_shape``) is drafted whole every
+    iteration, whatever it verifies.
 
     ``info`` after each step (``policies.adaptation.ADAPT_INFO_KEYS`` and more):
     ``tokens_per_second`` (the query's tokens over its seconds, the update excluded), ``tau``,
@@ -479,9 +518,10 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
                  drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  phases: Phases | None = None,
-                 dynamics: AdaptationDynamics | None = None, render_mode: str | None = None) -> None:
+                 dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
+                 draft_shape: DraftShape | None = None) -> None:
         self.batch = AdaptStreamBatch(1, profile, acceptance, drafter, draft_length, tokens_per_query,
-                                      prompt_tokens, phases, dynamics)
+                                      prompt_tokens, phases, dynamics, draft_shape)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(3)
         low, high = adapt_bounds(len(self.batch.model.domains))

@@ -11,13 +11,14 @@ act, serve, observe, revert when the policy asks, checkpoint when it says the dr
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from policies import adaptation
 from policies.base import Policy, policy_from_dict, policy_to_dict
-from policies.features import LENGTH_SLICES
+from policies.features import LENGTH_CAP, LENGTH_SLICES
 from simulator.envs import AdaptStreamEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 
@@ -56,11 +57,38 @@ def _copy(policy: Policy, seed: int) -> Policy:
     return policy_from_dict(policy_to_dict(policy), seed=seed)
 
 
+def sequential_drafts(choose: Callable[[np.ndarray, np.ndarray], np.ndarray], obs: np.ndarray,
+                      available: np.ndarray) -> np.ndarray:
+    """Positions a token-by-token drafter drafts under a length policy, per row of ``obs``: it stops
+    at the first k at which the policy, shown the first k confidences and a certain next one, would
+    verify no more than k (``real_engine.speculate.LengthControlled.keep_drafting``, the same rule),
+    or when ``available`` (what the drafter can draft) runs out. ``choose(obs, rows)`` gives n for
+    the observations of those rows."""
+    conf = LENGTH_SLICES["confidences"]
+    drafted = np.minimum(available, LENGTH_CAP).astype(np.int64)
+    open_ = np.ones(len(obs), dtype=bool)
+    for k in range(LENGTH_CAP):
+        open_ &= k < drafted
+        if not open_.any():
+            break
+        probe = obs[open_].copy()
+        probe[:, conf] = np.where(np.arange(LENGTH_CAP) < k, probe[:, conf], 0.0)
+        probe[:, conf.start + k] = 1.0
+        rows = np.flatnonzero(open_)
+        stop = rows[choose(probe, rows) <= k]
+        drafted[stop] = k
+        open_[stop] = False
+    return drafted
+
+
 def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int) -> Outcome:
     """Serve one query per slot of ``env`` with copies of a length ``policy``.
 
     Drives a copy of the env's batch core after ``reset`` and drops each query once it is done, so no
-    work goes to finished slots; the env itself needs a ``reset`` before it is stepped again.
+    work goes to finished slots; the env itself needs a ``reset`` before it is stepped again. As the
+    engine's ``LengthControlled`` does, a sequential drafter (``SpecLengthBatch.sequential``) drafts
+    what ``sequential_drafts`` says, any other drafts whole unless the policy would verify nothing
+    even were the first position certain; each iteration pays for what was drafted.
     """
     slots = env.num_envs
     batched = hasattr(policy, "choose_batch")
@@ -70,13 +98,21 @@ def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int) -> Outcome:
     batch, rng = copy.copy(env.batch), env.np_random
     slot = np.arange(slots)  # which query each remaining row serves
     tokens = seconds = iterations = 0.0
+
+    def choose(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        if batched:
+            return policy.choose_batch(obs[:, conf], obs[:, steps])
+        return np.array([copies[slot[r]].act(o) for r, o in zip(rows, obs, strict=True)], dtype=np.int64)
+
     while batch.num:
         obs = batch.observations()
-        if batched:
-            actions = policy.choose_batch(obs[:, conf], obs[:, steps])
-        else:
-            actions = np.array([copies[i].act(row) for i, row in zip(slot, obs, strict=True)], dtype=np.int64)
-        info = batch.verify(actions)
+        if batch.sequential:  # the chain stops where the policy would: it sees only what was drafted
+            drafted = sequential_drafts(choose, obs, batch.draws.drafted)
+            obs[:, conf] = np.where(np.arange(LENGTH_CAP) < drafted[:, None], obs[:, conf], 0.0)
+        else:  # drafted whole, unless the policy would verify nothing even were the first node certain
+            drafted = LENGTH_CAP * sequential_drafts(choose, obs, np.ones(batch.num, dtype=np.int64))
+        actions = choose(obs, np.arange(batch.num))
+        info = batch.verify(actions, drafted)
         done = info.pop("done")
         for k in [] if batched else range(batch.num):
             copies[slot[k]].observe(obs[k], int(actions[k]), -float(info["seconds"][k]),

@@ -20,6 +20,7 @@ from gymnasium.vector.utils import batch_space
 
 from policies.features import LENGTH_CAP, adapt_bounds, length_bounds
 from simulator.acceptance import AdaptationDynamics
+from simulator.costs import DraftShape
 from simulator.envs import (
     DEFAULT_PROMPT,
     DEFAULT_TOKENS,
@@ -42,11 +43,12 @@ class SpecLengthVectorEnv(VectorEnv):
     def __init__(self, num_envs: int = 1, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
-                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
+                 draft_shape: DraftShape | None = None) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = SpecLengthBatch(num_envs, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
-                                     domain_weights)
+                                     domain_weights, draft_shape)
         self.single_action_space = spaces.Discrete(LENGTH_CAP + 1)
         self.action_space = batch_space(self.single_action_space, num_envs)
         low, high = length_bounds()
@@ -89,11 +91,12 @@ class AdaptStreamVectorEnv(VectorEnv):
                  drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  phases: Phases | None = None,
-                 dynamics: AdaptationDynamics | None = None, render_mode: str | None = None) -> None:
+                 dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
+                 draft_shape: DraftShape | None = None) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = AdaptStreamBatch(num_envs, profile, acceptance, drafter, draft_length, tokens_per_query,
-                                      prompt_tokens, phases, dynamics)
+                                      prompt_tokens, phases, dynamics, draft_shape)
         self.single_action_space = spaces.Discrete(3)
         self.action_space = batch_space(self.single_action_space, num_envs)
         low, high = adapt_bounds(len(self.batch.model.domains))

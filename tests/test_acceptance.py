@@ -137,8 +137,8 @@ def test_harmful_updates_raise_the_level():
 
 def test_default_headroom_matches_the_papers_adaptation_gain(model):
     survival = model.survival(8)
-    before, _ = level_rates(survival, np.ones(len(model.domains)))
-    after, _ = level_rates(survival, np.full(len(model.domains), 1 - AdaptationDynamics().headroom))
+    before = level_rates(survival, np.ones(len(model.domains)))
+    after = level_rates(survival, np.full(len(model.domains), 1 - AdaptationDynamics().headroom))
     np.testing.assert_allclose(before, survival[:, 1:].sum(axis=1))
     assert 0.22 <= np.mean(after - before) <= 0.30
 

@@ -38,7 +38,7 @@ def test_adaptation_tau_follows_updates_reverts_and_checkpoints() -> None:
     record = AdaptRecord(np.array([0, 1, 0, 0]), np.ones(4), np.array([FULL, SKIP, SKIP, SKIP]), np.ones(4),
                          one, np.array([False, False, True, False]), np.zeros(4, bool))
     tau = adaptation_tau(dyn, SURVIVAL, record)
-    assert tau[0] == pytest.approx(1.0 + level_rates(SURVIVAL[0], 0.5)[0]) and tau[0] > base[0]
+    assert tau[0] == pytest.approx(1.0 + level_rates(SURVIVAL[0], 0.5)) and tau[0] > base[0]
     assert tau[1] == pytest.approx(base[1]) and tau[2] == pytest.approx(tau[0])
     assert tau[3] == pytest.approx(base[0])  # reverted after query 2 to the never-checkpointed start
     kept = dataclasses.replace(record, checkpoint=np.array([True, False, False, False]))

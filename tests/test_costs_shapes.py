@@ -13,6 +13,7 @@ from policies.errors import InputError
 from policies.features import LENGTH_CAP, LENGTH_SLICES
 from simulator.costs import PAPER_PROFILE, load_profile, profile_from_json, save_profile
 from simulator.envs import SpecLengthEnv
+from simulator.vector_envs import SpecLengthVectorEnv
 
 DEPTHS, WIDTHS = (2, 4, 8), (2, 4)
 
@@ -63,6 +64,17 @@ def test_a_tree_shape_costs_the_whole_tree_for_every_n(profile) -> None:
     chain = profile.step_seconds("eagle", range(9), 256.0)  # a chain drafts only n positions
     assert chain[1] < eagle[1]
     assert profile.step_table("eagle", 8) is not profile.step_table("eagle", 8, {"depth": 6})  # cached apart
+
+
+def test_a_list_of_shapes_costs_their_mean(profile) -> None:
+    shapes = [{"starts": 1, "blocks": 1}, {"starts": 4, "blocks": 2}, {"starts": 2.5, "blocks": 2}]
+    steps = profile.step_seconds("specblock", range(5), 256.0, shapes)
+    mean = np.mean([profile.draft_seconds("specblock", **s) for s in shapes])
+    np.testing.assert_allclose(steps[1:], mean + profile.verify_seconds(np.arange(2, 6), 256.0), rtol=1e-12)
+    one = profile.step_seconds("specblock", range(5), 256.0, shapes[1])
+    assert one[1] > steps[1]  # a different list is a different table, not a cached one
+    with pytest.raises(InputError, match="list of draft shapes is empty"):
+        profile.step_table("specblock", 4, [])
 
 
 def test_shapes_must_name_a_series(profile) -> None:
@@ -121,3 +133,9 @@ def test_the_env_costs_a_tree_shape() -> None:
     expected = env.batch.profile.step_seconds("eagle", range(LENGTH_CAP + 1), obs[0], {"depth": 6})
     np.testing.assert_allclose(obs[LENGTH_SLICES["step_seconds"]], expected, rtol=1e-12)
     assert obs[LENGTH_SLICES["step_seconds"]][1] > env.batch.profile.step_seconds("eagle", [1], obs[0])[0]
+
+
+def test_the_vector_env_costs_a_tree_shape_as_the_single_env() -> None:
+    single = SpecLengthEnv(drafter="eagle", draft_shape={"depth": 6})
+    vector = SpecLengthVectorEnv(1, drafter="eagle", draft_shape={"depth": 6})
+    np.testing.assert_array_equal(single.reset(seed=3)[0], vector.reset(seed=3)[0][0])

@@ -175,13 +175,15 @@ def test_adaptstream_info_carries_what_adaptation_policies_read():
     env = AdaptStreamEnv(**STREAM)
     obs, _ = env.reset(seed=0)
     assert not obs.any()
-    _, reward, _, _, info = env.step(0)
+    obs, reward, _, _, info = env.step(0)
     assert set(ADAPT_INFO_KEYS) <= set(info)
     assert info["update_seconds"] == 0.0 and reward == pytest.approx(-info["query_seconds"])
     assert info["tokens_per_second"] == pytest.approx(STREAM["tokens_per_query"] / info["query_seconds"])
+    fill = obs[1]  # the full buffer's fill: the profile times a full buffer, a partial one costs its share
+    assert 0 < fill < 1
     obs, reward, _, _, info = env.step(2)
-    full = load_profile(PAPER_PROFILE).update_seconds("full")
-    assert info["updated"] and info["update_seconds"] == full
+    full = load_profile(PAPER_PROFILE).update_seconds("full") * fill
+    assert info["updated"] and info["update_seconds"] == pytest.approx(full)
     assert reward == pytest.approx(-(info["query_seconds"] + full))
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments import fidelity
+from policies.errors import InputError
 from real_engine.trace import Prompt
 from simulator.costs import profile_from_json
 
@@ -59,11 +60,23 @@ def test_simulate_chain_is_exact(length: int, tau: float, seconds: float) -> Non
     assert out["tokens_per_second"] == pytest.approx(tau / seconds)
 
 
-def test_tree_profile_charges_the_whole_tree_for_every_n() -> None:
-    tree = fidelity.tree_profile(flat_profile(), seconds=2e-3)
-    for n in (1, 8, 16):
-        assert tree.draft_seconds("draft-model", tokens=n) == pytest.approx(2e-3)
-    assert tree.verify_seconds(9, 100) == pytest.approx(9e-3)
+def test_a_tree_config_is_charged_its_whole_tree_at_every_length() -> None:
+    """A tree's drafting costs its shape's series whatever the verified length; a chain's grows per token."""
+    tree = fidelity.Config("t", "draft-model", "tree", 8, depth=4, width=2, budget=8)
+    shape = fidelity.draft_shape(tree)
+    assert shape == {"depth": 4, "width": 2}
+    chain = fidelity.Config("c", "draft-model", "chain", 8, depth=8)
+    assert fidelity.draft_shape(chain) is None
+    eagle = fidelity.Config("e", "eagle", "eagle-4", 16, depth=4, budget=16)
+    assert fidelity.draft_shape(eagle) == {"depth": 4}
+
+
+def test_specblock_is_charged_the_mean_of_its_recorded_shapes() -> None:
+    config = fidelity.Config("s", "specblock", "specblock-2", 16, blocks=2, budget=16)
+    shapes = [{"starts": 1.0, "blocks": 1}, {"starts": 4.0, "blocks": 2}]
+    assert fidelity.draft_shape(config, shapes) == shapes
+    with pytest.raises(InputError, match="record its calibration trace here"):
+        fidelity.draft_shape(config)
 
 
 def test_steady_state_skips_each_first_step() -> None:
@@ -142,8 +155,8 @@ class FakeEngine:
 
     max_new_tokens, seed = 60, 0
 
-    def trace(self, prompts: list, **spec: object) -> pd.DataFrame:
-        return chain_traces(accepted=4)
+    def trace(self, prompts: list, spec: dict) -> tuple[pd.DataFrame, list]:
+        return chain_traces(accepted=4), []
 
     def measure(self, prompts: list, configs: list, log: object) -> dict:
         speed = {"vanilla": 400.0, "chain 2": 600.0}

@@ -217,15 +217,19 @@ def test_bucket_tree_branching_and_budget() -> None:
     assert torch.equal(draft.q[0], laws[0]) and not draft.q[3].any()  # q zero where nothing was kept
 
 
-@pytest.mark.parametrize("bias,fanout", [((20.0, 0.0, 0.0, -20.0), {1}), ((0.0, 20.0, 0.0, -20.0), {4}),
-                                         ((0.0, 0.0, 20.0, -20.0), {10}), ((0.0, 0.0, 0.0, 20.0), set())])
+@pytest.mark.parametrize("bias,fanout,shape", [
+    ((20.0, 0.0, 0.0, -20.0), {1}, {"starts": 1.0, "blocks": 2}),  # a chain: one leaf starts block 2
+    ((0.0, 20.0, 0.0, -20.0), {4}, {"starts": 2.0, "blocks": 2}),  # many leaves: the 2 best start it
+    ((0.0, 0.0, 20.0, -20.0), {10}, {"starts": 2.0, "blocks": 2}),
+    ((0.0, 0.0, 0.0, 20.0), set(), {"starts": 1.0, "blocks": 1})])  # no children: block 2 never runs
 def test_drafter_trees_follow_buckets_and_budget(target: Transformer, bias: tuple[float, ...],
-                                                 fanout: set[int]) -> None:
+                                                 fanout: set[int], shape: dict[str, float]) -> None:
     seq = sequence(12, 7)
     for budget in (3, 12, 500):
         drafter = SpecBlockDrafter(branching(target, bias), blocks=2, starts=2, budget=budget)
         drafter.begin(seq, target(seq[None, :-1]), Sampling(), torch.Generator(), 64)
         tree = drafter.propose(16)
+        assert drafter.shapes == [shape]  # what the cost profile charges this proposal
         assert tree.size <= budget + 1 and tree.child_rule == "topk" and tree.q.shape == (tree.size, VOCAB)
         if budget == 500:
             counts = {len(tree.children(n)) for n in range(tree.size)} - {0}
@@ -389,3 +393,15 @@ def test_smaller_drafter_and_bad_settings(target: Transformer, tmp_path) -> None
         SpecBlockDrafter(net, children=(1, 4, 10))
     with pytest.raises(InputError):
         SpecBlockDrafter(net, budget=0)
+
+
+def test_rank_confusion_counts_labels_by_row_and_predictions_by_column(target: Transformer) -> None:
+    from experiments.bench import rank_confusion
+
+    net = branching(target, bias=(0.0, 0.0, 0.0, 20.0))  # the rank head always predicts bucket 3
+    out = rank_confusion(target, net, [sequence(16, 3).tolist(), sequence(12, 4).tolist()], seed=0)
+    counts = torch.tensor(out["confusion"])
+    assert counts.shape == (4, 4) and int(counts.sum()) == out["positions"] > 0
+    assert int(counts[:, :3].sum()) == 0  # every prediction in column 3 ...
+    assert int(counts[:3, 3].sum()) > 0  # ... while the labels (rows) spread over the buckets
+    assert out["accuracy"] == pytest.approx(int(counts[3, 3]) / out["positions"])

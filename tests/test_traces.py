@@ -14,9 +14,10 @@ from simulator.traces import COLUMNS, load_traces, save_traces
 
 
 def tree_rows() -> pd.DataFrame:
-    """Two iterations: a chain of 3 (2 accepted) and a tree (root children 0 and 1; 2 under 0; 3 under 1)."""
+    """Two iterations of two queries: a chain of 3 (2 accepted) and a tree (root children 0 and 1; 2 under 0;
+    3 under 1)."""
     return pd.DataFrame({
-        "query_id": [7, 7], "domain": ["code", "code"], "drafter": ["specblock", "specblock"],
+        "query_id": [7, 8], "domain": ["code", "code"], "drafter": ["specblock", "specblock"],
         "iteration": [0, 1], "context_length": [100, 103],
         "depths": [[1, 2, 3], [1, 1, 2, 2]],
         "parents": [[-1, 0, 1], [-1, -1, 0, 1]],

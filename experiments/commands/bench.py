@@ -167,7 +167,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.bench import TRAINED_DRAFTERS, Engine, agreement, plan, run_bench
+    from experiments.bench import TRAINED_DRAFTERS, Engine, agreement, plan, rank_confusion, run_bench
     from experiments.hf_peer import HFPeer, transformers_available
     from real_engine.drafters.trained import trained_available
     from real_engine.model import load_model
@@ -199,13 +199,19 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     peer = HFPeer(model_dir, draft_dir, device) if hf else None
     engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id)
     agree = {d: agreement(target, draft, p) for d, p in prompts.items()} if draft is not None else {}
+    confusion = {}
+    if "specblock" in available and "specblock" in settings.drafters:
+        from real_engine.drafters.specblock import load_specblock
+
+        net = load_specblock(drafters_dir / "specblock", target)
+        confusion = {d: rank_confusion(target, net, p, settings.seed) for d, p in prompts.items()}
     total = len(configs) * (1 + sum(map(len, prompts.values())))
     columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("bench", total=total)
         measured = run_bench(settings, engine, prompts, configs, peer,
                              lambda text: progress.update(task, advance=1, description=text))
-    results = {"rows": measured["rows"], "agreement": agree, "notes": notes,
+    results = {"rows": measured["rows"], "agreement": agree, "rank_confusion": confusion, "notes": notes,
                "per_prompt": measured["per_prompt"]}
     config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "domains"}
     config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,

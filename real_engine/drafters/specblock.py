@@ -300,6 +300,9 @@ class SpecBlockDrafter:
         self.k = net.config.block_size
         self.device = net.lm_head.weight.device
         self.model_seconds = 0.0
+        # What each proposal ran, as the cost profile keys SpecBlock's drafting (``simulator.costs``):
+        # block forwards and the mean start nodes of the later ones. The rank head decides both.
+        self.shapes: list[dict[str, float]] = []
         self._base: int | None = None  # committed drafter length once the root's prefix row has run
         self._tokens: list[int] = []
 
@@ -378,11 +381,15 @@ class SpecBlockDrafter:
         all_laws = [laws]
         tree = BucketTree(root, max_depth, self.children)
         created = tree.extend(0, list(range(width)), buckets, logps, ids)
+        counts = []  # start nodes of each later block that ran
         for _ in range(1, self.blocks):
             starts = tree.starts(created, self.starts)
             if not starts:
                 break
+            counts.append(len(starts))
             created = self._block(tree, starts, cache_rows, states, all_laws, root_position)
+        mean_starts = sum(counts) / len(counts) if counts else 1.0
+        self.shapes.append({"starts": mean_starts, "blocks": 1 + len(counts)})
         laws = torch.cat([q for q, _ in all_laws])
         own = torch.cat([c for _, c in all_laws]) if self.sampling.greedy else None
         draft = tree.build(self.budget, laws, confidence_laws=own)

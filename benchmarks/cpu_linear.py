@@ -1,0 +1,80 @@
+"""CPU matrix kernels behind a verify forward: torch's default linear against oneDNN's prepacked one.
+
+A speculative step pays for verifying T tokens at once; on a GPU that costs about what one token
+does, on this CPU it does not (verifying 5 tokens costs 1.6x a plain step), and that ratio decides
+whether any drafter can win. This measures, for the shipped target's weight shapes (the LM head and
+the layers' projections) and T = 1, 2, 5, 17 rows, the median time of ``F.linear`` (MKL here) and of
+oneDNN's linear on a weight prepacked for that row count (``torch.ops.mkldnn._linear_pointwise``, what
+inductor's CPU freezing uses), side by side in one run; saves ``benchmarks/results/cpu_linear.json``.
+
+    .venv/bin/python benchmarks/cpu_linear.py [--repeats 200] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from experiments.provenance import save_result
+from real_engine.model import load_model
+
+SEED = 0
+ROWS = (1, 2, 5, 17)
+ONEDNN = torch.ops.mkldnn._linear_pointwise  # linear on a weight prepacked by _reorder_linear_weight
+
+
+def median_us(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall microseconds of ``fn`` after ``repeats // 10`` warm-up calls."""
+    for _ in range(max(repeats // 10, 1)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+@torch.inference_mode()
+def measure(shapes: dict[str, tuple[int, int]], repeats: int) -> list[dict[str, object]]:
+    """One row per (weight, T): microseconds of both kernels and their ratio."""
+    gen = torch.Generator().manual_seed(SEED)
+    rows = []
+    for name, (out_features, in_features) in shapes.items():
+        weight = torch.randn(out_features, in_features, generator=gen)
+        for t in ROWS:
+            x = torch.randn(t, in_features, generator=gen)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, t)
+            default = median_us(lambda x=x, w=weight: F.linear(x, w), repeats)
+            onednn = median_us(lambda x=x, p=packed: ONEDNN(x, p, None, "none", [], ""), repeats)
+            rows.append({"weight": name, "shape": [out_features, in_features], "rows": t,
+                         "linear_us": default, "onednn_prepacked_us": onednn, "ratio": default / onednn})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    a = load_model("data/models/target").args
+    shapes = {"lm_head": (a.vocab_size, a.hidden_size),
+              "up_proj": (a.intermediate_size, a.hidden_size),
+              "down_proj": (a.hidden_size, a.intermediate_size),
+              "q_proj": (a.num_attention_heads * a.head_dim, a.hidden_size)}
+    rows = measure(shapes, args.repeats)
+    for r in rows:
+        print(f"{r['weight']:>9} T={r['rows']:>2}: linear {r['linear_us']:7.1f} us, "
+              f"oneDNN prepacked {r['onednn_prepacked_us']:7.1f} us ({r['ratio']:.2f}x)")
+    save_result("cpu_linear", rows, {"repeats": args.repeats, "threads": args.threads, "rows": list(ROWS),
+                                     "shapes": shapes}, SEED)
+
+
+if __name__ == "__main__":
+    main()
