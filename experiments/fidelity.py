@@ -26,7 +26,11 @@ positions (``LENGTH_CAP``) and verified whole.
 Timing: the comparison uses the profile's clock. On a shared CPU machine the profile is measured on
 the CPU clock (process CPU seconds, one torch thread), which other jobs' load barely moves; the
 engine's throughput is then taken on the same clock, and the wall-clock error is reported beside
-it. A configuration whose drafter the engine cannot build (no trained weights) is skipped with the
+it. Such a machine's speed still drifts by several percent within an hour, so ``--measure-profile``
+measures the profile in the same process right before the engine runs. Each row also decomposes its
+calibration iterations: their own tau, and their draft and verify milliseconds against the profile's
+for the same sizes and contexts, which tells a cost error from a difference between the prompt halves.
+A configuration whose drafter the engine cannot build (no trained weights) is skipped with the
 reason. Writes ``benchmarks/results/fidelity.json`` (with provenance) and ``fidelity.md``.
 
 Run: ``python -m experiments.fidelity`` (``--help`` for the sizes).
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from policies.errors import InputError
 from policies.io import write_text
@@ -140,6 +145,26 @@ def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], 
             "iteration_seconds": out.seconds / out.iterations}
 
 
+def calibration_costs(profile: Any, traces: Any, config: Config, shape: Any = None) -> dict[str, float]:
+    """Where the time of ``config``'s calibration iterations goes, measured (the trace's wall seconds)
+    against the profile's prediction for the same iterations (drafted sizes and contexts), and the
+    trace's own tau: it separates a cost error from a difference between the prompt halves."""
+    rows = traces[traces["iteration"] > 0]
+    drafted = rows["depths"].map(len).to_numpy()
+    context = rows["context_length"].to_numpy(dtype=np.float64)
+    kind = "ngram" if config.drafter == "none" else config.drafter
+    whole = None if shape is None else float(profile.draft_row(kind, 1, shape)[1])
+    draft = np.array([whole if whole is not None else profile.chain_draft_seconds(kind, int(n))
+                      for n in drafted])
+    verify = np.where(drafted > 0, profile.verify_seconds(drafted + 1, context),
+                      profile.vanilla_seconds(context))
+    return {"tau": float(rows["accepted"].mean()) + 1.0,
+            "draft_ms": 1e3 * float(rows["draft_seconds"].mean()),
+            "predicted_draft_ms": 1e3 * float(draft.mean()),
+            "verify_ms": 1e3 * float(rows["verify_seconds"].mean()),
+            "predicted_verify_ms": 1e3 * float(verify.mean())}
+
+
 class StepClock:
     """An ``on_tokens`` callback noting wall time, process CPU time and the tokens of every step."""
 
@@ -218,21 +243,36 @@ class Engine:
         return {name: steady_state(c) for name, c in clocks.items()}
 
 
-def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Sequence[Any],
-                 evaluation: Sequence[Any], configs: Sequence[Config] = CONFIGS, queries: int = 512,
-                 recorded: Mapping[str, Any] | None = None,
-                 log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Record calibration traces (unless ``recorded`` holds them, by TRACES key), run every configuration
-    in the engine and the simulator, compare the prediction with the throughput measured on ``clock``
-    (the profile's clock)."""
-    traces, skipped, rows = dict(recorded or {}), [], []
-    shapes: dict[str, list[dict[str, float]]] = {}
-    for key in sorted({c.trace for c in configs if c.trace} - set(traces)):
+@dataclass
+class Calibration:
+    """Calibration traces by TRACES key, the SpecBlock shapes recorded with them, and what was skipped."""
+
+    traces: dict[str, Any]
+    shapes: dict[str, list[dict[str, float]]]
+    skipped: list[dict[str, str]]
+
+
+def calibrate(engine: Engine, calibration: Sequence[Any], configs: Sequence[Config] = CONFIGS,
+              recorded: Mapping[str, Any] | None = None,
+              log: Callable[[str], None] = lambda _: None) -> Calibration:
+    """Record the calibration traces ``configs`` replay, except those ``recorded`` already holds."""
+    out = Calibration(dict(recorded or {}), {}, [])
+    for key in sorted({c.trace for c in configs if c.trace} - set(out.traces)):
         try:
             log(f"calibration trace {key} ({len(calibration)} prompts)")
-            traces[key], shapes[key] = engine.trace(calibration, TRACES[key])
+            out.traces[key], out.shapes[key] = engine.trace(calibration, TRACES[key])
         except InputError as err:
-            skipped.append({"trace": key, "reason": str(err)})
+            out.skipped.append({"trace": key, "reason": str(err)})
+    return out
+
+
+def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Calibration,
+                 evaluation: Sequence[Any], configs: Sequence[Config] = CONFIGS, queries: int = 512,
+                 log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Run every configuration in the engine on ``evaluation`` and in the simulator from its
+    ``calibration`` trace; compare the prediction with the throughput measured on ``clock`` (the
+    profile's clock)."""
+    traces, shapes, skipped, rows = calibration.traces, calibration.shapes, list(calibration.skipped), []
     any_trace = next(iter(traces.values()), None)
     other = "wall" if clock == "cpu" else "cpu"
     sources = {c.name: traces.get(c.trace) if c.trace else any_trace for c in configs}
@@ -245,8 +285,10 @@ def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Sequence
         shape = draft_shape(config, shapes.get(config.trace, ()))
         sim = simulate(profile, sources[config.name], config, evaluation, engine.max_new_tokens, queries,
                        engine.seed, shape)
+        own = traces.get(config.trace)
         rows.append({
             **asdict(config), "measured": real, "predicted": sim,
+            "calibration": None if own is None else calibration_costs(profile, own, config, shape),
             "draft_shape": shape if not isinstance(shape, list) else _mean_shape(shape),
             "error": sim["tokens_per_second"] / real[clock]["tokens_per_second"] - 1.0,
             f"error_{other}_clock": sim["tokens_per_second"] / real[other]["tokens_per_second"] - 1.0,
@@ -298,6 +340,16 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         lines.append(f"Speedup over vanilla: median absolute error "
                      f"{100 * result['median_abs_speedup_error']:.1f}%, worst "
                      f"{100 * result['worst_abs_speedup_error']:.1f}%.")
+    costed = [r for r in result["configs"] if r.get("calibration")]
+    if costed:
+        lines += ["", "Calibration iterations (the traces the simulator replays; wall clock): their own tau "
+                      "beside the evaluation prompts' tau, and their mean draft and verify milliseconds "
+                      "against the profile's for the same sizes and contexts.", "",
+                  "| configuration | calibration tau | evaluation tau | draft ms | profile draft ms "
+                  "| verify ms | profile verify ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['name']} | {c['tau']:.2f} | {r['measured']['tau']:.2f} | {c['draft_ms']:.2f} | "
+                  f"{c['predicted_draft_ms']:.2f} | {c['verify_ms']:.2f} | {c['predicted_verify_ms']:.2f} |"
+                  for r in costed for c in [r["calibration"]]]
     lines.append("")
     lines += [f"- skipped {s.get('config') or s.get('trace')}: {s['reason']}" for s in result["skipped"]]
     return "\n".join(lines) + "\n"
@@ -338,22 +390,32 @@ def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
 @click.option("--name", default="fidelity", show_default=True, help="Result name under benchmarks/results.")
 @click.option("--traces", "trace_files", multiple=True,
               help=f"KEY=FILE: reuse a calibration trace instead of recording it (KEY: {', '.join(TRACES)}).")
+@click.option("--measure-profile", "fresh_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Measure a cost profile (CPU clock, --threads) after the calibration traces, right before "
+                   "the engine runs, write it here and use it instead of --profile: a shared machine's speed "
+                   "drifts by several percent within an hour.")
+@click.option("--profile-repeats", type=int, default=15, show_default=True,
+              help="Timed repeats per configuration of --measure-profile.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int, evaluation: int,
          max_new_tokens: int, queries: int, threads: int, only: str | None, name: str,
-         trace_files: tuple[str, ...], seed: int) -> None:
+         trace_files: tuple[str, ...], fresh_path: Path | None, profile_repeats: int, seed: int) -> None:
     """Compare the simulator's predicted tokens/s with the engine's measured tokens/s."""
+    import dataclasses
+
     import torch
 
     from experiments.provenance import save_result
+    from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
     from simulator.costs import load_profile
 
+    if profile_repeats < 1:
+        raise InputError(f"--profile-repeats {profile_repeats} is too few: give 1 or more")
     torch.set_num_threads(threads)
-    profile = load_profile(profile_path)
-    clock = json.loads(profile_path.read_text()).get("measurement", {}).get("clock", "wall")
+    profile = None if fresh_path is not None else load_profile(profile_path)  # a bad file fails first
     target = load_model(model_dir)
     draft = load_model(draft_dir) if (draft_dir / "config.json").is_file() else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
@@ -364,9 +426,21 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
     ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room)
     configs = CONFIGS if only is None else tuple(c for c in CONFIGS if c.name in only.split(","))
     start = time.perf_counter()
-    recorded = given_traces(trace_files)
-    result = run_fidelity(engine, profile, clock, cal, ev, configs, queries, recorded,
-                          log=lambda m: click.echo(f"[{time.perf_counter() - start:6.0f} s] {m}", err=True))
+
+    def log(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - start:6.0f} s] {message}", err=True)
+
+    traces = calibrate(engine, cal, configs, given_traces(trace_files), log)
+    if fresh_path is not None:
+        log(f"measuring a cost profile ({profile_repeats} repeats) into {fresh_path}")
+        grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
+        prof.save(prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
+                               draft_name=None if draft is None else prof.model_name(draft, draft_dir),
+                               grid=grid, threads=threads, clock_kind="cpu", seed=seed), fresh_path)
+        profile_path = fresh_path
+        profile = load_profile(profile_path)
+    clock = json.loads(profile_path.read_text()).get("measurement", {}).get("clock", "wall")
+    result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
     meta = {"profile": str(profile_path), "model": str(model_dir),
             "draft_model": str(draft_dir) if draft is not None else None,
             "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,

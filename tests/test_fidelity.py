@@ -168,7 +168,9 @@ class FakeEngine:
 def test_run_fidelity_compares_tokens_per_second_and_speedup() -> None:
     configs = [fidelity.Config("vanilla", "none", "", 0),
                fidelity.Config("chain 2", "draft-model", "chain-2", 2)]
-    result = fidelity.run_fidelity(FakeEngine(), flat_profile(), "cpu", PROMPTS, PROMPTS, configs, queries=8)
+    engine = FakeEngine()
+    calibration = fidelity.calibrate(engine, PROMPTS, configs)
+    result = fidelity.run_fidelity(engine, flat_profile(), "cpu", calibration, PROMPTS, configs, queries=8)
     vanilla, chain = result["configs"]
     assert vanilla["predicted"]["tokens_per_second"] == pytest.approx(500.0)  # 1 token per 2 ms
     assert chain["predicted"]["tokens_per_second"] == pytest.approx(750.0)  # 3 tokens per 1 + 3 ms
@@ -176,3 +178,30 @@ def test_run_fidelity_compares_tokens_per_second_and_speedup() -> None:
     assert chain["predicted_speedup"] == pytest.approx(1.5) and chain["speedup_error"] == pytest.approx(0.0)
     assert result["median_abs_error"] == pytest.approx(0.25)
     assert result["worst_abs_speedup_error"] == pytest.approx(0.0, abs=1e-12)
+    assert chain["calibration"]["tau"] == pytest.approx(5.0) and vanilla["calibration"] is None
+
+
+def test_profile_repeats_must_be_positive() -> None:
+    with pytest.raises(InputError, match="--profile-repeats 0"):
+        fidelity.main(["--measure-profile", "p.json", "--profile-repeats", "0"], standalone_mode=False)
+
+
+def test_calibration_costs_split_a_trace_into_tau_draft_and_verify() -> None:
+    traces = chain_traces(accepted=4).assign(draft_seconds=np.where(np.arange(20) % 5 == 0, 1.0, 3e-3),
+                                             verify_seconds=8e-3)
+    chain = fidelity.Config("c", "draft-model", "chain", 8, depth=8)
+    out = fidelity.calibration_costs(flat_profile(), traces, chain)
+    assert out["tau"] == pytest.approx(5.0)
+    assert out["draft_ms"] == pytest.approx(3.0)  # each query's first iteration (1 s) left out
+    assert out["predicted_draft_ms"] == pytest.approx(4.0)
+    assert out["predicted_verify_ms"] == pytest.approx(9.0)
+    tree = fidelity.calibration_costs(flat_profile(), traces, chain, shape={"tokens": 2})
+    assert tree["predicted_draft_ms"] == pytest.approx(1.0)  # the whole tree's cost, not the chain's
+    row = {"name": "c", "measured": {"tau": 4.0, "cpu": {"tokens_per_second": 1.0, "iteration_seconds": 1.0},
+                                     "wall": {"tokens_per_second": 1.0, "iteration_seconds": 1.0}},
+           "predicted": {"tokens_per_second": 1.0, "tau": 5.0, "iteration_seconds": 1.0}, "error": 0.0,
+           "error_wall_clock": 0.0, "calibration": out}
+    text = fidelity.markdown({"clock": "cpu", "configs": [row], "skipped": [], "median_abs_error": 0.0,
+                              "worst_abs_error": 0.0}, {"profile": "p", "calibration": 1, "evaluation": 1,
+                                                        "max_new_tokens": 1, "threads": 1})
+    assert "| c | 5.00 | 4.00 | 3.00 | 4.00 | 8.00 | 9.00 |" in text
