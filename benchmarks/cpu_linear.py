@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    if args.repeats < 1 or args.threads < 1:
+        parser.error(f"--repeats {args.repeats} --threads {args.threads}: give 1 or more of each")
     torch.set_num_threads(args.threads)
     a = load_model("data/models/target").args
     shapes = {"lm_head": (a.vocab_size, a.hidden_size),

@@ -6,10 +6,11 @@
    (code), then ``mixed`` queries taking every domain in turn. Each query generates
    ``max_new_tokens`` tokens, greedy.
 2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``never``, ``always`` and
-   ``cost_aware_bandit`` with their default parameters) serves the same stream through
-   ``real_engine.adapt.run_stream``; updates are waited for before the next query and everything is
-   timed on the process CPU clock with one torch thread (the machine is shared; the CPU clock is what
-   the shipped cost profile uses). The drafter's tree budget equals the simulator's 16 positions.
+   ``cost_aware_bandit`` with their default parameters) serves the same stream through its own
+   ``real_engine.adapt.StreamServer``, the policies taking turns query by query (a shared machine's
+   drift then touches them alike); updates are waited for before the next query and everything is
+   timed on the process CPU clock with one torch thread (the CPU clock is what the shipped cost
+   profile uses). The drafter's tree budget equals the simulator's 16 positions.
 3. **Fit**: ``simulator.acceptance.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
    of all three streams, with the acceptance model replayed from the ``never`` stream's iterations.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
@@ -17,8 +18,10 @@
    at the shapes the drafter really ran on the ``never`` stream (block forwards and start nodes, which
    its rank head decides: ``SpecBlockDrafter.shapes``); verification costs the tree sizes the replayed
    iterations verified (``verified_shares``); an update costs the profile's time for SpecBlock's
-   update of a full buffer (``real_engine.profile.specblock_update_samples``) times the used buffer's
-   fill. Nothing measured on the stream's own speed enters the prediction. Per-query means are
+   update (``real_engine.profile.specblock_update_samples``) per query window in the buffer it trains
+   on (``CostProfile.update_cost``: the update trains one window per buffered query). Nothing measured
+   on the stream's own speed enters the prediction; the report adds each policy's recorded drafting
+   shapes beside the engine's time per iteration. Per-query means are
    compared with the engine's (prefill is in the engine's query time, not in the simulator's).
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
@@ -105,18 +108,19 @@ def serve(
     config: Any,
     seed: int,
     policies: Mapping[str, Mapping[str, Any]],
-) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, float]]]:
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], dict[str, list[dict[str, float]]]]:
     """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
-    content), and the ``never`` stream's iterations as trace rows and its drafting shapes."""
+    content), the ``never`` stream's iterations as trace rows, and each policy's drafting shapes.
+
+    The policies take turns query by query (each with its own drafter), so that a shared machine's
+    drift over the run touches them alike."""
     from policies.base import make_policy
-    from real_engine.adapt import run_stream
+    from real_engine.adapt import StreamServer
     from real_engine.decode import generate
     from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
     from real_engine.trace import iteration_row
 
-    rows: dict[str, list[dict[str, Any]]] = {}
     traces: list[dict[str, Any]] = []
-    shapes: list[dict[str, float]] = []
     counts: dict[int, int] = {}
 
     def keep(query: int, iteration: Any) -> None:
@@ -125,27 +129,27 @@ def serve(
 
     warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
     generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
-    for kind, spec in policies.items():
-        drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
-        policy = make_policy(spec["kind"], spec["params"], seed=seed)
-        began = time.perf_counter()
-        rows[kind] = run_stream(
-            target,
-            drafter,
-            stream,
-            policy,
-            config=config,
-            max_new_tokens=plan.max_new_tokens,
-            seed=seed,
-            on_iteration=keep if kind == "never" else None,
-            on_query=lambda r, k=kind: log(
-                f"{k} {r['query']:3d} {r['domain']:5s} tau {r['tau']:.2f} {r['action']}"
-            ),
-        )
-        log(f"{kind}: {len(stream)} queries in {time.perf_counter() - began:.0f} s")
-        if kind == "never":
-            shapes = drafter.shapes
-    return rows, traces, shapes
+    drafters = {kind: SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT) for kind in policies}
+    for drafter in drafters.values():
+        drafter.shapes = []  # record what each drafter runs
+    servers = {
+        kind: StreamServer(target, drafters[kind], [d for d, _ in stream],
+                           make_policy(spec["kind"], spec["params"], seed=seed), config=config,
+                           max_new_tokens=plan.max_new_tokens, seed=seed,
+                           on_iteration=keep if kind == "never" else None)
+        for kind, spec in policies.items()
+    }
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
+    began = time.perf_counter()
+    for index, (domain, prompt) in enumerate(stream):
+        for kind, server in servers.items():
+            r = server.serve(index, domain, prompt)
+            rows[kind].append(r)
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
+                f"{r['action']}")
+    for server in servers.values():
+        server.close()
+    return rows, traces, {kind: d.shapes for kind, d in drafters.items()}
 
 
 def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
@@ -217,6 +221,14 @@ def simulate(
     }
 
 
+def mean_shape(profile: Any, shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Mean block forwards and start nodes of recorded SpecBlock shapes, and the profile's mean drafting
+    milliseconds at them."""
+    out = {k: float(np.mean([s[k] for s in shapes])) for k in ("blocks", "starts")}
+    out["draft_ms"] = 1e3 * float(np.mean([profile.draft_seconds("specblock", **s) for s in shapes]))
+    return out
+
+
 def summary(
     domains: Sequence[str],
     tau: Sequence[float],
@@ -273,6 +285,16 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
             f"{entry['updates']['full']} | {m['update_seconds']:.1f} |"
         )
+    lines += ["", "Drafting per policy: the shapes each policy's drafter ran (its rank head decides them, "
+              "and updates retrain it), the profile's drafting time at them, and the engine's time per "
+              "iteration.",
+              "", "| policy | block forwards | start nodes | profile draft ms | engine ms/iter |",
+              "|---|---|---|---|---|"]
+    for kind, entry in result["policies"].items():
+        d, rows = entry["drafted"], entry["rows"]
+        per_iteration = sum(r["query_seconds"] for r in rows) / sum(r["iterations"] for r in rows)
+        lines.append(f"| {kind} | {d['blocks']:.2f} | {d['starts']:.2f} | {d['draft_ms']:.2f} | "
+                     f"{1e3 * per_iteration:.2f} |")
     fit = result["fit"]
     lines += [
         "",
@@ -280,9 +302,7 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         "fitted to the measured speed). Drafting is costed at the SpecBlock shapes the `never` stream "
         f"ran (mean {result['simulator_profile']['draft_shape']['blocks']:.2f} block forwards, "
         f"{result['simulator_profile']['draft_shape']['starts']:.2f} start nodes per later block); "
-        "updates at the profile's full-buffer times "
-        f"({result['simulator_profile']['update_seconds']['head']:.2f} s head, "
-        f"{result['simulator_profile']['update_seconds']['full']:.2f} s full) times the buffer's fill.",
+        + update_text(result["simulator_profile"]),
         "",
         "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean |",
         "|---|---|---|---|---|",
@@ -305,6 +325,17 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def update_text(costed: Mapping[str, Any]) -> str:
+    """How the simulator charged updates, for the report."""
+    seconds, windows = costed["update_seconds"], costed.get("update_windows")
+    if windows:
+        head, full = (seconds[k] / windows[k] for k in ("head", "full"))
+        return (f"updates at the profile's time per buffered query window ({head:.2f} s head, {full:.2f} s "
+                "full) times the windows in the buffer.")
+    return (f"updates at the profile's full-buffer times ({seconds['head']:.2f} s head, "
+            f"{seconds['full']:.2f} s full) times the buffer's fill.")
 
 
 def plot(result: Mapping[str, Any], path: Path, first: int) -> None:
@@ -375,7 +406,8 @@ def run(
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
     stream = build_stream(by_domain, plan.first, plan.mixed)
     adapt = AdaptConfig(clock="cpu", seed=seed)
-    rows, traces, shapes = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
+    rows, traces, drafted = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
+    shapes = drafted["never"]
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
@@ -388,8 +420,9 @@ def run(
         return float(np.sqrt(np.mean(residual**2)))
 
     profile = load_profile(profile_path)
-    costed = {"draft_shape": {k: float(np.mean([s[k] for s in shapes])) for k in ("blocks", "starts")},
+    costed = {"draft_shape": mean_shape(profile, shapes),
               "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
+              "update_windows": dict(profile.update_windows),
               "update_model": json.loads(profile_path.read_text()).get("measurement", {}).get("update_model")}
     lengths = [len(tokens) for _, tokens in stream]
     stream_domains = [d for d, _ in stream]
@@ -439,6 +472,7 @@ def run(
             "measured": measured,
             "simulated_summary": simulated,
             "updates": {k: kinds.count(k) for k in ("head", "full")},
+            "drafted": mean_shape(profile, drafted[kind]),
             "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")},
         }
     config = {

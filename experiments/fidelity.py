@@ -215,15 +215,17 @@ class Engine:
         ``simulator.traces``), and the drafting shapes it recorded (SpecBlock's; empty for others)."""
         from real_engine.trace import record
 
-        factory, built = self.drafter_factory(spec), []
+        factory, shapes = self.drafter_factory(spec), []
 
         def build() -> Any:
-            built.append(factory())
-            return built[-1]
+            drafter = factory()
+            if hasattr(drafter, "shapes"):
+                drafter.shapes = shapes  # record SpecBlock's drafting shapes
+            return drafter
 
         traces = record(self.target, prompts, build, spec["drafter"], max_new_tokens=self.max_new_tokens,
                         eos_id=self.eos_id, seed=self.seed).traces
-        return traces, [s for d in built for s in getattr(d, "shapes", [])]
+        return traces, shapes
 
     def measure(self, prompts: Sequence[Any], configs: Sequence[Config],
                 log: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:

@@ -29,8 +29,8 @@ An :class:`Adapter` runs the lifecycle an adaptation policy drives once per quer
 - **Observation and outcome**: ``features`` builds the policy's observation with
   ``policies.features.adapt_features``; ``info`` holds ``policies.adaptation.ADAPT_INFO_KEYS``.
 
-:func:`run_stream` serves a stream of prompts under an adaptation policy (greedy decoding) and returns
-one row per query.
+:class:`StreamServer` serves a stream's queries one call at a time under an adaptation policy
+(greedy decoding); :func:`run_stream` runs one over a whole stream and returns one row per query.
 """
 
 from __future__ import annotations
@@ -531,64 +531,88 @@ class Adapter:
                 self.revert()
 
 
-def run_stream(target: Transformer, drafter: SpecBlockDrafter, prompts: Sequence[tuple[str, Sequence[int]]],
-               policy: Policy, *, config: AdaptConfig = AdaptConfig(), max_new_tokens: int = 48,
-               overlap: bool = False, eos_id: int | None = None, seed: int = 0,
-               on_iteration: Callable[[int, Iteration], None] | None = None,
-               on_query: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Serve ``prompts`` ((domain, token ids), in order; greedy) while ``policy`` adapts ``drafter``.
+class StreamServer:
+    """Serves a stream's queries one call at a time (greedy) while ``policy`` adapts ``drafter``.
 
     Before each query the policy acts on ``Adapter.features()``; an update it starts trains in the
     background and, unless ``overlap``, is waited for before the query (its seconds are then the
     query's ``update_seconds``; with ``overlap`` it trains while later queries decode). With
     ``config.clock == "cpu"`` queries are timed in process CPU seconds. A policy with ``should_revert``
     (the cost-aware bandit) decides reverts and checkpoints; for the others the adapter's own rule
-    does. ``on_iteration(query index, iteration)`` sees each speculative iteration, ``on_query`` each row.
-    Returns one row per query: domain, action, update run before it (with its report), tau,
-    tokens/s, seconds, new tokens, revert and checkpoint flags.
+    does. ``on_iteration(query index, iteration)`` sees each speculative iteration. Several servers may
+    take turns on one stream (query by query), so that a shared machine's drift touches them alike.
     """
-    if config.clock == "cpu" and overlap:
-        raise InputError("the cpu clock needs updates waited for (overlap=False): process CPU time would "
-                         "count the trainer's work in the queries")
-    own_rule = hasattr(policy, "should_revert")
-    adapter = Adapter(drafter, replace(config, revert_windows=0) if own_rule else config,
-                      sorted({domain for domain, _ in prompts}))
-    current: list[Any] = [0, 0.0]  # the query being served; its callback's CPU seconds (not its own)
 
-    def timed(iteration: Iteration) -> None:
-        began = time.process_time()
-        on_iteration(current[0], iteration)  # type: ignore[misc]
-        current[1] += time.process_time() - began
+    def __init__(self, target: Transformer, drafter: SpecBlockDrafter, domains: Sequence[str], policy: Policy,
+                 *, config: AdaptConfig = AdaptConfig(), max_new_tokens: int = 48, overlap: bool = False,
+                 eos_id: int | None = None, seed: int = 0,
+                 on_iteration: Callable[[int, Iteration], None] | None = None) -> None:
+        if config.clock == "cpu" and overlap:
+            raise InputError("the cpu clock needs updates waited for (overlap=False): process CPU time "
+                             "would count the trainer's work in the queries")
+        self.target, self.policy, self.config = target, policy, config
+        self.max_new_tokens, self.overlap, self.eos_id, self.seed = max_new_tokens, overlap, eos_id, seed
+        self.own_rule = hasattr(policy, "should_revert")
+        self.adapter = Adapter(drafter, replace(config, revert_windows=0) if self.own_rule else config,
+                               sorted(set(domains)))
+        self.on_iteration = on_iteration
+        self._callback = 0.0  # CPU seconds of the current query's on_iteration calls (not its own)
 
-    hook = None if on_iteration is None else timed
-    rows = []
-    for index, (domain, prompt) in enumerate(prompts):
+    def serve(self, index: int, domain: str, prompt: Sequence[int]) -> dict[str, Any]:
+        """Let the policy act, then serve query ``index``: its row (domain, action, update run before it
+        with its report, tau, tokens/s, seconds, new tokens, revert and checkpoint flags)."""
+        adapter, policy = self.adapter, self.policy
         obs = adapter.features()
         action = policy.act(obs)
         started = adapter.apply(action)
-        report = adapter.wait() if started and not overlap else None
+        report = adapter.wait() if started and not self.overlap else None
         reverts = adapter.reverts
-        current[:] = [index, 0.0]
+        self._callback = 0.0
+        hook = None if self.on_iteration is None else lambda iteration: self._timed(index, iteration)
         cpu = time.process_time()
-        generation = generate(target, list(prompt), drafter=adapter.drafter, max_new_tokens=max_new_tokens,
-                              eos_id=eos_id, seed=seed + index, on_iteration=hook)
-        seconds = time.process_time() - cpu - current[1] if config.clock == "cpu" else None
+        generation = generate(self.target, list(prompt), drafter=adapter.drafter,
+                              max_new_tokens=self.max_new_tokens, eos_id=self.eos_id, seed=self.seed + index,
+                              on_iteration=hook)
+        seconds = time.process_time() - cpu - self._callback if self.config.clock == "cpu" else None
         info = adapter.end_query(generation.stats, domain, seconds)
         policy.observe(obs, action, -(info["query_seconds"] + info["update_seconds"]), info)
-        if own_rule and policy.should_revert():  # type: ignore[attr-defined]
+        if self.own_rule and policy.should_revert():  # type: ignore[attr-defined]
             adapter.revert()
             policy.acknowledge_revert()  # type: ignore[attr-defined]
         checkpoint = bool(getattr(policy, "checkpoint_good", False))
         if checkpoint:
             adapter.checkpoint()
-        row = {"query": index, "domain": domain, "action": ACTIONS[action],
-               "update": None if report is None or not started else asdict(report),
-               **info, "new_tokens": generation.stats.new_tokens, "iterations": generation.stats.iterations,
-               "wall_seconds": generation.stats.seconds, "syncs": adapter.drafter.syncs,
-               "reverted": adapter.reverts > reverts, "checkpoint": checkpoint,
-               "head_fill": adapter.head.fill, "full_fill": adapter.full.fill, "trigger": adapter.trigger}
-        rows.append(row)
+        return {"query": index, "domain": domain, "action": ACTIONS[action],
+                "update": None if report is None or not started else asdict(report),
+                **info, "new_tokens": generation.stats.new_tokens, "iterations": generation.stats.iterations,
+                "wall_seconds": generation.stats.seconds, "syncs": adapter.drafter.syncs,
+                "reverted": adapter.reverts > reverts, "checkpoint": checkpoint,
+                "head_fill": adapter.head.fill, "full_fill": adapter.full.fill, "trigger": adapter.trigger}
+
+    def close(self) -> None:
+        """Wait for an update still training (with ``overlap``)."""
+        self.adapter.wait()
+
+    def _timed(self, index: int, iteration: Iteration) -> None:
+        began = time.process_time()
+        self.on_iteration(index, iteration)  # type: ignore[misc]
+        self._callback += time.process_time() - began
+
+
+def run_stream(target: Transformer, drafter: SpecBlockDrafter, prompts: Sequence[tuple[str, Sequence[int]]],
+               policy: Policy, *, config: AdaptConfig = AdaptConfig(), max_new_tokens: int = 48,
+               overlap: bool = False, eos_id: int | None = None, seed: int = 0,
+               on_iteration: Callable[[int, Iteration], None] | None = None,
+               on_query: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Serve ``prompts`` ((domain, token ids), in order) with one ``StreamServer``: one row per query
+    (``on_query`` sees each as it comes)."""
+    server = StreamServer(target, drafter, [domain for domain, _ in prompts], policy, config=config,
+                          max_new_tokens=max_new_tokens, overlap=overlap, eos_id=eos_id, seed=seed,
+                          on_iteration=on_iteration)
+    rows = []
+    for index, (domain, prompt) in enumerate(prompts):
+        rows.append(server.serve(index, domain, prompt))
         if on_query is not None:
-            on_query(row)
-    adapter.wait()
+            on_query(rows[-1])
+    server.close()
     return rows

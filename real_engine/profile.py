@@ -307,12 +307,13 @@ REJECTED_EVERY = 3  # a cut-short draft every third generated position (about wh
 
 
 def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: Bench, seed: int = 0
-                             ) -> dict[str, list[float]]:
+                             ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Seconds of one online update of the SpecBlock drafter as the engine runs it
     (``real_engine.adapt.update_drafter``, ``AdaptConfig`` defaults), head and full, each on a buffer
     filled to its capacity with synthetic feedback: queries of ``grid.update_batch[1]`` random tokens
     whose last ``NEW_TOKENS`` are roots, every ``REJECTED_EVERY``-th rejected, with the target's own
-    features and top-k log-probabilities. Timed when ``bench`` runs."""
+    features and top-k log-probabilities; and the query windows each buffer held (the update trains
+    one per query). Timed when ``bench`` runs."""
     from real_engine.adapt import AdaptConfig, Feedback, update_drafter
 
     config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
@@ -330,6 +331,7 @@ def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: B
                         top.values.cpu(), top.indices.cpu(), roots, rejected)
 
     out: dict[str, list[float]] = {}
+    windows: dict[str, int] = {}
     for kind, capacity in (("head", config.head_capacity), ("full", config.full_capacity)):
         data, left = [], capacity
         while left > 0:
@@ -337,7 +339,8 @@ def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: B
             left -= len(rejected)
         out[kind] = bench.add(lambda data=data, kind=kind: update_drafter(net, data, kind, config, seed),
                               inference=False)
-    return out
+        windows[kind] = len(data)
+    return out, windows
 
 
 def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: int = 0
@@ -389,8 +392,9 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         names.update(more_names)
     update_model = draft if draft is not None else target
     draft_rows, tree_rows = draft_samples(target, nets, grid, bench, seed)
+    windows: dict[str, int] = {}
     if "specblock" in nets:  # the drafter the engine adapts online
-        update_rows = specblock_update_samples(target, nets["specblock"], grid, updates, seed)
+        update_rows, windows = specblock_update_samples(target, nets["specblock"], grid, updates, seed)
         update_name = f"specblock: {names['specblock']}, real_engine.adapt.update_drafter on full buffers"
     else:
         update_rows = update_samples(update_model, grid, updates, seed)
@@ -408,6 +412,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         "block_size": nets["specblock"].config.block_size if "specblock" in nets else None,
         "draft_shapes": draft_shapes(nets, grid),
         "derived_from": None,
+        **({"update_windows": windows} if windows else {}),
         "samples": samples,
     }
     from simulator.costs import profile_from_json

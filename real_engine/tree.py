@@ -119,6 +119,23 @@ class DraftTree:
         return cls(torch.tensor(tokens), torch.tensor(parents), q, child_rule, confidence)
 
 
+def best_order(parents: list[int], scores: list[float],
+               budget: int) -> tuple[list[int], dict[int, list[int]]]:
+    """The root and the ``budget`` best-scored nodes of a grown tree (ancestor-closed when a child never
+    outscores its parent; ties go to the lower index), in depth-first order with siblings in creation
+    order (most likely first, as trees grow), and each kept node's kept children."""
+    best = sorted(range(1, len(parents)), key=lambda n: (-scores[n], n))[:budget]
+    children: dict[int, list[int]] = {n: [] for n in (0, *best)}
+    for n in sorted(best):
+        children[parents[n]].append(n)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    return order, children
+
+
 def best_subtree(parents: list[int], tokens: list[int], scores: list[float], laws: dict[int, torch.Tensor],
                  budget: int, device: torch.device | str) -> tuple[DraftTree, dict[int, int]]:
     """The ``budget`` most likely nodes of a tree grown by ``expand_topk`` (an ancestor-closed set: a
@@ -126,15 +143,7 @@ def best_subtree(parents: list[int], tokens: list[int], scores: list[float], law
     most likely sibling first (so ``paths()[0]`` is the most likely path); each node's law from
     ``laws`` where it keeps children (zero elsewhere) and its confidence ``exp(score - parent score)``.
     Also returns the old -> new index of the kept nodes."""
-    best = sorted(range(1, len(tokens)), key=lambda n: (-scores[n], n))[:budget]
-    children: dict[int, list[int]] = {n: [] for n in (0, *best)}
-    for n in sorted(best):  # creation order is most likely first among siblings
-        children[parents[n]].append(n)
-    order, stack = [], [0]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(reversed(children[node]))
+    order, children = best_order(parents, scores, budget)
     index = {old: new for new, old in enumerate(order)}
     zero = torch.zeros_like(laws[0])
     confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]

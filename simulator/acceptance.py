@@ -505,6 +505,10 @@ def resolve_acceptance(acceptance: AcceptanceModel | str | Path | None) -> Accep
     return acceptance
 
 
+ADAPT_BOUNDS = {"head_reach": (-1.0, 1.0)}
+"""``AdaptationDynamics`` fields whose range is not [0, 1] (capacities and noise: [0, inf))."""
+
+
 @dataclass(frozen=True)
 class AdaptationDynamics:
     """How drafter updates move each domain's acceptance; the defaults come from the SpecBlock paper.
@@ -513,12 +517,16 @@ class AdaptationDynamics:
     profiled). An update trained on a buffer moves ``m`` toward ``1 - headroom`` (full) or
     ``1 - head_reach * headroom`` (head only) by ``rate * fill * share`` of the remaining gap, where
     ``share`` is the domain's share of the buffer: diminishing returns, and nothing for domains the
-    buffer does not hold. With probability ``harm_probability`` an update hurts instead, raising ``m``
-    by ``harm_size * rate * fill * share * headroom``. ``headroom`` is set so that a fully adapted
-    drafter gains about 0.26 tau at 8 positions over the default domains (the paper: +0.22..0.30
-    after 8 adaptation epochs); the full update's larger reach matches the paper's slightly higher
-    tau without the head-only action (4.58 vs 4.54); fast rates (returns diminish within a few
-    updates) let a cost-aware policy beat updating after every query, as in the paper. Rates,
+    buffer does not hold. Updates move ``m`` toward their floor from either side: a head update after
+    full ones can give back part of their gain, and a negative ``head_reach`` (in [-1, 1]) makes head
+    updates converge on a worse drafter than the profiled one (the engine's drafter does that when
+    its head is retrained on small buffers after every query). With probability ``harm_probability``
+    an update hurts instead, raising ``m`` by ``harm_size * rate * fill * share * headroom``.
+    ``headroom`` is set so that a fully adapted drafter gains about 0.26 tau at 8 positions over the
+    default domains (the paper: +0.22..0.30 after 8 adaptation epochs); the full update's larger
+    reach matches the paper's slightly higher tau without the head-only action (4.58 vs 4.54); fast
+    rates (returns diminish within a few updates) let a cost-aware policy beat updating after every
+    query, as in the paper. Rates,
     reach, harm and buffer sizes are not given by the paper (assumed) until the engine fits them.
     ``head_capacity`` and ``full_capacity`` count rejected positions a buffer holds (fill 1 when
     full); ``query_noise`` is the log-normal spread of one query's tau around its expectation.
@@ -537,9 +545,11 @@ class AdaptationDynamics:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            high = np.inf if f.name.endswith(("capacity", "noise")) else 1.0
-            if isinstance(value, bool) or not 0.0 <= value <= high:
-                raise InputError(f"AdaptationDynamics.{f.name} = {value!r} is out of range: use [0, {high}]")
+            unbounded = f.name.endswith(("capacity", "noise"))
+            low, high = ADAPT_BOUNDS.get(f.name, (0.0, np.inf if unbounded else 1.0))
+            if isinstance(value, bool) or not low <= value <= high:
+                raise InputError(f"AdaptationDynamics.{f.name} = {value!r} is out of range: use "
+                                 f"[{low}, {high}]")
         if self.head_capacity < 1 or self.full_capacity < 1:
             raise InputError("buffer capacities must be >= 1 rejected position")
 
@@ -551,7 +561,7 @@ class AdaptationDynamics:
         floor = 1.0 - self.headroom * np.where(full, 1.0, self.head_reach)
         push = (rate * fill)[:, None] * share
         harm = rng.random(level.shape[0]) < self.harm_probability
-        gain = push * np.minimum(floor[:, None] - level, 0.0)
+        gain = push * (floor[:, None] - level)
         return level + np.where(harm[:, None], self.harm_size * push * self.headroom, gain)
 
 
@@ -620,16 +630,18 @@ def fit_adaptation(survival: np.ndarray, records: Sequence[AdaptRecord],
     if any(np.any(np.asarray(r.tau) <= 0) for r in records):
         raise InputError("measured tau must be positive: pass tokens per target forward (>= 1)")
 
+    bounds = [ADAPT_BOUNDS.get(name, (0.0, 1.0)) for name in ADAPT_FITTED]
+
     def dynamics(x: np.ndarray) -> AdaptationDynamics:
-        return replace(base, **{name: float(np.clip(v, 0.0, 1.0)) for name, v in zip(ADAPT_FITTED, x,
-                                                                                     strict=True)})
+        return replace(base, **{name: float(np.clip(v, *bound))
+                                for name, v, bound in zip(ADAPT_FITTED, x, bounds, strict=True)})
 
     def loss(x: np.ndarray) -> float:
         dyn = dynamics(x)
         return sum(float(((adaptation_tau(dyn, survival, r) - r.tau) ** 2).sum()) for r in records)
 
     start = [getattr(base, name) for name in ADAPT_FITTED]
-    best = min((minimize(loss, [h, *start[1:]], method="L-BFGS-B", bounds=[(0.0, 1.0)] * len(start))
+    best = min((minimize(loss, [h, *start[1:]], method="L-BFGS-B", bounds=bounds)
                 for h in headroom_starts), key=lambda result: result.fun)
     fitted = dynamics(best.x)
     ratio = np.concatenate([r.tau / adaptation_tau(fitted, survival, r) for r in records])

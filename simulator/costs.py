@@ -27,6 +27,7 @@ holds one or more repeated measurements of one configuration, and the profile us
         "update": {"head": [...], "full": [...]},
         "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
+      "update_windows": {"head": 4, "full": 16},     optional: query windows the update samples trained on
       "fits": {...}                                  optional; written by save_profile (see below)
     }
 
@@ -44,7 +45,12 @@ holds one or more repeated measurements of one configuration, and the profile us
   frontier nodes into ``width`` children. A tree is drafted whole however many of its nodes are
   verified: ``CostProfile.step_table(kind, n, shape=...)`` costs that, for these and the tree drafters.
 - ``draft_shapes`` (optional): what each kind's series hold fixed (e.g. EAGLE's top-k and kept nodes).
-- ``update``: one backward pass plus optimizer step of a head-only or a whole-drafter update.
+- ``update``: one backward pass plus optimizer step of a head-only or a whole-drafter update; the
+  engine's SpecBlock update (``real_engine.adapt.update_drafter``) on a full buffer.
+- ``update_windows`` (optional): how many query windows the buffers of the ``update`` samples held.
+  SpecBlock's update trains one window per buffered query (its rows from some context before the
+  first rejection), so its time grows with the windows, not the positions: ``update_cost`` then
+  charges per window; without this field it scales the full-buffer time by the buffer's fill.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
 - ``fits``: per series the grid axes and the median at every grid point, e.g.
@@ -215,6 +221,7 @@ class CostProfile:
     schema_version: int = SCHEMA_VERSION
     draft_trees: Mapping[str, Series] = field(default_factory=lambda: MappingProxyType({}))
     draft_shapes: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+    update_windows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     _tables: dict[tuple[Any, ...], StepTable] = field(init=False, repr=False, compare=False)
 
@@ -230,6 +237,12 @@ class CostProfile:
                              "(positions per block forward) when samples.draft has specblock")
         if set(self.update) != set(UPDATE_KINDS):
             raise InputError(f"samples.update must hold exactly {', '.join(UPDATE_KINDS)}: measure both")
+        counts = self.update_windows.values()
+        if self.update_windows and (set(self.update_windows) != set(UPDATE_KINDS) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in counts)):
+            raise InputError(f"update_windows = {dict(self.update_windows)!r} is invalid: give the query "
+                             f"windows of both {' and '.join(UPDATE_KINDS)} updates as positive integers, or "
+                             "drop the field")
         for kind in self.draft_trees:
             if kind not in TREE_KEYS or kind not in self.draft:
                 raise InputError(f"samples.draft_trees has drafter {kind!r}: tree series are for "
@@ -281,6 +294,15 @@ class CostProfile:
         if kind not in UPDATE_KINDS:
             raise InputError(f"unknown update kind {kind!r}: use one of {', '.join(UPDATE_KINDS)}")
         return self.fits["update"][kind]
+
+    def update_cost(self, kind: str, fill: float | np.ndarray,
+                    windows: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of a ``kind`` update on a buffer at ``fill`` (of its capacity) holding ``windows`` query
+        windows: the profiled time per window times ``windows`` when the profile counted its windows
+        (``update_windows``), else the full-buffer time times ``fill``."""
+        if self.update_windows:
+            return self.update_seconds(kind) / self.update_windows[kind] * np.asarray(windows, dtype=float)
+        return self.update_seconds(kind) * np.asarray(fill, dtype=float)
 
     def chain_draft_seconds(self, kind: str, depth: int) -> float:
         """Drafting one chain of ``depth`` positions with drafter ``kind`` (0 for depth 0)."""
@@ -353,6 +375,7 @@ class CostProfile:
             **({"draft_shapes": shapes} if shapes else {}),
             "derived_from": None if self.derived_from is None else {
                 "source": self.derived_from.source, "derivation": self.derived_from.derivation},
+            **({"update_windows": dict(self.update_windows)} if self.update_windows else {}),
             "samples": {
                 "verify": self.verify.to_json(),
                 "vanilla": self.vanilla.to_json(),
@@ -458,6 +481,9 @@ def profile_from_json(data: Any) -> CostProfile:
     if not isinstance(shapes, dict) or not all(isinstance(v, dict) for v in shapes.values()):
         raise InputError('field draft_shapes must be an object {"kind": {"setting": integer}}: fix or '
                          'drop it')
+    windows = data.get("update_windows") or {}
+    if not isinstance(windows, dict):
+        raise InputError('field update_windows must be an object {"head": n, "full": n}: fix or drop it')
     profile = CostProfile(
         schema_version=version,
         device=_text(data, "device", "device"),
@@ -477,6 +503,7 @@ def profile_from_json(data: Any) -> CostProfile:
         draft_trees=MappingProxyType({kind: _series(rows, TREE_KEYS[kind], f"samples.draft_trees.{kind}")
                                       for kind, rows in trees.items()}),
         draft_shapes=MappingProxyType({kind: MappingProxyType(dict(v)) for kind, v in shapes.items()}),
+        update_windows=MappingProxyType(dict(windows)),
     )
     if data.get("fits") is not None:
         _check_fits(data["fits"], profile.to_json()["fits"])

@@ -291,7 +291,8 @@ def default_phases(domains: Sequence[str], queries: int = 2000) -> Phases:
 class AdaptStreamBatch:
     """N query streams at once: the state and dynamics both AdaptStream environments run."""
 
-    STATE = ("t", "served", "level", "good", "head", "full", "trigger", "since", "recent", "long", "shares")
+    STATE = ("t", "served", "level", "good", "head", "full", "head_windows", "full_windows", "trigger",
+             "since", "recent", "long", "shares")
 
     def __init__(self, num: int, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
@@ -313,7 +314,6 @@ class AdaptStreamBatch:
         # A tree is drafted whole every iteration, also where fewer of its nodes (or none) are verified.
         draft = self.profile.draft_row(drafter, self.draft_length, draft_shape)
         self.unverified = draft[-1] - draft if draft_shape is not None else np.zeros_like(draft)
-        self.update_cost = np.array([0.0, *(self.profile.update_seconds(kind) for kind in ("head", "full"))])
         # indexed by action: the buffer an update trains on (skip's entry is never used)
         self.capacity = np.array([1.0, self.dynamics.head_capacity, self.dynamics.full_capacity])
         rows = []
@@ -360,9 +360,14 @@ class AdaptStreamBatch:
         share = used / np.where(used_total > 0, used_total, 1.0)[:, None]
         moved = dyn.updated(rng, s["level"], is_full, fill, share)
         s["level"] = np.where(runs[:, None], moved, s["level"])
-        update_seconds = np.where(runs, self.update_cost[action] * fill, 0.0)  # profiled on a full buffer
-        s["head"][runs] = 0.0
-        s["full"][runs & is_full] = 0.0
+        windows = np.where(is_full, s["full_windows"], s["head_windows"])
+        cost = np.where(is_full, self.profile.update_cost("full", fill, windows),
+                        self.profile.update_cost("head", fill, windows))
+        update_seconds = np.where(runs, cost, 0.0)
+        for name in ("head", "head_windows"):
+            s[name][runs] = 0.0
+        for name in ("full", "full_windows"):
+            s[name][runs & is_full] = 0.0
         s["trigger"][runs] = 0.0
         s["since"][runs] = 0.0
 
@@ -378,7 +383,8 @@ class AdaptStreamBatch:
         seconds = iterations * (step * self.verified[domain]).sum(1)
         rejected = rng.binomial(iterations.astype(np.int64), self.rejection[domain])
         for name in ("head", "full"):
-            s[name] = _push(s[name], rows, domain, rejected, self.capacity[HEAD if name == "head" else FULL])
+            s[name], s[f"{name}_windows"] = _push(s[name], s[f"{name}_windows"], rows, domain, rejected,
+                                                  self.capacity[HEAD if name == "head" else FULL])
         s["trigger"] += rejected
         s["since"] += 1
         tau = self.tokens / iterations
@@ -416,14 +422,15 @@ class AdaptStreamBatch:
         return obs
 
 
-def _push(buffer: np.ndarray, rows: np.ndarray, domain: np.ndarray, added: np.ndarray,
-          capacity: float) -> np.ndarray:
-    """Add ``added`` rejected positions of ``domain`` to each row's buffer; the oldest leave past capacity."""
+def _push(buffer: np.ndarray, windows: np.ndarray, rows: np.ndarray, domain: np.ndarray, added: np.ndarray,
+          capacity: float) -> tuple[np.ndarray, np.ndarray]:
+    """Add ``added`` rejected positions of ``domain`` (one query: one window) to each row's buffer, the
+    oldest leaving past capacity (and with them the same share of the query windows)."""
     total = buffer.sum(1)
     keep = np.clip(capacity - added, 0.0, total) / np.where(total > 0, total, 1.0)
     buffer = buffer * keep[:, None]
     buffer[rows, domain] += np.minimum(added, capacity)
-    return buffer
+    return buffer, windows * keep + (added > 0)
 
 
 class AdaptStreamEnv(gym.Env[np.ndarray, int]):
@@ -438,7 +445,8 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     chooses to skip, to train the head on the head buffer, or to train the whole drafter on the
     full buffer; an update moves each domain's acceptance toward a ceiling in proportion to that
     domain's share of the buffer, with diminishing returns and a small chance of harm
-    (``simulator.acceptance.AdaptationDynamics``), and costs the profile's update time. Queries
+    (``simulator.acceptance.AdaptationDynamics``), and costs the profile's update time (per query
+    window the buffer holds, see Rewards). Queries
     then run at the drafter's current acceptance with the profile's iteration time.
 
     ## Action Space
@@ -462,8 +470,10 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
 
     ## Rewards
 
-    Minus the query's seconds plus the seconds of the update run before it: the profile's update time
-    (measured on a full buffer) times the fill of the buffer it trained on.
+    Minus the query's seconds plus the seconds of the update run before it: ``CostProfile.update_cost``,
+    the profile's time per query window times the windows in the buffer it trained on (every query
+    that buffered a rejection adds one; positions evicted past capacity take their share of windows
+    with them), or for a profile without window counts its full-buffer time times the buffer's fill.
 
     ## Starting State
 

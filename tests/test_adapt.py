@@ -13,7 +13,7 @@ from policies.adaptation import FULL, HEAD, SKIP
 from policies.base import make_policy
 from policies.errors import InputError
 from policies.features import ADAPT_INDEX
-from real_engine.adapt import AdaptConfig, Adapter, reference_kl, run_stream, update_drafter
+from real_engine.adapt import AdaptConfig, Adapter, StreamServer, reference_kl, run_stream, update_drafter
 from real_engine.decode import Iteration, generate
 from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter
 from real_engine.model import ModelArgs, Transformer
@@ -208,3 +208,19 @@ def test_run_stream_rows_and_policies(target: Transformer) -> None:
     assert all(r["action"] == "skip" for r in rows[:2]) and any(r["update"] for r in rows[2:])
     with pytest.raises(InputError):
         run_stream(target, drafter(target), stream, bandit, config=AdaptConfig(clock="cpu"), overlap=True)
+
+
+def test_stream_servers_taking_turns_serve_as_whole_streams(target: Transformer) -> None:
+    stream = [("code" if i < 3 else "prose", prompt(i)) for i in range(6)]
+    config = AdaptConfig(head_capacity=8)
+    always = make_policy("always", {"update": "head"})
+    alone = run_stream(target, drafter(target), stream, always, config=config, max_new_tokens=12)
+    servers = [StreamServer(target, drafter(target), [d for d, _ in stream], make_policy(kind, params),
+                            config=config, max_new_tokens=12)
+               for kind, params in (("never", {}), ("always", {"update": "head"}))]
+    turns = [[server.serve(i, d, p) for server in servers] for i, (d, p) in enumerate(stream)]
+    for server in servers:
+        server.close()
+    keys = ("action", "tau", "new_tokens", "iterations", "syncs", "head_fill", "trigger")
+    assert [{k: r[k] for k in keys} for _, r in turns] == [{k: r[k] for k in keys} for r in alone]
+    assert all(n["syncs"] == 0 and n["update"] is None for n, _ in turns)

@@ -7,10 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments.adapt_live import build_stream, record_of, summary
+from experiments.adapt_live import build_stream, mean_shape, record_of, summary, update_text
 from policies.adaptation import FULL, HEAD, SKIP
 from policies.errors import InputError
 from simulator.acceptance import AdaptationDynamics, AdaptRecord, adaptation_tau, fit_adaptation, level_rates
+from simulator.costs import PAPER_PROFILE, load_profile
 
 RATES = np.array([[0.7] * 8, [0.4] * 8])
 SURVIVAL = np.hstack([np.ones((2, 1)), np.cumprod(RATES, axis=1)])  # P(accepted >= i), i = 0..8
@@ -84,3 +85,29 @@ def test_stream_record_and_summary() -> None:
                       [10, 10, 10, 10, 10, 10], [0, 0, 0, 0, 6, 0], [10] * 6, first=2)
     assert figures["shifted_tau_early"] == 2 and figures["shifted_tau_late"] == 4  # code is not shifted
     assert figures["tokens_per_second"] == pytest.approx(60 / 12)
+
+
+def test_drafting_shapes_and_update_costs_are_reported_as_costed() -> None:
+    shapes = [{"starts": 1, "blocks": 2}, {"starts": 1, "blocks": 2}]
+    assert mean_shape(load_profile(PAPER_PROFILE), shapes) == pytest.approx(
+        {"blocks": 2.0, "starts": 1.0, "draft_ms": 7.0})  # the paper's SpecBlock M=2 drafting time
+    seconds = {"head": 4.0, "full": 32.0}
+    assert "window (1.00 s head, 2.00 s full)" in update_text(
+        {"update_seconds": seconds, "update_windows": {"head": 4, "full": 16}})
+    assert "full-buffer times (4.00 s head, 32.00 s full)" in update_text({"update_seconds": seconds})
+
+
+def test_head_updates_can_converge_on_a_worse_drafter() -> None:
+    worse = AdaptationDynamics(headroom=0.5, head_reach=-1.0, head_rate=1.0, full_rate=1.0,
+                               harm_probability=0.0)
+    base = 1.0 + SURVIVAL[0, 1:].sum()
+    code = np.array([[1.0, 0.0]] * 3)
+    heads = AdaptRecord(np.zeros(3, int), np.ones(3), np.full(3, HEAD), np.ones(3), code, np.zeros(3, bool),
+                        np.zeros(3, bool))
+    tau = adaptation_tau(worse, SURVIVAL, heads)
+    assert tau[0] == pytest.approx(1.0 + level_rates(SURVIVAL[0], 1.5)) and tau[0] < base  # moved to 1 + 0.5
+    after_full = dataclasses.replace(heads, action=np.array([FULL, HEAD, SKIP]))
+    tau = adaptation_tau(worse, SURVIVAL, after_full)
+    assert tau[0] > base and tau[1] == pytest.approx(1.0 + level_rates(SURVIVAL[0], 1.5))  # gain given back
+    with pytest.raises(InputError, match="head_reach"):
+        AdaptationDynamics(head_reach=-1.5)

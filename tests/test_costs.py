@@ -132,6 +132,9 @@ BAD = [
     (("models", "drafters", "eagle"), KeyError, "models.drafters"),
     (("block_size",), KeyError, "block_size"),
     (("samples", "verify"), None, "samples.verify"),
+    (("update_windows",), {"head": 4}, "update_windows"),
+    (("update_windows",), {"head": 4, "full": 0}, "update_windows"),
+    (("update_windows",), [4, 16], "update_windows"),
 ]
 
 
@@ -184,3 +187,15 @@ def test_the_paper_profile_reproduces_the_published_drafter_shares():
     assert eagle / (eagle + paper.verify_seconds(61, 1024)) == pytest.approx(0.31, abs=1e-4)
     assert paper.vanilla_seconds(1024) < paper.verify_seconds(1, 1024)
     assert paper.update_seconds("full") == pytest.approx(10 * paper.update_seconds("head"), rel=1e-3)
+
+
+def test_update_cost_charges_query_windows_when_the_profile_counts_them(profile, tmp_path):
+    head = profile.update_seconds("head")
+    assert profile.update_cost("head", fill=0.25, windows=3) == pytest.approx(0.25 * head)  # no counts: fill
+    counted = load_profile(save_profile(profile_from_json({**profile.to_json(), "fits": None,
+                                                           "update_windows": {"head": 4, "full": 16}}),
+                                        tmp_path / "w.json"))
+    assert counted.update_windows == {"head": 4, "full": 16}
+    assert counted.update_cost("head", fill=0.25, windows=3) == pytest.approx(0.75 * head)
+    full = np.asarray(counted.update_cost("full", fill=np.array([1.0, 0.1]), windows=np.array([16, 1])))
+    assert full == pytest.approx(np.array([1.0, 1 / 16]) * profile.update_seconds("full"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -185,6 +187,21 @@ def test_adaptstream_info_carries_what_adaptation_policies_read():
     full = load_profile(PAPER_PROFILE).update_seconds("full") * fill
     assert info["updated"] and info["update_seconds"] == pytest.approx(full)
     assert reward == pytest.approx(-(info["query_seconds"] + full))
+
+
+def test_adaptstream_charges_an_update_per_buffered_query_window(tmp_path):
+    data = {**load_profile(PAPER_PROFILE).to_json(), "fits": None, "update_windows": {"head": 4, "full": 16}}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    env = AdaptStreamEnv(**{**STREAM, "profile": tmp_path / "p.json"})
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(0)
+    windows = env.unwrapped.batch.state["head_windows"][0]
+    assert 0 < windows <= 3  # one per query that buffered a rejection, fewer once the oldest are evicted
+    _, _, _, _, info = env.step(1)
+    assert info["update_seconds"] == pytest.approx(data["samples"]["update"]["head"][0] / 4 * windows)
+    state = env.unwrapped.batch.state
+    assert state["head_windows"][0] == (1 if state["head"][0].sum() else 0)  # the update emptied the buffer
 
 
 def late_tau(env: AdaptStreamEnv, update: bool, seed: int) -> float:

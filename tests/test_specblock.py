@@ -227,6 +227,8 @@ def test_drafter_trees_follow_buckets_and_budget(target: Transformer, bias: tupl
     seq = sequence(12, 7)
     for budget in (3, 12, 500):
         drafter = SpecBlockDrafter(branching(target, bias), blocks=2, starts=2, budget=budget)
+        assert drafter.shapes is None  # nothing recorded unless a caller attaches a list
+        drafter.shapes = []
         drafter.begin(seq, target(seq[None, :-1]), Sampling(), torch.Generator(), 64)
         tree = drafter.propose(16)
         assert drafter.shapes == [shape]  # what the cost profile charges this proposal

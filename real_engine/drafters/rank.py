@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from real_engine.tree import DraftTree
+from real_engine.tree import DraftTree, best_order
 
 EDGES = (1, 4, 10)  # last rank of buckets 0, 1, 2; bucket 3 is everything above
 CHILDREN = (1, 4, 10, 0)  # children drafted per predicted bucket
@@ -138,15 +138,7 @@ class BucketTree:
         the law of the slot that expanded it, zero when none of its children is kept. A node's
         confidence is its token's probability under its slot's row of ``confidence_laws`` (default
         ``laws``; the plain softmax at temperature 0), its rank bucket that slot's bucket."""
-        best = sorted(range(1, len(self.tokens)), key=lambda n: (-self.scores[n], n))[:budget]
-        kids: dict[int, list[int]] = {0: [], **{n: [] for n in best}}
-        for n in sorted(best):
-            kids[self.parents[n]].append(n)
-        order, stack = [], [0]
-        while stack:
-            node = stack.pop()
-            order.append(node)
-            stack.extend(reversed(kids[node]))
+        order, kids = best_order(self.parents, self.scores, budget)
         index = {old: new for new, old in enumerate(order)}
         none = laws.shape[0]
         rows = [self.expanded_by[n] if kids[n] else none for n in order]

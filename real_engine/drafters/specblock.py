@@ -301,8 +301,9 @@ class SpecBlockDrafter:
         self.device = net.lm_head.weight.device
         self.model_seconds = 0.0
         # What each proposal ran, as the cost profile keys SpecBlock's drafting (``simulator.costs``):
-        # block forwards and the mean start nodes of the later ones. The rank head decides both.
-        self.shapes: list[dict[str, float]] = []
+        # block forwards and the mean start nodes of the later ones (the rank head decides both),
+        # appended here only once a caller attaches a list (a serving drafter keeps nothing).
+        self.shapes: list[dict[str, float]] | None = None
         self._base: int | None = None  # committed drafter length once the root's prefix row has run
         self._tokens: list[int] = []
 
@@ -389,7 +390,8 @@ class SpecBlockDrafter:
             counts.append(len(starts))
             created = self._block(tree, starts, cache_rows, states, all_laws, root_position)
         mean_starts = sum(counts) / len(counts) if counts else 1.0
-        self.shapes.append({"starts": mean_starts, "blocks": 1 + len(counts)})
+        if self.shapes is not None:
+            self.shapes.append({"starts": mean_starts, "blocks": 1 + len(counts)})
         laws = torch.cat([q for q, _ in all_laws])
         own = torch.cat([c for _, c in all_laws]) if self.sampling.greedy else None
         draft = tree.build(self.budget, laws, confidence_laws=own)
