@@ -12,17 +12,21 @@
    timed on the process CPU clock with one torch thread (the CPU clock is what the shipped cost
    profile uses). The drafter's tree budget equals the simulator's 16 positions.
 3. **Fit**: ``simulator.acceptance.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
-   of all three streams, with the acceptance model replayed from the ``never`` stream's iterations.
+   of all three streams, with the acceptance model replayed from the ``never`` stream's iterations,
+   and how updates move the drafting time (``head_draft``, ``full_draft``) to each query's recorded
+   SpecBlock shapes, costed by the profile relative to the ``never`` stream's mean.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
    policy, ``seeds`` times, on the shipped CPU profile. Drafting costs the profile's SpecBlock series
    at the shapes the drafter really ran on the ``never`` stream (block forwards and start nodes, which
-   its rank head decides: ``SpecBlockDrafter.shapes``); verification costs the tree sizes the replayed
+   its rank head decides: ``SpecBlockDrafter.shapes``), moved by updates as the fitted dynamics say;
+   verification costs the tree sizes the replayed
    iterations verified (``verified_shares``); an update costs the profile's time for SpecBlock's
    update (``real_engine.profile.specblock_update_samples``) per query window in the buffer it trains
-   on (``CostProfile.update_cost``: the update trains one window per buffered query). Nothing measured
-   on the stream's own speed enters the prediction; the report adds each policy's recorded drafting
-   shapes beside the engine's time per iteration. Per-query means are
-   compared with the engine's (prefill is in the engine's query time, not in the simulator's).
+   on (``CostProfile.update_cost``: the update trains one window per buffered query). No time
+   measured on the stream enters the prediction (drafting is costed by the profile at the recorded
+   shapes); the report adds each policy's shapes beside the engine's time per iteration. Per-query
+   means are compared with the engine's (prefill is in the engine's query time, not in the
+   simulator's).
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
 and ``.png``. Run: ``python -m experiments.adapt_live`` (``--quick`` for a one-minute smoke run).
@@ -143,7 +147,9 @@ def serve(
     began = time.perf_counter()
     for index, (domain, prompt) in enumerate(stream):
         for kind, server in servers.items():
+            before = len(drafters[kind].shapes)
             r = server.serve(index, domain, prompt)
+            r["proposals"] = len(drafters[kind].shapes) - before  # this query's entries of the shapes
             rows[kind].append(r)
             log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
                 f"{r['action']}")
@@ -166,7 +172,9 @@ def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
                 share[i, domains.index(domain)] = value
     column = {key: np.array([r[key] for r in rows]) for key in ("tau", "reverted", "checkpoint")}
     domain = np.array([domains.index(r["domain"]) for r in rows])
-    return AdaptRecord(domain, column["tau"], action, fill, share, column["reverted"], column["checkpoint"])
+    draft = np.array([r["draft_ratio"] for r in rows]) if all("draft_ratio" in r for r in rows) else None
+    return AdaptRecord(domain, column["tau"], action, fill, share, column["reverted"], column["checkpoint"],
+                       draft)
 
 
 def simulate(
@@ -219,6 +227,17 @@ def simulate(
         "update_seconds": update.mean(0).tolist(),
         "update_rate": updated.mean(0).tolist(),
     }
+
+
+def add_draft_ratios(rows: Sequence[dict[str, Any]], shapes: Sequence[Mapping[str, float]], profile: Any,
+                     base_ms: float) -> None:
+    """Set each row's ``draft_ratio``: the profile's mean drafting time at the shapes its query ran (its
+    ``proposals`` entries of ``shapes``, in order) over ``base_ms``."""
+    start = 0
+    for row in rows:
+        mine = shapes[start:start + row["proposals"]]
+        start += row["proposals"]
+        row["draft_ratio"] = mean_shape(profile, mine)["draft_ms"] / base_ms if mine else 1.0
 
 
 def mean_shape(profile: Any, shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -319,7 +338,8 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         "Fitted `AdaptationDynamics` (paper defaults in brackets): "
         + ", ".join(
             f"{k} {fit['dynamics'][k]:.3g} [{fit['paper'][k]:.3g}]"
-            for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise")
+            for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise", "head_draft",
+                      "full_draft")
         )
         + f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).",
         "",
@@ -408,6 +428,10 @@ def run(
     adapt = AdaptConfig(clock="cpu", seed=seed)
     rows, traces, drafted = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
     shapes = drafted["never"]
+    profile = load_profile(profile_path)
+    base_draft = mean_shape(profile, shapes)["draft_ms"]  # what the simulator charges before any update
+    for kind in policies:
+        add_draft_ratios(rows[kind], drafted[kind], profile, base_draft)
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
@@ -419,7 +443,6 @@ def run(
         residual = np.concatenate([adaptation_tau(dynamics, survival, r) - r.tau for r in records])
         return float(np.sqrt(np.mean(residual**2)))
 
-    profile = load_profile(profile_path)
     costed = {"draft_shape": mean_shape(profile, shapes),
               "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
               "update_windows": dict(profile.update_windows),

@@ -505,7 +505,7 @@ def resolve_acceptance(acceptance: AcceptanceModel | str | Path | None) -> Accep
     return acceptance
 
 
-ADAPT_BOUNDS = {"head_reach": (-1.0, 1.0)}
+ADAPT_BOUNDS = {"head_reach": (-1.0, 1.0), "head_draft": (0.25, 4.0), "full_draft": (0.25, 4.0)}
 """``AdaptationDynamics`` fields whose range is not [0, 1] (capacities and noise: [0, inf))."""
 
 
@@ -530,6 +530,10 @@ class AdaptationDynamics:
     reach, harm and buffer sizes are not given by the paper (assumed) until the engine fits them.
     ``head_capacity`` and ``full_capacity`` count rejected positions a buffer holds (fill 1 when
     full); ``query_noise`` is the log-normal spread of one query's tau around its expectation.
+
+    ``head_draft`` and ``full_draft`` are the drafting time, relative to the drafter as profiled, that
+    head and full updates move toward at the same ``rate * fill``: retraining SpecBlock's rank head
+    changes how many blocks and start nodes its trees take (1: updates leave drafting as profiled).
     """
 
     headroom: float = 0.10
@@ -541,6 +545,8 @@ class AdaptationDynamics:
     head_capacity: int = 128
     full_capacity: int = 1024
     query_noise: float = 0.1
+    head_draft: float = 1.0
+    full_draft: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -563,6 +569,12 @@ class AdaptationDynamics:
         harm = rng.random(level.shape[0]) < self.harm_probability
         gain = push * (floor[:, None] - level)
         return level + np.where(harm[:, None], self.harm_size * push * self.headroom, gain)
+
+    def updated_draft(self, draft: np.ndarray, full: np.ndarray, fill: np.ndarray) -> np.ndarray:
+        """Drafting-time ratios (N,) after one update per stream (``full`` and ``fill`` as in
+        ``updated``)."""
+        rate = np.where(full, self.full_rate, self.head_rate) * fill
+        return draft + rate * (np.where(full, self.full_draft, self.head_draft) - draft)
 
 
 def level_rates(survival: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -589,6 +601,7 @@ class AdaptRecord:
     share: np.ndarray  # (Q, D) that buffer's domain composition
     revert: np.ndarray  # (Q,) bool: the last good drafter was restored after the query
     checkpoint: np.ndarray  # (Q,) bool: the drafter became the last good one after the query
+    draft: np.ndarray | None = None  # (Q,) drafting time relative to the drafter as profiled, if known
 
 
 ADAPT_FITTED = ("headroom", "head_reach", "head_rate", "full_rate")
@@ -616,6 +629,22 @@ def adaptation_tau(dynamics: AdaptationDynamics, survival: np.ndarray, record: A
     return out
 
 
+def adaptation_draft(dynamics: AdaptationDynamics, record: AdaptRecord) -> np.ndarray:
+    """Expected drafting-time ratio of each query of ``record`` under ``dynamics`` (1 at the start)."""
+    draft = good = 1.0
+    out = np.empty(len(record.tau))
+    for i in range(len(out)):
+        if record.action[i] != SKIP:
+            draft = float(dynamics.updated_draft(np.array([draft]), np.array([record.action[i] == FULL]),
+                                                 record.fill[i:i + 1])[0])
+        out[i] = draft
+        if record.revert[i]:
+            draft = good
+        if record.checkpoint[i]:
+            good = draft
+    return out
+
+
 def fit_adaptation(survival: np.ndarray, records: Sequence[AdaptRecord],
                    base: AdaptationDynamics = AdaptationDynamics(),
                    headroom_starts: Sequence[float] = (0.05, 0.2, 0.5)) -> AdaptationDynamics:
@@ -623,7 +652,9 @@ def fit_adaptation(survival: np.ndarray, records: Sequence[AdaptRecord],
 
     Least squares between each query's measured tau and :func:`adaptation_tau` (bounded L-BFGS-B from
     each headroom start); the harm terms and the buffer capacities stay ``base``'s. ``survival`` must be
-    the acceptance model the simulation will use (``model.survival(draft_length)``).
+    the acceptance model the simulation will use (``model.survival(draft_length)``). When every record
+    has its ``draft`` ratios, ``head_draft`` and ``full_draft`` are then fitted to them the same way
+    (with the rates just fitted).
     """
     if not records or not all(len(r.tau) for r in records):
         raise InputError("fit_adaptation needs at least one non-empty stream: record some queries first")
@@ -645,7 +676,21 @@ def fit_adaptation(survival: np.ndarray, records: Sequence[AdaptRecord],
                 for h in headroom_starts), key=lambda result: result.fun)
     fitted = dynamics(best.x)
     ratio = np.concatenate([r.tau / adaptation_tau(fitted, survival, r) for r in records])
-    return replace(fitted, query_noise=float(np.std(np.log(ratio))))
+    fitted = replace(fitted, query_noise=float(np.std(np.log(ratio))))
+    if not all(r.draft is not None for r in records):
+        return fitted
+    names = ("head_draft", "full_draft")
+
+    def drafting(x: np.ndarray) -> AdaptationDynamics:
+        return replace(fitted, **{n: float(np.clip(v, *ADAPT_BOUNDS[n]))
+                                  for n, v in zip(names, x, strict=True)})
+
+    def draft_loss(x: np.ndarray) -> float:
+        dyn = drafting(x)
+        return sum(float(((adaptation_draft(dyn, r) - r.draft) ** 2).sum()) for r in records)
+
+    best = minimize(draft_loss, [1.0, 1.0], method="L-BFGS-B", bounds=[ADAPT_BOUNDS[n] for n in names])
+    return drafting(best.x)
 
 def check_domains(weights: Mapping[str, float] | Sequence[float] | None,
                   domains: Sequence[str]) -> np.ndarray:

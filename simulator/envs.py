@@ -291,8 +291,8 @@ def default_phases(domains: Sequence[str], queries: int = 2000) -> Phases:
 class AdaptStreamBatch:
     """N query streams at once: the state and dynamics both AdaptStream environments run."""
 
-    STATE = ("t", "served", "level", "good", "head", "full", "head_windows", "full_windows", "trigger",
-             "since", "recent", "long", "shares")
+    STATE = ("t", "served", "level", "good", "draft", "good_draft", "head", "full", "head_windows",
+             "full_windows", "trigger", "since", "recent", "long", "shares")
 
     def __init__(self, num: int, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
@@ -314,6 +314,7 @@ class AdaptStreamBatch:
         # A tree is drafted whole every iteration, also where fewer of its nodes (or none) are verified.
         draft = self.profile.draft_row(drafter, self.draft_length, draft_shape)
         self.unverified = draft[-1] - draft if draft_shape is not None else np.zeros_like(draft)
+        self.drafting = draft + self.unverified  # an iteration's drafting seconds, by positions verified
         # indexed by action: the buffer an update trains on (skip's entry is never used)
         self.capacity = np.array([1.0, self.dynamics.head_capacity, self.dynamics.full_capacity])
         rows = []
@@ -332,15 +333,17 @@ class AdaptStreamBatch:
     def start(self, mask: np.ndarray) -> None:
         """Begin a new stream in every slot of ``mask``: the drafter as profiled, empty buffers."""
         for name, values in self.state.items():
-            values[mask] = 1.0 if name in ("level", "good") else 0.0
+            values[mask] = 1.0 if name in ("level", "good", "draft", "good_draft") else 0.0
 
     def checkpoint(self, mask: np.ndarray) -> None:
         """Remember the current drafter of the slots in ``mask`` as their last good one."""
         self.state["good"][mask] = self.state["level"][mask]
+        self.state["good_draft"][mask] = self.state["draft"][mask]
 
     def revert(self, mask: np.ndarray) -> None:
         """Restore the last good drafter of the slots in ``mask``."""
         self.state["level"][mask] = self.state["good"][mask]
+        self.state["draft"][mask] = self.state["good_draft"][mask]
 
     def fills(self) -> tuple[np.ndarray, np.ndarray]:
         """(head fill, full fill) of every slot, fractions of the buffer capacities."""
@@ -360,6 +363,7 @@ class AdaptStreamBatch:
         share = used / np.where(used_total > 0, used_total, 1.0)[:, None]
         moved = dyn.updated(rng, s["level"], is_full, fill, share)
         s["level"] = np.where(runs[:, None], moved, s["level"])
+        s["draft"] = np.where(runs, dyn.updated_draft(s["draft"], is_full, fill), s["draft"])
         windows = np.where(is_full, s["full_windows"], s["head_windows"])
         cost = np.where(is_full, self.profile.update_cost("full", fill, windows),
                         self.profile.update_cost("head", fill, windows))
@@ -379,7 +383,8 @@ class AdaptStreamBatch:
         sigma = dyn.query_noise
         tau = np.clip((1.0 + accepted) * np.exp(sigma * noise - sigma**2 / 2), 1.0, 1.0 + self.draft_length)
         iterations = np.ceil(self.tokens / tau)
-        step = self.steps(prompt + self.tokens / 2) + self.unverified
+        redrafted = (s["draft"] - 1.0)[:, None] * self.drafting  # updates changed the drafter's trees
+        step = self.steps(prompt + self.tokens / 2) + self.unverified + redrafted
         seconds = iterations * (step * self.verified[domain]).sum(1)
         rejected = rng.binomial(iterations.astype(np.int64), self.rejection[domain])
         for name in ("head", "full"):
@@ -445,8 +450,9 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     chooses to skip, to train the head on the head buffer, or to train the whole drafter on the
     full buffer; an update moves each domain's acceptance toward a ceiling in proportion to that
     domain's share of the buffer, with diminishing returns and a small chance of harm
-    (``simulator.acceptance.AdaptationDynamics``), and costs the profile's update time (per query
-    window the buffer holds, see Rewards). Queries
+    (``simulator.acceptance.AdaptationDynamics``; its ``head_draft`` and ``full_draft`` move the
+    drafting time the same way), and costs the profile's update time (per query window the buffer
+    holds, see Rewards). Queries
     then run at the drafter's current acceptance with the profile's iteration time.
 
     ## Action Space

@@ -7,10 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments.adapt_live import build_stream, mean_shape, record_of, summary, update_text
+from experiments.adapt_live import add_draft_ratios, build_stream, mean_shape, record_of, summary, update_text
 from policies.adaptation import FULL, HEAD, SKIP
 from policies.errors import InputError
-from simulator.acceptance import AdaptationDynamics, AdaptRecord, adaptation_tau, fit_adaptation, level_rates
+from simulator.acceptance import (
+    AdaptationDynamics,
+    AdaptRecord,
+    adaptation_draft,
+    adaptation_tau,
+    fit_adaptation,
+    level_rates,
+)
 from simulator.costs import PAPER_PROFILE, load_profile
 
 RATES = np.array([[0.7] * 8, [0.4] * 8])
@@ -111,3 +118,37 @@ def test_head_updates_can_converge_on_a_worse_drafter() -> None:
     assert tau[0] > base and tau[1] == pytest.approx(1.0 + level_rates(SURVIVAL[0], 1.5))  # gain given back
     with pytest.raises(InputError, match="head_reach"):
         AdaptationDynamics(head_reach=-1.5)
+
+
+def test_fit_adaptation_recovers_how_updates_move_the_drafting_time() -> None:
+    truth = AdaptationDynamics(headroom=0.3, head_reach=0.5, head_rate=0.4, full_rate=0.7, head_draft=1.3,
+                               full_draft=0.8)
+    records = []
+    for seed in range(3):
+        r = stream(seed)
+        records.append(dataclasses.replace(r, tau=adaptation_tau(truth, SURVIVAL, r),
+                                           draft=adaptation_draft(truth, r)))
+    fitted = fit_adaptation(SURVIVAL, records, headroom_starts=(0.1,))
+    assert fitted.head_draft == pytest.approx(1.3, abs=0.02)
+    assert fitted.full_draft == pytest.approx(0.8, abs=0.02)
+    record = records[0]
+    assert adaptation_draft(truth, record)[:4].tolist() == [1.0] * 4  # nothing moves before the first update
+    reverted = dataclasses.replace(record, revert=np.arange(len(record.tau)) == 4)
+    assert adaptation_draft(truth, reverted)[5] == 1.0  # back to the drafter as profiled
+    no_draft = fit_adaptation(SURVIVAL, [dataclasses.replace(r, draft=None) for r in records],
+                              headroom_starts=(0.1,))
+    assert no_draft.head_draft == 1.0 and no_draft.full_draft == 1.0
+
+
+def test_each_query_gets_the_drafting_ratio_of_its_own_shapes() -> None:
+    paper = load_profile(PAPER_PROFILE)
+    one, two = {"starts": 1, "blocks": 1}, {"starts": 1, "blocks": 2}
+    rows = [{"proposals": 2, "domain": "code", "tau": 1.0, "update": None, "reverted": False,
+             "checkpoint": False},
+            {"proposals": 1, "domain": "code", "tau": 1.0, "update": None, "reverted": False,
+             "checkpoint": False}]
+    base = mean_shape(paper, [one])["draft_ms"]
+    add_draft_ratios(rows, [one, one, two], paper, base)
+    assert rows[0]["draft_ratio"] == pytest.approx(1.0)
+    assert rows[1]["draft_ratio"] == pytest.approx(paper.draft_seconds("specblock", **two) * 1e3 / base)
+    assert record_of(rows, ["code"]).draft.tolist() == [r["draft_ratio"] for r in rows]

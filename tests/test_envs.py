@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 import simulator  # noqa: F401  (registers the environments)
 from policies.adaptation import ADAPT_INFO_KEYS
 from policies.features import LENGTH_CAP, adapt_features, length_features
-from simulator.acceptance import default_acceptance, synthetic_traces
+from simulator.acceptance import AdaptationDynamics, default_acceptance, synthetic_traces
 from simulator.costs import PAPER_PROFILE, load_profile
 from simulator.envs import AdaptStreamEnv, SpecLengthEnv
 from simulator.traces import save_traces
@@ -202,6 +202,29 @@ def test_adaptstream_charges_an_update_per_buffered_query_window(tmp_path):
     assert info["update_seconds"] == pytest.approx(data["samples"]["update"]["head"][0] / 4 * windows)
     state = env.unwrapped.batch.state
     assert state["head_windows"][0] == (1 if state["head"][0].sum() else 0)  # the update emptied the buffer
+
+
+def test_updates_move_the_drafting_time_as_the_dynamics_say():
+    def after_update(head_draft: float) -> tuple[dict, AdaptStreamEnv]:
+        dynamics = AdaptationDynamics(head_draft=head_draft, head_rate=1.0, harm_probability=0.0)
+        env = AdaptStreamEnv(**STREAM, dynamics=dynamics)
+        env.reset(seed=1)
+        env.step(0)
+        fill = env.unwrapped.batch.fills()[0][0]
+        info = env.step(1)[4]
+        return {**info, "fill": fill}, env
+
+    same, _ = after_update(1.0)
+    slower, env = after_update(3.0)
+    batch = env.unwrapped.batch
+    assert slower["tau"] == same["tau"] and 0 < slower["fill"] < 1
+    assert batch.state["draft"][0] == pytest.approx(1 + 2 * slower["fill"])  # moved by rate * fill of the gap
+    domain = batch.model.domains.index(slower["domain"])
+    extra = (STREAM["tokens_per_query"] / slower["tau"]) * 2 * slower["fill"] * (
+        batch.drafting * batch.verified[domain]).sum()
+    assert slower["query_seconds"] - same["query_seconds"] == pytest.approx(extra)
+    env.unwrapped.revert()  # to the drafter as profiled (never checkpointed)
+    assert batch.state["draft"][0] == 1.0
 
 
 def late_tau(env: AdaptStreamEnv, update: bool, seed: int) -> float:
