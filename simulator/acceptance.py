@@ -532,8 +532,10 @@ class AdaptationDynamics:
     full); ``query_noise`` is the log-normal spread of one query's tau around its expectation.
 
     ``head_draft`` and ``full_draft`` are the drafting time, relative to the drafter as profiled, that
-    head and full updates move toward at the same ``rate * fill``: retraining SpecBlock's rank head
-    changes how many blocks and start nodes its trees take (1: updates leave drafting as profiled).
+    head and full updates move toward by ``fill`` of the gap: retraining SpecBlock's rank head changes
+    how many blocks and start nodes its trees take (1: updates leave drafting as profiled). Their
+    rate is the buffer's fill alone, so that they stay identified whatever the acceptance fit says
+    about the rates.
     """
 
     headroom: float = 0.10
@@ -573,8 +575,7 @@ class AdaptationDynamics:
     def updated_draft(self, draft: np.ndarray, full: np.ndarray, fill: np.ndarray) -> np.ndarray:
         """Drafting-time ratios (N,) after one update per stream (``full`` and ``fill`` as in
         ``updated``)."""
-        rate = np.where(full, self.full_rate, self.head_rate) * fill
-        return draft + rate * (np.where(full, self.full_draft, self.head_draft) - draft)
+        return draft + fill * (np.where(full, self.full_draft, self.head_draft) - draft)
 
 
 def level_rates(survival: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -653,8 +654,7 @@ def fit_adaptation(survival: np.ndarray, records: Sequence[AdaptRecord],
     Least squares between each query's measured tau and :func:`adaptation_tau` (bounded L-BFGS-B from
     each headroom start); the harm terms and the buffer capacities stay ``base``'s. ``survival`` must be
     the acceptance model the simulation will use (``model.survival(draft_length)``). When every record
-    has its ``draft`` ratios, ``head_draft`` and ``full_draft`` are then fitted to them the same way
-    (with the rates just fitted).
+    has its ``draft`` ratios, ``head_draft`` and ``full_draft`` are then fitted to them the same way.
     """
     if not records or not all(len(r.tau) for r in records):
         raise InputError("fit_adaptation needs at least one non-empty stream: record some queries first")

@@ -206,7 +206,7 @@ def test_adaptstream_charges_an_update_per_buffered_query_window(tmp_path):
 
 def test_updates_move_the_drafting_time_as_the_dynamics_say():
     def after_update(head_draft: float) -> tuple[dict, AdaptStreamEnv]:
-        dynamics = AdaptationDynamics(head_draft=head_draft, head_rate=1.0, harm_probability=0.0)
+        dynamics = AdaptationDynamics(head_draft=head_draft, harm_probability=0.0)
         env = AdaptStreamEnv(**STREAM, dynamics=dynamics)
         env.reset(seed=1)
         env.step(0)
@@ -218,7 +218,7 @@ def test_updates_move_the_drafting_time_as_the_dynamics_say():
     slower, env = after_update(3.0)
     batch = env.unwrapped.batch
     assert slower["tau"] == same["tau"] and 0 < slower["fill"] < 1
-    assert batch.state["draft"][0] == pytest.approx(1 + 2 * slower["fill"])  # moved by rate * fill of the gap
+    assert batch.state["draft"][0] == pytest.approx(1 + 2 * slower["fill"])  # moved by fill of the gap
     domain = batch.model.domains.index(slower["domain"])
     extra = (STREAM["tokens_per_query"] / slower["tau"]) * 2 * slower["fill"] * (
         batch.drafting * batch.verified[domain]).sum()
