@@ -27,8 +27,7 @@ Timing: the comparison uses the profile's clock. On a shared CPU machine the pro
 the CPU clock (process CPU seconds, one torch thread), which other jobs' load barely moves; the
 engine's throughput is then taken on the same clock, and the wall-clock error is reported beside
 it. Such a machine's speed still drifts by several percent within an hour, so ``--measure-profile``
-measures the profile in the same process right before and right after the engine runs, and pools
-the two. Each row also decomposes its
+measures the profile in the same process right before the engine runs. Each row also decomposes its
 calibration iterations: their own tau, and their draft and verify milliseconds against the profile's
 for the same sizes and contexts, which tells a cost error from a difference between the prompt halves.
 A configuration whose drafter the engine cannot build (no trained weights) is skipped with the
@@ -274,8 +273,7 @@ def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Calibrat
                  log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run every configuration in the engine on ``evaluation`` and in the simulator from its
     ``calibration`` trace; compare the prediction with the throughput measured on ``clock`` (the
-    profile's clock). ``profile`` may be a function returning the profile, called once the engine
-    has run (so that it can measure the machine then)."""
+    profile's clock)."""
     traces, shapes, skipped, rows = calibration.traces, calibration.shapes, list(calibration.skipped), []
     any_trace = next(iter(traces.values()), None)
     other = "wall" if clock == "cpu" else "cpu"
@@ -284,8 +282,6 @@ def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Calibrat
                 for name, source in sources.items() if source is None]
     runnable = [c for c in configs if sources[c.name] is not None]
     measured = engine.measure(evaluation, runnable, log)
-    if callable(profile):
-        profile = profile()
     for config in runnable:
         real = measured[config.name]
         shape = draft_shape(config, shapes.get(config.trace, ()))
@@ -378,11 +374,6 @@ def given_traces(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def profile_clock(path: Path) -> str:
-    """The clock a profile file was measured on (``wall`` when it does not say)."""
-    return json.loads(path.read_text()).get("measurement", {}).get("clock", "wall")
-
-
 def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The mean of each parameter over recorded shapes (for the report)."""
     return {k: statistics.fmean(s[k] for s in shapes) for k in shapes[0]}
@@ -402,9 +393,9 @@ def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
 @click.option("--traces", "trace_files", multiple=True,
               help=f"KEY=FILE: reuse a calibration trace instead of recording it (KEY: {', '.join(TRACES)}).")
 @click.option("--measure-profile", "fresh_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Measure a cost profile (CPU clock, --threads) right before and right after the engine "
-                   "runs, write the two pooled here and use it instead of --profile: a shared machine's "
-                   "speed drifts by several percent within an hour.")
+              help="Measure a cost profile (CPU clock, --threads) after the calibration traces, right before "
+                   "the engine runs, write it here and use it instead of --profile: a shared machine's speed "
+                   "drifts by several percent within an hour.")
 @click.option("--profile-repeats", type=int, default=15, show_default=True,
               help="Timed repeats per configuration of --measure-profile.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -443,23 +434,15 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
 
     traces = calibrate(engine, cal, configs, given_traces(trace_files), log)
     if fresh_path is not None:
-
-        def measure(when: str) -> dict[str, Any]:
-            log(f"measuring a cost profile {when} the engine ({profile_repeats} repeats)")
-            grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
-            return prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
-                                draft_name=None if draft is None else prof.model_name(draft, draft_dir),
-                                grid=grid, threads=threads, clock_kind="cpu", seed=seed)
-
-        before = measure("before")
-
-        def pooled() -> Any:
-            prof.save(prof.pool(before, measure("after")), fresh_path)
-            return load_profile(fresh_path)
-
-        profile, profile_path = pooled, fresh_path
-    result = run_fidelity(engine, profile, "cpu" if fresh_path else profile_clock(profile_path), traces, ev,
-                          configs, queries, log)
+        log(f"measuring a cost profile ({profile_repeats} repeats) into {fresh_path}")
+        grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
+        prof.save(prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
+                               draft_name=None if draft is None else prof.model_name(draft, draft_dir),
+                               grid=grid, threads=threads, clock_kind="cpu", seed=seed), fresh_path)
+        profile_path = fresh_path
+        profile = load_profile(profile_path)
+    clock = json.loads(profile_path.read_text()).get("measurement", {}).get("clock", "wall")
+    result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
     meta = {"profile": str(profile_path), "model": str(model_dir),
             "draft_model": str(draft_dir) if draft is not None else None,
             "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,

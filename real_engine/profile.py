@@ -463,20 +463,3 @@ def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
         ms[f"draft_{kind}_tree_4x2"] = 1e3 * float(profile.draft_seconds(kind, depth=4, width=2))
     ms.update({f"update_{k}": 1e3 * profile.update_seconds(k) for k in ("head", "full")})
     return {"device": profile.device, "context": context, "milliseconds": ms}
-
-
-def pool(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """Two measured profiles of the same models and grid as one: every configuration's samples from
-    both (the profile keeps their median), for a profile taken before and after a long measurement
-    on a machine whose speed drifts."""
-    from simulator.costs import profile_from_json
-
-    def merged(a: Any, b: Any) -> Any:
-        if isinstance(a, dict):
-            return {k: merged(a[k], b[k]) for k in a}
-        return a + b  # row lists (pooled by configuration on load) and update sample lists
-
-    samples = merged(first["samples"], second["samples"])
-    data = {k: v for k, v in first.items() if k not in ("fits", "measurement")}
-    pooled = profile_from_json({**data, "samples": samples}).to_json()
-    return {**pooled, "measurement": {**first["measurement"], "pooled": 2}}

@@ -93,9 +93,11 @@ class AcceptanceModel(Protocol):
         """(domains, n + 1): the share of iterations that verify i positions when n are asked for
         (fewer where fewer were drafted), i = 0..n: what an iteration's verify costs on average."""
 
-    def rejection_rates(self) -> np.ndarray:
-        """(domains,): the share of iterations whose draft was cut short (its deepest branch not accepted
-        whole; an empty draft is not): each buffers one rejected position for online adaptation."""
+    def query_rejection_rates(self, rng: np.random.Generator, domain: np.ndarray) -> np.ndarray:
+        """For each domain index in ``domain``, one query's share of iterations whose draft was cut short
+        (its deepest branch not accepted whole; an empty draft is not): each buffers one rejected
+        position for online adaptation. Queries differ: one the drafter offers nothing on buffers
+        nothing."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,7 @@ class TraceReplay:
         self.query_offsets = first
         self.query_rows = np.diff(np.append(first, key.shape[0]))
         self.query_tokens = np.add.reduceat(tokens.astype(np.float64), first)
+        self.query_cut = np.add.reduceat(self.cut.astype(np.float64), first) / self.query_rows
         query_domain = key[first, 0]
         self.weights = np.repeat(self.query_tokens / self.query_rows, self.query_rows)  # tau_q(D) per row
         self._row_cumulative = np.cumsum(self.weights)
@@ -267,11 +270,9 @@ class TraceReplay:
         return sums / np.bincount(domain, self.weights, minlength=len(self.domains))[:, None]
 
 
-    def rejection_rates(self) -> np.ndarray:
-        """Share of each domain's recorded iterations that were cut short."""
-        domain = np.repeat(np.arange(len(self.domains)), self.counts)
-        cut = np.bincount(domain, self.cut.astype(np.float64), len(self.domains))
-        return cut / np.maximum(self.counts, 1)
+    def query_rejection_rates(self, rng: np.random.Generator, domain: np.ndarray) -> np.ndarray:
+        """The cut-short share of the recorded query of a uniformly random text position (``episodes``)."""
+        return self.query_cut[self.episodes(rng, domain)]
 
     def verified_shares(self, n: int) -> np.ndarray:
         """Share of each domain's recorded iterations that verify i = 0..n positions (min(drafted, n))."""
@@ -372,6 +373,10 @@ class ParametricAcceptance:
         """A chain of ``depth`` positions is cut short unless all of them are accepted."""
         survival = self.survival(self.cap)
         return 1.0 - survival[np.arange(len(self.domains)), self.depth]
+
+    def query_rejection_rates(self, rng: np.random.Generator, domain: np.ndarray) -> np.ndarray:
+        """The domain's rate: the model's queries differ only through the shared per-iteration term."""
+        return self.rejection_rates()[domain]
 
     def verified_shares(self, n: int) -> np.ndarray:
         """Every iteration drafts its domain's ``depth``: it verifies min(depth, n) positions."""

@@ -310,7 +310,6 @@ class AdaptStreamBatch:
         self.survival = self.model.survival(self.draft_length)
         self.steps = self.profile.step_table(drafter, self.draft_length, draft_shape)
         self.verified = self.model.verified_shares(self.draft_length)  # (domains, n): iterations verifying n
-        self.rejection = np.clip(self.model.rejection_rates(), 0.0, 1.0)  # a cut-short iteration buffers one
         # A tree is drafted whole every iteration, also where fewer of its nodes (or none) are verified.
         draft = self.profile.draft_row(drafter, self.draft_length, draft_shape)
         self.unverified = draft[-1] - draft if draft_shape is not None else np.zeros_like(draft)
@@ -386,7 +385,8 @@ class AdaptStreamBatch:
         redrafted = (s["draft"] - 1.0)[:, None] * self.drafting  # updates changed the drafter's trees
         step = self.steps(prompt + self.tokens / 2) + self.unverified + redrafted
         seconds = iterations * (step * self.verified[domain]).sum(1)
-        rejected = rng.binomial(iterations.astype(np.int64), self.rejection[domain])
+        cut = np.clip(self.model.query_rejection_rates(rng, domain), 0.0, 1.0)  # each buffers a position
+        rejected = rng.binomial(iterations.astype(np.int64), cut)
         for name in ("head", "full"):
             s[name], s[f"{name}_windows"] = _push(s[name], s[f"{name}_windows"], rows, domain, rejected,
                                                   self.capacity[HEAD if name == "head" else FULL])
@@ -445,15 +445,15 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     Whether to spend compute updating the drafter online (SpecBlock appendix A.3). A step is one
     query of a mixed-domain stream whose mix shifts (by default: a quarter of the stream from the
     first domain only, then equal shares of all). Verification leaves rejected positions with their
-    target distributions (one per iteration whose draft was cut short, at the acceptance model's
-    ``rejection_rates``); they fill a head buffer and a full buffer. Before each query the policy
-    chooses to skip, to train the head on the head buffer, or to train the whole drafter on the
-    full buffer; an update moves each domain's acceptance toward a ceiling in proportion to that
-    domain's share of the buffer, with diminishing returns and a small chance of harm
-    (``simulator.acceptance.AdaptationDynamics``; its ``head_draft`` and ``full_draft`` move the
-    drafting time the same way), and costs the profile's update time (per query window the buffer
-    holds, see Rewards). Queries
-    then run at the drafter's current acceptance with the profile's iteration time.
+    target distributions (one per iteration whose draft was cut short, at the rate of a recorded
+    query of the domain: ``query_rejection_rates``); they fill a head buffer and a full buffer.
+    Before each query the policy chooses to skip, to train the head on the head buffer, or to train
+    the whole drafter on the full buffer; an update moves each domain's acceptance toward a ceiling
+    in proportion to that domain's share of the buffer, with diminishing returns and a small chance
+    of harm (``simulator.acceptance.AdaptationDynamics``; its ``head_draft`` and ``full_draft`` move
+    the drafting time the same way), and costs the profile's update time (per query window the
+    buffer holds, see Rewards). Queries then run at the drafter's current acceptance with the
+    profile's iteration time.
 
     ## Action Space
 

@@ -199,16 +199,3 @@ def test_update_cost_charges_query_windows_when_the_profile_counts_them(profile,
     assert counted.update_cost("head", fill=0.25, windows=3) == pytest.approx(0.75 * head)
     full = np.asarray(counted.update_cost("full", fill=np.array([1.0, 0.1]), windows=np.array([16, 1])))
     assert full == pytest.approx(np.array([1.0, 1 / 16]) * profile.update_seconds("full"))
-
-
-def test_pooling_two_measurements_keeps_every_sample():
-    from real_engine.profile import pool
-
-    first, second = ({**measured(seed), "measurement": {"clock": "cpu"}} for seed in (1, 2))
-    pooled = pool(first, second)
-    assert pooled["measurement"] == {"clock": "cpu", "pooled": 2}
-    both = profile_from_json({k: v for k, v in pooled.items() if k != "measurement"})
-    vanilla = first["samples"]["vanilla"][1]["seconds"] + second["samples"]["vanilla"][1]["seconds"]
-    assert both.vanilla_seconds(256) == pytest.approx(np.median(vanilla))
-    update = first["samples"]["update"]["full"] + second["samples"]["update"]["full"]
-    assert both.update_seconds("full") == pytest.approx(np.median(update))

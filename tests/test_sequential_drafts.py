@@ -110,7 +110,10 @@ def test_rejections_count_cut_short_drafts_not_empty_ones() -> None:
     whole["query_id"] += 100
     empty["query_id"] += 200
     replay = TraceReplay.from_traces(pd.concat([cut, whole, empty], ignore_index=True))
-    np.testing.assert_allclose(replay.rejection_rates(), 1 / 3)
+    assert sorted(replay.query_cut.tolist()) == [0.0] * 8 + [1.0] * 4  # per recorded query
+    draws = replay.query_rejection_rates(np.random.default_rng(0), np.zeros(2000, dtype=np.int64))
+    assert set(draws.tolist()) == {0.0, 1.0}  # a query is drawn whole: its share, not the domain mean
+    assert draws.mean() == pytest.approx(10 / 40, abs=0.03)  # cut queries hold 10 of 40 text positions
 
 
 def test_iterations_the_query_end_cut_short_are_not_replayed() -> None:
