@@ -376,7 +376,9 @@ class ParametricAcceptance:
 
     def query_rejection_rates(self, rng: np.random.Generator, domain: np.ndarray) -> np.ndarray:
         """The domain's rate: the model's queries differ only through the shared per-iteration term."""
-        return self.rejection_rates()[domain]
+        if "rejection" not in self._single:  # computed once: AdaptStream asks at every query
+            self._single["rejection"] = self.rejection_rates()
+        return self._single["rejection"][domain]
 
     def verified_shares(self, n: int) -> np.ndarray:
         """Every iteration drafts its domain's ``depth``: it verifies min(depth, n) positions."""
