@@ -416,6 +416,9 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
 
     if profile_repeats < 1:
         raise InputError(f"--profile-repeats {profile_repeats} is too few: give 1 or more")
+    if fresh_path is not None and not fresh_path.parent.is_dir():  # fail now, not after the traces
+        raise InputError(f"--measure-profile {fresh_path}: folder {fresh_path.parent} does not exist; "
+                         "create it or write the profile elsewhere")
     torch.set_num_threads(threads)
     profile = None if fresh_path is not None else load_profile(profile_path)  # a bad file fails first
     target = load_model(model_dir)

@@ -181,9 +181,12 @@ def test_run_fidelity_compares_tokens_per_second_and_speedup() -> None:
     assert chain["calibration"]["tau"] == pytest.approx(5.0) and vanilla["calibration"] is None
 
 
-def test_profile_repeats_must_be_positive() -> None:
+def test_profile_options_are_checked_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--profile-repeats 0"):
         fidelity.main(["--measure-profile", "p.json", "--profile-repeats", "0"], standalone_mode=False)
+    with pytest.raises(InputError, match="does not exist"):
+        fidelity.main(["--measure-profile", str(tmp_path / "missing" / "p.json")], standalone_mode=False)
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_calibration_costs_split_a_trace_into_tau_draft_and_verify() -> None:
