@@ -1,11 +1,12 @@
-"""CPU matrix kernels behind a verify forward: torch's default linear against oneDNN's prepacked one.
+"""CPU matrix kernels behind a verify forward: torch's default linear, oneDNN's and FBGEMM's prepacked ones.
 
 A speculative step pays for verifying T tokens at once; on a GPU that costs about what one token
 does, on this CPU it does not (verifying 5 tokens costs 1.6x a plain step), and that ratio decides
 whether any drafter can win. This measures, for the shipped target's weight shapes (the LM head and
-the layers' projections) and T = 1, 2, 5, 17 rows, the median time of ``F.linear`` (MKL here) and of
+the layers' projections) and T = 1, 2, 5, 17 rows, the median time of ``F.linear`` (MKL here), of
 oneDNN's linear on a weight prepacked for that row count (``torch.ops.mkldnn._linear_pointwise``, what
-inductor's CPU freezing uses), side by side in one run; saves ``benchmarks/results/cpu_linear.json``.
+inductor's CPU freezing uses) and of the engine's ``real_engine.packed.Linear`` (FBGEMM, fp16 weights),
+side by side in one run; saves ``benchmarks/results/cpu_linear.json``.
 
     .venv/bin/python benchmarks/cpu_linear.py [--repeats 200] [--threads 1]
 """
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from experiments.provenance import save_result
 from real_engine.model import load_model
+from real_engine.packed import Linear, use_half
 
 SEED = 0
 ROWS = (1, 2, 5, 17)
@@ -42,18 +44,22 @@ def median_us(fn: Callable[[], object], repeats: int) -> float:
 
 @torch.inference_mode()
 def measure(shapes: dict[str, tuple[int, int]], repeats: int) -> list[dict[str, object]]:
-    """One row per (weight, T): microseconds of both kernels and their ratio."""
+    """One row per (weight, T): microseconds of each kernel, and the default's over each prepacked one."""
     gen = torch.Generator().manual_seed(SEED)
     rows = []
     for name, (out_features, in_features) in shapes.items():
         weight = torch.randn(out_features, in_features, generator=gen)
+        fbgemm = use_half(Linear(in_features, out_features, bias=False), {"weight": weight.half()})
+        fbgemm.weight.copy_(weight)
         for t in ROWS:
             x = torch.randn(t, in_features, generator=gen)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, t)
             default = median_us(lambda x=x, w=weight: F.linear(x, w), repeats)
             onednn = median_us(lambda x=x, p=packed: ONEDNN(x, p, None, "none", [], ""), repeats)
+            half = median_us(lambda x=x, f=fbgemm: f(x), repeats)
             rows.append({"weight": name, "shape": [out_features, in_features], "rows": t,
-                         "linear_us": default, "onednn_prepacked_us": onednn, "ratio": default / onednn})
+                         "linear_us": default, "onednn_prepacked_us": onednn, "ratio": default / onednn,
+                         "fbgemm_fp16_us": half, "fbgemm_ratio": default / half})
     return rows
 
 
@@ -73,7 +79,8 @@ def main() -> None:
     rows = measure(shapes, args.repeats)
     for r in rows:
         print(f"{r['weight']:>9} T={r['rows']:>2}: linear {r['linear_us']:7.1f} us, "
-              f"oneDNN prepacked {r['onednn_prepacked_us']:7.1f} us ({r['ratio']:.2f}x)")
+              f"oneDNN prepacked {r['onednn_prepacked_us']:7.1f} us ({r['ratio']:.2f}x), "
+              f"FBGEMM fp16 {r['fbgemm_fp16_us']:7.1f} us ({r['fbgemm_ratio']:.2f}x)")
     save_result("cpu_linear", rows, {"repeats": args.repeats, "threads": args.threads, "rows": list(ROWS),
                                      "shapes": shapes}, SEED)
 

@@ -21,12 +21,14 @@
    its rank head decides: ``SpecBlockDrafter.shapes``), moved by updates as the fitted dynamics say;
    verification costs the tree sizes the replayed
    iterations verified (``verified_shares``); an update costs the profile's time for SpecBlock's
-   update (``real_engine.profile.specblock_update_samples``) per query window in the buffer it trains
-   on (``CostProfile.update_cost``: the update trains one window per buffered query). No time
+   update (``real_engine.profile.specblock_update_samples``), linear in the query windows of the buffer
+   it trains on between the profile's one-window and full-buffer times (``CostProfile.update_cost``:
+   the update trains one window per buffered query); each query's start costs the profile's prefill
+   at its prompt length (``CostProfile.prefill_cost``: the target's prefill and the drafter's begin,
+   with its feedback recording). No time
    measured on the stream enters the prediction (drafting is costed by the profile at the recorded
    shapes); the report adds each policy's shapes beside the engine's time per iteration. Per-query
-   means are compared with the engine's (prefill is in the engine's query time, not in the
-   simulator's).
+   means are compared with the engine's.
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
 and ``.png``. Run: ``python -m experiments.adapt_live`` (``--quick`` for a one-minute smoke run).
@@ -347,6 +349,12 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
 def update_text(costed: Mapping[str, Any]) -> str:
     """How the simulator charged updates, for the report."""
     seconds, windows = costed["update_seconds"], costed.get("update_windows")
+    single = costed.get("update_single")
+    if windows and single:
+        return (f"updates linear in the buffered query windows, from the profile's one-window time "
+                f"({single['head']:.2f} s head, {single['full']:.2f} s full) to its full-buffer time "
+                f"({seconds['head']:.2f} s for {windows['head']} windows, {seconds['full']:.2f} s for "
+                f"{windows['full']}).")
     if windows:
         head, full = (seconds[k] / windows[k] for k in ("head", "full"))
         return (f"updates at the profile's time per buffered query window ({head:.2f} s head, {full:.2f} s "
@@ -443,6 +451,7 @@ def run(
     costed = {"draft_shape": mean_shape(profile, shapes),
               "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
               "update_windows": dict(profile.update_windows),
+              "update_single": dict(profile.fits.get("update_single", {})),
               "update_model": json.loads(profile_path.read_text()).get("measurement", {}).get("update_model")}
     lengths = [len(tokens) for _, tokens in stream]
     stream_domains = [d for d, _ in stream]

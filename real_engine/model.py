@@ -22,6 +22,7 @@ from torch import nn
 
 from policies.errors import InputError
 from real_engine.kv_cache import KVCache
+from real_engine.packed import Linear, use_half
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -160,10 +161,10 @@ class Attention(nn.Module):
         self.layer, self.heads, self.kv_heads, self.head_dim = (
             layer, args.num_attention_heads, args.num_key_value_heads, args.head_dim)
         bias = args.attention_bias
-        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
+        self.q_proj = Linear(args.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
         if args.model_type == "qwen3":
             self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
@@ -190,9 +191,9 @@ class MLP(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -231,7 +232,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.model = Backbone(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
@@ -336,7 +337,7 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_frequencies(args)
-    return model.to(device=device, dtype=dtype).eval()
+    return use_half(model, state).to(device=device, dtype=dtype).eval()
 
 
 def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:

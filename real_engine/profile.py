@@ -67,6 +67,7 @@ class Grid:
     update_batch: tuple[int, int]  # (sequences, tokens) of one update step
     repeats: int
     warmup: int
+    prefill_tokens: tuple[int, ...] = (32, 64, 128, 256, 512)  # prompt lengths of a query's start
 
 
 FULL = Grid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
@@ -77,7 +78,8 @@ FULL = Grid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
             warmup=2)
 QUICK = Grid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), tree_depths=(2, 4),
              tree_widths=(2,), tree_budget=8, specblock_starts=(1, 2), specblock_blocks=(1, 2),
-             eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3, warmup=1)
+             eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3, warmup=1,
+             prefill_tokens=(16, 64))
 
 
 def device_name(device: torch.device) -> str:
@@ -307,13 +309,14 @@ REJECTED_EVERY = 3  # a cut-short draft every third generated position (about wh
 
 
 def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: Bench, seed: int = 0
-                             ) -> tuple[dict[str, list[float]], dict[str, int]]:
+                             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Seconds of one online update of the SpecBlock drafter as the engine runs it
     (``real_engine.adapt.update_drafter``, ``AdaptConfig`` defaults), head and full, each on a buffer
     filled to its capacity with synthetic feedback: queries of ``grid.update_batch[1]`` random tokens
     whose last ``NEW_TOKENS`` are roots, every ``REJECTED_EVERY``-th rejected, with the target's own
-    features and top-k log-probabilities; and the query windows each buffer held (the update trains
-    one per query). Timed when ``bench`` runs."""
+    features and top-k log-probabilities; the same on a buffer of that feedback's first query alone;
+    and the query windows each full buffer held (the update trains one per query). Timed when
+    ``bench`` runs."""
     from real_engine.adapt import AdaptConfig, Feedback, update_drafter
 
     config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
@@ -331,6 +334,7 @@ def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: B
                         top.values.cpu(), top.indices.cpu(), roots, rejected)
 
     out: dict[str, list[float]] = {}
+    single: dict[str, list[float]] = {}
     windows: dict[str, int] = {}
     for kind, capacity in (("head", config.head_capacity), ("full", config.full_capacity)):
         data, left = [], capacity
@@ -339,8 +343,37 @@ def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: B
             left -= len(rejected)
         out[kind] = bench.add(lambda data=data, kind=kind: update_drafter(net, data, kind, config, seed),
                               inference=False)
+        single[kind] = bench.add(lambda one=data[:1], kind=kind: update_drafter(net, one, kind, config, seed),
+                                 inference=False)
         windows[kind] = len(data)
-    return out, windows
+    return out, single, windows
+
+
+def prefill_samples(target: Transformer, net: Any | None, grid: Grid, bench: Bench, seed: int = 0
+                    ) -> list[dict]:
+    """Rows of ``samples.prefill``: a query's start as ``decode.generate`` runs it (its caches, the
+    target's prefill of the prompt and, given the SpecBlock ``net``, the begin of the drafter the engine
+    adapts online, recording feedback) for each of ``grid.prefill_tokens``; timed when ``bench`` runs."""
+    from real_engine.adapt import FeedbackDrafter
+    from real_engine.drafters.specblock import SpecBlockDrafter
+
+    device, gen = target.lm_head.weight.device, torch.Generator().manual_seed(seed)
+    limit = target.args.max_position_embeddings - NEW_TOKENS
+    rows = []
+    for tokens in (n for n in grid.prefill_tokens if n <= limit):
+        prompt = _tokens(tokens, target.args.vocab_size, gen).to(device)
+        drafter = None if net is None else FeedbackDrafter(SpecBlockDrafter(net))
+
+        def start(prompt: torch.Tensor = prompt, drafter: FeedbackDrafter | None = drafter) -> None:
+            max_length = prompt.numel() + NEW_TOKENS
+            cache = target.new_cache(max_length + (MAX_TREE_NODES if drafter is not None else 0))
+            out = prefill(target, cache, prompt[:-1])
+            if drafter is not None:
+                drafter.begin(prompt, out, GREEDY, torch.Generator(device=device).manual_seed(seed),
+                              max_length)
+
+        rows.append({"tokens": tokens, "seconds": bench.add(start)})
+    return rows
 
 
 def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: int = 0
@@ -393,14 +426,20 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     update_model = draft if draft is not None else target
     draft_rows, tree_rows = draft_samples(target, nets, grid, bench, seed)
     windows: dict[str, int] = {}
+    single: dict[str, list[float]] = {}
+    prefill_rows = prefill_samples(target, nets.get("specblock"), grid, bench, seed)
     if "specblock" in nets:  # the drafter the engine adapts online
-        update_rows, windows = specblock_update_samples(target, nets["specblock"], grid, updates, seed)
-        update_name = f"specblock: {names['specblock']}, real_engine.adapt.update_drafter on full buffers"
+        update_rows, single, windows = specblock_update_samples(target, nets["specblock"], grid, updates,
+                                                                seed)
+        update_name = (f"specblock: {names['specblock']}, real_engine.adapt.update_drafter on full and "
+                       "one-window buffers")
     else:
         update_rows = update_samples(update_model, grid, updates, seed)
         update_name = (f"{'draft model' if draft is not None else 'target'}: "
                        f"{draft_name if draft is not None else target_name}, one next-token step")
     samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows, "update": update_rows,
+               **({"update_single": single} if single else {}),
+               **({"prefill": prefill_rows} if prefill_rows else {}),
                "draft_trees": tree_rows}
     bench.run()  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached

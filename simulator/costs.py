@@ -25,6 +25,8 @@ holds one or more repeated measurements of one configuration, and the profile us
                   "medusa":      [{"seconds": [...]}],
                   "ngram":       [{"seconds": [...]}]},
         "update": {"head": [...], "full": [...]},
+        "update_single": {"head": [...], "full": [...]},                                   optional
+        "prefill": [{"tokens": 128, "seconds": [...]}, ...],                               optional
         "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
       "update_windows": {"head": 4, "full": 16},     optional: query windows the update samples trained on
@@ -51,6 +53,12 @@ holds one or more repeated measurements of one configuration, and the profile us
   SpecBlock's update trains one window per buffered query (its rows from some context before the
   first rejection), so its time grows with the windows, not the positions: ``update_cost`` then
   charges per window; without this field it scales the full-buffer time by the buffer's fill.
+- ``update_single`` (optional, with ``update_windows``): the same updates on a buffer of one query
+  window. ``update_cost`` then interpolates linearly in the windows between one window and the full
+  buffer's, since an update's fixed part (copying the drafter, the reference pass) is not per window.
+- ``prefill`` (optional): the start of one query with a ``tokens``-token prompt: the target's prefill
+  and the drafter's ``begin`` (the SpecBlock drafter the engine adapts, with its feedback recording,
+  when one was profiled). ``prefill_cost`` charges it; a profile without it charges nothing.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
 - ``fits``: per series the grid axes and the median at every grid point, e.g.
@@ -84,6 +92,7 @@ PAPER_PROFILE = PROFILES_DIR / "a100_llama31_8b_paper.json"
 
 VERIFY_KEYS = ("nodes", "context")
 VANILLA_KEYS = ("context",)
+PREFILL_KEYS = ("tokens",)
 DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "specblock": ("starts", "blocks"),
     "eagle": ("depth",),
@@ -222,6 +231,8 @@ class CostProfile:
     draft_trees: Mapping[str, Series] = field(default_factory=lambda: MappingProxyType({}))
     draft_shapes: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
     update_windows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    update_single: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    prefill: Series | None = None
     fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     _tables: dict[tuple[Any, ...], StepTable] = field(init=False, repr=False, compare=False)
 
@@ -243,6 +254,9 @@ class CostProfile:
             raise InputError(f"update_windows = {dict(self.update_windows)!r} is invalid: give the query "
                              f"windows of both {' and '.join(UPDATE_KINDS)} updates as positive integers, or "
                              "drop the field")
+        if self.update_single and (set(self.update_single) != set(UPDATE_KINDS) or not self.update_windows):
+            raise InputError("samples.update_single needs both head and full timings and update_windows "
+                             "beside it: measure both on one-window buffers, or drop the field")
         for kind in self.draft_trees:
             if kind not in TREE_KEYS or kind not in self.draft:
                 raise InputError(f"samples.draft_trees has drafter {kind!r}: tree series are for "
@@ -262,6 +276,10 @@ class CostProfile:
             "draft": {kind: s.grid(f"samples.draft.{kind}") for kind, s in self.draft.items()},
             "update": {kind: float(np.median(s)) for kind, s in self.update.items()},
         }
+        if self.update_single:
+            fits["update_single"] = {kind: float(np.median(s)) for kind, s in self.update_single.items()}
+        if self.prefill is not None:
+            fits["prefill"] = self.prefill.grid("samples.prefill")
         if self.draft_trees:
             fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}")
                                    for kind, series in self.draft_trees.items()}
@@ -298,11 +316,24 @@ class CostProfile:
     def update_cost(self, kind: str, fill: float | np.ndarray,
                     windows: float | np.ndarray) -> float | np.ndarray:
         """Seconds of a ``kind`` update on a buffer at ``fill`` (of its capacity) holding ``windows`` query
-        windows: the profiled time per window times ``windows`` when the profile counted its windows
-        (``update_windows``), else the full-buffer time times ``fill``."""
+        windows. With ``update_single``: linear in the windows through the one-window and the full-buffer
+        times (proportional below one window); with ``update_windows`` alone: the full buffer's time per
+        window times ``windows``; else the full-buffer time times ``fill``."""
+        full = self.update_seconds(kind)
+        w = np.asarray(windows, dtype=float)
+        if self.update_single:
+            one, counted = self.fits["update_single"][kind], self.update_windows[kind]
+            slope = (full - one) / (counted - 1) if counted > 1 else 0.0
+            return np.where(w < 1.0, one * w, np.maximum(one + slope * (w - 1.0), 0.0))
         if self.update_windows:
-            return self.update_seconds(kind) / self.update_windows[kind] * np.asarray(windows, dtype=float)
-        return self.update_seconds(kind) * np.asarray(fill, dtype=float)
+            return full / self.update_windows[kind] * w
+        return full * np.asarray(fill, dtype=float)
+
+    def prefill_cost(self, tokens: float | np.ndarray) -> float | np.ndarray:
+        """Seconds to start a query with a ``tokens``-token prompt (``samples.prefill``; 0 without it)."""
+        if self.prefill is None:
+            return np.zeros_like(np.asarray(tokens, dtype=float))
+        return self.fits["prefill"](tokens)
 
     def chain_draft_seconds(self, kind: str, depth: int) -> float:
         """Drafting one chain of ``depth`` positions with drafter ``kind`` (0 for depth 0)."""
@@ -381,6 +412,9 @@ class CostProfile:
                 "vanilla": self.vanilla.to_json(),
                 "draft": {kind: s.to_json() for kind, s in self.draft.items()},
                 "update": {kind: list(s) for kind, s in self.update.items()},
+                **({"update_single": {k: list(s) for k, s in self.update_single.items()}}
+                   if self.update_single else {}),
+                **({"prefill": self.prefill.to_json()} if self.prefill is not None else {}),
                 **({"draft_trees": trees} if trees else {}),
             },
             "fits": {
@@ -388,6 +422,8 @@ class CostProfile:
                 "vanilla": fits["vanilla"].to_json(),
                 "draft": {kind: g.to_json() for kind, g in fits["draft"].items()},
                 "update": dict(fits["update"]),
+                **({"update_single": dict(fits["update_single"])} if "update_single" in fits else {}),
+                **({"prefill": fits["prefill"].to_json()} if "prefill" in fits else {}),
                 **({"draft_trees": tree_fits} if tree_fits else {}),
             },
         }
@@ -481,6 +517,11 @@ def profile_from_json(data: Any) -> CostProfile:
     if not isinstance(shapes, dict) or not all(isinstance(v, dict) for v in shapes.values()):
         raise InputError('field draft_shapes must be an object {"kind": {"setting": integer}}: fix or '
                          'drop it')
+    single = samples.get("update_single") or {}
+    if not isinstance(single, dict):
+        raise InputError('field samples.update_single must be an object {"head": [...], "full": [...]}: fix '
+                         'or drop it')
+    prefill = samples.get("prefill")
     windows = data.get("update_windows") or {}
     if not isinstance(windows, dict):
         raise InputError('field update_windows must be an object {"head": n, "full": n}: fix or drop it')
@@ -504,6 +545,9 @@ def profile_from_json(data: Any) -> CostProfile:
                                       for kind, rows in trees.items()}),
         draft_shapes=MappingProxyType({kind: MappingProxyType(dict(v)) for kind, v in shapes.items()}),
         update_windows=MappingProxyType(dict(windows)),
+        update_single=MappingProxyType({kind: _seconds(values, f"samples.update_single.{kind}")
+                                        for kind, values in single.items()}),
+        prefill=None if prefill is None else _series(prefill, PREFILL_KEYS, "samples.prefill"),
     )
     if data.get("fits") is not None:
         _check_fits(data["fits"], profile.to_json()["fits"])

@@ -384,7 +384,7 @@ class AdaptStreamBatch:
         iterations = np.ceil(self.tokens / tau)
         redrafted = (s["draft"] - 1.0)[:, None] * self.drafting  # updates changed the drafter's trees
         step = self.steps(prompt + self.tokens / 2) + self.unverified + redrafted
-        seconds = iterations * (step * self.verified[domain]).sum(1)
+        seconds = iterations * (step * self.verified[domain]).sum(1) + self.profile.prefill_cost(prompt)
         cut = np.clip(self.model.query_rejection_rates(rng, domain), 0.0, 1.0)  # each buffers a position
         rejected = rng.binomial(iterations.astype(np.int64), cut)
         for name in ("head", "full"):
@@ -476,10 +476,13 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
 
     ## Rewards
 
-    Minus the query's seconds plus the seconds of the update run before it: ``CostProfile.update_cost``,
-    the profile's time per query window times the windows in the buffer it trained on (every query
-    that buffered a rejection adds one; positions evicted past capacity take their share of windows
-    with them), or for a profile without window counts its full-buffer time times the buffer's fill.
+    Minus the query's seconds plus the seconds of the update run before it. A query's seconds are
+    its iterations' and its start (``CostProfile.prefill_cost`` of its prompt: the target's prefill
+    and the drafter's begin, when the profile measured them). An update costs
+    ``CostProfile.update_cost`` of the query windows in the buffer it trained on (every query that
+    buffered a rejection adds one; positions evicted past capacity take their share of windows with
+    them): linear between the profile's one-window and full-buffer times, or per window, or for a
+    profile without window counts its full-buffer time times the buffer's fill.
 
     ## Starting State
 

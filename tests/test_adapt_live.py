@@ -102,6 +102,9 @@ def test_drafting_shapes_and_update_costs_are_reported_as_costed() -> None:
     assert "window (1.00 s head, 2.00 s full)" in update_text(
         {"update_seconds": seconds, "update_windows": {"head": 4, "full": 16}})
     assert "full-buffer times (4.00 s head, 32.00 s full)" in update_text({"update_seconds": seconds})
+    assert "one-window time (1.50 s head, 3.00 s full)" in update_text(
+        {"update_seconds": seconds, "update_windows": {"head": 4, "full": 16},
+         "update_single": {"head": 1.5, "full": 3.0}})
 
 
 def test_head_updates_can_converge_on_a_worse_drafter() -> None:

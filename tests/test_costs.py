@@ -135,6 +135,10 @@ BAD = [
     (("update_windows",), {"head": 4}, "update_windows"),
     (("update_windows",), {"head": 4, "full": 0}, "update_windows"),
     (("update_windows",), [4, 16], "update_windows"),
+    (("samples", "update_single"), {"head": [0.1]}, "update_single"),
+    (("samples", "update_single"), [0.1, 0.2], "update_single"),
+    (("samples", "prefill"), [{"tokens": 0, "seconds": [0.01]}], "samples.prefill[0].tokens"),
+    (("samples", "prefill"), [{"context": 64, "seconds": [0.01]}], "samples.prefill[0]"),
 ]
 
 
@@ -199,3 +203,27 @@ def test_update_cost_charges_query_windows_when_the_profile_counts_them(profile,
     assert counted.update_cost("head", fill=0.25, windows=3) == pytest.approx(0.75 * head)
     full = np.asarray(counted.update_cost("full", fill=np.array([1.0, 0.1]), windows=np.array([16, 1])))
     assert full == pytest.approx(np.array([1.0, 1 / 16]) * profile.update_seconds("full"))
+
+
+def test_update_cost_interpolates_between_one_window_and_the_full_buffer(profile, tmp_path):
+    head, full = profile.update_seconds("head"), profile.update_seconds("full")
+    data = {**profile.to_json(), "fits": None, "update_windows": {"head": 4, "full": 16}}
+    data["samples"] = {**data["samples"], "update_single": {"head": [0.4 * head], "full": [0.1 * full]}}
+    counted = load_profile(save_profile(profile_from_json(data), tmp_path / "s.json"))
+    windows = np.array([0.5, 1.0, 2.5, 4.0, 6.0])
+    slope = (head - 0.4 * head) / 3  # from one window to the profiled four
+    expected = [0.2 * head, 0.4 * head, 0.4 * head + 1.5 * slope, head, head + 2 * slope]
+    assert np.asarray(counted.update_cost("head", fill=0.5, windows=windows)) == pytest.approx(expected)
+    assert counted.update_cost("full", fill=0.5, windows=16) == pytest.approx(full)
+    without = {**data, "update_windows": None}
+    with pytest.raises(InputError, match="update_windows"):
+        profile_from_json(without)
+
+
+def test_prefill_cost_interpolates_the_measured_starts_and_is_zero_without_them(profile, tmp_path):
+    assert np.all(np.asarray(profile.prefill_cost(np.array([64, 256]))) == 0.0)
+    data = {**profile.to_json(), "fits": None}
+    data["samples"] = {**data["samples"], "prefill": [{"tokens": 64, "seconds": [0.02, 0.03, 0.025]},
+                                                      {"tokens": 256, "seconds": [0.08]}]}
+    loaded = load_profile(save_profile(profile_from_json(data), tmp_path / "p.json"))
+    assert np.asarray(loaded.prefill_cost(np.array([64, 160, 256]))) == pytest.approx([0.025, 0.0525, 0.08])

@@ -204,6 +204,19 @@ def test_adaptstream_charges_an_update_per_buffered_query_window(tmp_path):
     assert state["head_windows"][0] == (1 if state["head"][0].sum() else 0)  # the update emptied the buffer
 
 
+def test_adaptstream_charges_each_query_its_prompt_prefill(tmp_path):
+    data = {**load_profile(PAPER_PROFILE).to_json(), "fits": None}
+    data["samples"] = {**data["samples"], "prefill": [{"tokens": 1, "seconds": [0.5]},
+                                                      {"tokens": 4096, "seconds": [0.5]}]}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    plain, started = AdaptStreamEnv(**STREAM), AdaptStreamEnv(**{**STREAM, "profile": tmp_path / "p.json"})
+    plain.reset(seed=3)
+    started.reset(seed=3)
+    for _ in range(3):
+        a, b = plain.step(0)[4], started.step(0)[4]
+        assert b["query_seconds"] == pytest.approx(a["query_seconds"] + 0.5) and b["tau"] == a["tau"]
+
+
 def test_updates_move_the_drafting_time_as_the_dynamics_say():
     def after_update(head_draft: float) -> tuple[dict, AdaptStreamEnv]:
         dynamics = AdaptationDynamics(head_draft=head_draft, harm_probability=0.0)

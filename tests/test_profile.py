@@ -54,6 +54,10 @@ def test_profile_loads_with_every_series(measured: dict, tmp_path: Path) -> None
     # SpecBlock's online update as the engine runs it: the full one trains everything on 4x the buffer.
     assert 0 < profile.update_seconds("head") < profile.update_seconds("full")
     assert "update_drafter" in measured["measurement"]["update_model"]
+    assert set(profile.update_single) == {"head", "full"}  # a one-window buffer beside the full one
+    assert profile.fits["update_single"]["full"] < profile.update_seconds("full")
+    assert [row["tokens"] for row in measured["samples"]["prefill"]] == list(TINY.prefill_tokens)
+    assert 0 < profile.prefill_cost(TINY.prefill_tokens[0]) < profile.prefill_cost(TINY.prefill_tokens[-1])
     for kind in ("specblock", "eagle", "medusa"):  # no weights in models_dir: timed with random ones
         assert "random weights" in profile.drafters[kind]
     assert measured["measurement"]["grid"]["repeats"] == TINY.repeats

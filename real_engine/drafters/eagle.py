@@ -38,6 +38,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
+from real_engine.packed import Linear, use_half
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
@@ -77,13 +78,13 @@ class EagleNet(nn.Module):
         super().__init__()
         h = args.hidden_size
         self.args = args
-        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.fc = Linear(3 * h, h, bias=False)
         self.cond_norm = RMSNorm(h, args.rms_norm_eps)
         self.embed_norm = RMSNorm(h, args.rms_norm_eps)
-        self.fuse = nn.Linear(2 * h, h, bias=False)
+        self.fuse = Linear(2 * h, h, bias=False)
         self.layer = DecoderLayer(args, 0)
         self.norm = RMSNorm(h, args.rms_norm_eps)
-        self.lm_head = nn.Linear(h, args.vocab_size, bias=False) if own_head else None
+        self.lm_head = Linear(h, args.vocab_size, bias=False) if own_head else None
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
 
     def forward(self, cond: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
@@ -150,7 +151,7 @@ def load_eagle(folder: str | Path, target: Transformer) -> tuple[EagleNet, TreeS
         raise InputError(f"{folder}/model.safetensors does not match its config (missing {missing[:2]}, "
                          f"unexpected {unexpected[:2]}): retrain or re-save the drafter")
     weight = target.lm_head.weight
-    return net.to(device=weight.device, dtype=weight.dtype).eval(), shape
+    return use_half(net, state).to(device=weight.device, dtype=weight.dtype).eval(), shape
 
 
 class EagleDrafter:

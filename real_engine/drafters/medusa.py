@@ -32,6 +32,7 @@ from torch import nn
 from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
+from real_engine.packed import Linear, use_half
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
 
@@ -44,8 +45,8 @@ class MedusaNet(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, heads: int, own_heads: bool = True) -> None:
         super().__init__()
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
-        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(heads))
-        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(heads)) \
+        self.blocks = nn.ModuleList(Linear(hidden_size, hidden_size) for _ in range(heads))
+        self.lm_heads = nn.ModuleList(Linear(hidden_size, vocab_size, bias=False) for _ in range(heads)) \
             if own_heads else None
 
     @property
@@ -172,7 +173,7 @@ def load_medusa(folder: str | Path, target: Transformer, budget: int | None = No
                              "from: use its saved tree (no budget) or retrain the heads")
         tree = choose_tree(accuracies, budget)
     weight = target.lm_head.weight
-    return net.to(device=weight.device, dtype=weight.dtype).eval(), tree
+    return use_half(net, state).to(device=weight.device, dtype=weight.dtype).eval(), tree
 
 
 class MedusaDrafter:

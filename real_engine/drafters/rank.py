@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from real_engine.packed import Linear
 from real_engine.tree import DraftTree, best_order
 
 EDGES = (1, 4, 10)  # last rank of buckets 0, 1, 2; bucket 3 is everything above
@@ -60,8 +61,8 @@ class RankHead(nn.Module):
 
     def __init__(self, hidden_size: int, width: int = 128, buckets: int = BUCKETS) -> None:
         super().__init__()
-        self.up = nn.Linear(hidden_size + SUMMARY_DIM, width)
-        self.down = nn.Linear(width, buckets)
+        self.up = Linear(hidden_size + SUMMARY_DIM, width)
+        self.down = Linear(width, buckets)
 
     def forward(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Bucket logits [..., buckets]; gradients stop at ``hidden`` and ``logits``."""

@@ -46,6 +46,7 @@ from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
+from real_engine.packed import Linear, use_half
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
 
@@ -147,18 +148,18 @@ class SpecBlock(nn.Module):
         h = c.hidden_size
         # Frozen and shared with the target: a buffer that follows .to() but stays out of the state dict.
         self.register_buffer("embed", embed.detach(), persistent=False)
-        self.cond = nn.Linear(3 * c.target_hidden, h, bias=False)
-        self.fuse = nn.Linear(2 * h + c.target_hidden, h, bias=False)
+        self.cond = Linear(3 * c.target_hidden, h, bias=False)
+        self.fuse = Linear(2 * h + c.target_hidden, h, bias=False)
         self.queries = nn.Parameter(torch.randn(c.block_size, h) * 0.02)
         args = c.layer_args()
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(c.num_layers))
-        self.shifts = nn.ModuleList(nn.Linear(2 * h, h, bias=False) for _ in range(c.num_layers - 1))
+        self.shifts = nn.ModuleList(Linear(2 * h, h, bias=False) for _ in range(c.num_layers - 1))
         with torch.no_grad():
             for shift in self.shifts:
                 shift.weight.zero_()
                 shift.weight[:, :h].copy_(torch.eye(h))
         self.norm = RMSNorm(h, c.rms_norm_eps)
-        self.lm_head = nn.Linear(h, c.vocab_size, bias=False)
+        self.lm_head = Linear(h, c.vocab_size, bias=False)
         self.rank_head = RankHead(h, c.rank_width, len(c.edges) + 1)
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
 
@@ -497,4 +498,4 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
     except RuntimeError as exc:
         raise InputError(f"{weights} has tensors of the wrong shape for its config: re-save the drafter"
                          ) from exc
-    return net.eval()
+    return use_half(net, state).eval()

@@ -1,0 +1,75 @@
+"""Packed half-precision linears: the same function as nn.Linear on fp16 weights, repacked on every change."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from real_engine.model import ModelArgs, Transformer, load_model, save_model
+from real_engine.packed import FBGEMM, Linear, use_half
+
+pytestmark = pytest.mark.skipif(not FBGEMM, reason="FBGEMM's fp16 kernel needs an x86 CPU with AVX2")
+
+
+def _half_linear(seed: int = 0) -> Linear:
+    torch.manual_seed(seed)
+    layer = Linear(64, 48, bias=True)
+    with torch.no_grad():  # weights fp16 holds exactly, as a 16-bit checkpoint's are
+        layer.weight.copy_(layer.weight.half().float())
+    use_half(layer, {"weight": layer.weight.half()})
+    return layer
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+def test_packed_matches_linear_in_inference(rows: int) -> None:
+    layer = _half_linear()
+    x = torch.randn(1, rows, 64)
+    with torch.inference_mode():
+        assert layer._packed(x) is not None
+        out = layer(x)
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_training_and_unmarked_layers_use_plain_linear() -> None:
+    layer = _half_linear()
+    x = torch.randn(3, 64)
+    assert layer._packed(x) is None  # autograd on
+    layer(x).sum().backward()
+    assert layer.weight.grad is not None
+    plain = Linear(64, 48)
+    with torch.no_grad():
+        assert plain._packed(x) is None
+        assert layer._packed(x.double()) is None
+
+
+def test_in_place_update_and_copy_repack() -> None:
+    layer = _half_linear()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        before = layer(x)
+        layer.weight.mul_(2)  # a stale pack would return `before` again
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        twin = copy.deepcopy(layer)
+        assert twin._pack.key is None and twin.packs_half
+        twin.weight.zero_()
+        torch.testing.assert_close(twin(x), twin.bias.expand(2, -1))
+        assert not torch.allclose(layer(x), before)
+
+
+def test_only_sixteen_bit_checkpoints_pack(tmp_path) -> None:
+    args = ModelArgs(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = Transformer(args)
+    half = load_model(save_model(model, tmp_path / "bf16"))
+    full = load_model(save_model(model, tmp_path / "fp32", dtype=torch.float32))
+    assert half.lm_head.packs_half and half.model.layers[0].mlp.up_proj.packs_half
+    assert not any(m.packs_half for m in full.modules() if isinstance(m, Linear))
+    exact = copy.deepcopy(half)
+    for m in exact.modules():
+        if isinstance(m, Linear):
+            m.packs_half = False
+    tokens = torch.randint(0, 64, (1, 9))
+    with torch.inference_mode():
+        assert half.lm_head._packed(torch.zeros(1, 32)) is not None
+        torch.testing.assert_close(half(tokens).logits, exact(tokens).logits, atol=1e-4, rtol=0)
