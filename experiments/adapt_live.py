@@ -72,10 +72,11 @@ class Plan:
     mixed: int  # queries of the mixed phase (domains in turn)
     max_new_tokens: int
     sim_seeds: int
+    update_repeats: int  # re-timings of the profile's update samples before each policy's stream (0: none)
 
 
-DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32)
-QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4)
+DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, update_repeats=2)
+QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, update_repeats=0)
 
 
 def log(message: str) -> None:
@@ -106,6 +107,30 @@ def default_policies() -> dict[str, dict[str, Any]]:
     return {kind: {"kind": kind, "params": {}} for kind in POLICIES}
 
 
+def time_updates(target: Any, net: Any, repeats: int, seed: int) -> dict[str, dict[str, Any]]:
+    """The cost profile's SpecBlock update samples (``samples.update``, ``samples.update_single`` and
+    ``update_windows``), timed now as ``real_engine.profile`` times them: synthetic feedback, CPU clock,
+    ``repeats`` rounds."""
+    from real_engine import profile as prof
+
+    bench = prof.Bench(prof.make_timer(target.lm_head.weight.device, "cpu"), repeats, 0)
+    full, single, windows = prof.specblock_update_samples(target, net, prof.FULL, bench, seed)
+    bench.run()
+    return {"update": full, "update_single": single, "update_windows": windows}
+
+
+def with_updates(profile: Any, timed: Mapping[str, Mapping[str, Any]] | None) -> Any:
+    """``profile`` with its update samples and windows replaced by ``timed`` (``time_updates``); itself
+    for None."""
+    from simulator.costs import profile_from_json
+
+    if timed is None:
+        return profile
+    data = {**profile.to_json(), "fits": None, "update_windows": dict(timed["update_windows"])}
+    data["samples"] = {**data["samples"], "update": timed["update"], "update_single": timed["update_single"]}
+    return profile_from_json(data)
+
+
 def serve(
     target: Any,
     drafter_dir: Path,
@@ -114,13 +139,17 @@ def serve(
     config: Any,
     seed: int,
     policies: Mapping[str, Mapping[str, Any]],
-) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], dict[str, list[dict[str, float]]]]:
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], dict[str, list[dict[str, float]]],
+           dict[str, dict[str, dict[str, list[float]]]]]:
     """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
-    content), the ``never`` stream's iterations as trace rows, and each policy's drafting shapes.
+    content), the ``never`` stream's iterations as trace rows, each policy's drafting shapes, and the
+    update samples re-timed right before each policy's stream (``plan.update_repeats`` > 0).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
-    its profile predicted (the other policies' updates evict what decoding keeps cached)."""
+    its profile predicted (the other policies' updates evict what decoding keeps cached). The update
+    samples are re-timed before each stream because an update's speed drifts on a shared machine far
+    more than decoding's: the same one-window head update took 0.98 to 1.5 s within half an hour."""
     from policies.base import make_policy
     from real_engine.adapt import StreamServer
     from real_engine.decode import generate
@@ -137,10 +166,13 @@ def serve(
     warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
     generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
     rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
-    drafters = {}
+    drafters, timed = {}, {}
     began = time.perf_counter()
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
+        if plan.update_repeats > 0:
+            timed[kind] = time_updates(target, drafter.net, plan.update_repeats, seed)
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: update samples re-timed")
         drafter.shapes = []  # record what the drafter runs
         server = StreamServer(target, drafter, [d for d, _ in stream],
                               make_policy(spec["kind"], spec["params"], seed=seed), config=config,
@@ -154,7 +186,7 @@ def serve(
             log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
                 f"{r['action']}")
         server.close()
-    return rows, traces, {kind: d.shapes for kind, d in drafters.items()}
+    return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed
 
 
 def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
@@ -348,6 +380,14 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
 
 def update_text(costed: Mapping[str, Any]) -> str:
     """How the simulator charged updates, for the report."""
+    retimed = costed.get("retimed_updates")
+    if retimed:
+        windows = next(iter(retimed.values()))["windows"]
+        timings = "; ".join(f"{kind} {t['head_single']:.2f} / {t['head']:.2f} s head, "
+                            f"{t['full_single']:.2f} / {t['full']:.2f} s full" for kind, t in retimed.items())
+        return (f"updates linear in the buffered query windows between one window and the full buffer "
+                f"({windows['head']} head, {windows['full']} full windows), at the profile's update samples "
+                f"re-timed right before each policy's stream ({timings}).")
     seconds, windows = costed["update_seconds"], costed.get("update_windows")
     single = costed.get("update_single")
     if windows and single:
@@ -431,7 +471,7 @@ def run(
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
     stream = build_stream(by_domain, plan.first, plan.mixed)
     adapt = AdaptConfig(clock="cpu", seed=seed)
-    rows, traces, drafted = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
+    rows, traces, drafted, timed = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
     shapes = drafted["never"]
     profile = load_profile(profile_path)
     base_draft = mean_shape(profile, shapes)["draft_ms"]  # what the simulator charges before any update
@@ -468,8 +508,14 @@ def run(
         "acceptance_domains": domains,
     }
     prompt_range = (min(lengths), max(lengths))
+    profiles = {kind: with_updates(profile, timed.get(kind)) for kind in policies}
+    if timed:
+        costed["retimed_updates"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),
+                                            **{f"{k}_single": v for k, v in p.fits["update_single"].items()}}
+                                     for kind, p in profiles.items()}
     sims = {
-        kind: simulate(spec, stream_domains, acceptance, profile, fitted, plan, prompt_range, seed, shapes)
+        kind: simulate(spec, stream_domains, acceptance, profiles[kind], fitted, plan, prompt_range, seed,
+                       shapes)
         for kind, spec in policies.items()
     }
     for kind in policies:

@@ -100,10 +100,18 @@ DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "medusa": (),
     "ngram": (),
 })
-"""Drafter kind -> the parameters its drafting time is measured over."""
+"""Drafter kind -> the parameters its drafting time is measured over. A series over ``tokens`` is a
+chain drafted one forward per token, which a length policy can stop after any token (``token_by_token``)."""
 TREE_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({"draft-model": ("depth", "width")})
 """Drafter kind -> the parameters of its optional tree series (``samples.draft_trees``)."""
 UPDATE_KINDS = ("head", "full")
+
+
+def token_by_token(kind: str) -> bool:
+    """Whether drafter ``kind``'s series is a chain drafted one token per forward (``DRAFT_KEYS``)."""
+    return DRAFT_KEYS.get(kind) == ("tokens",)
+
+
 DraftShape = Mapping[str, float] | Sequence[Mapping[str, float]]
 """A drafter's tree shape (``draft_seconds`` parameters), or the shapes of recorded iterations."""
 _MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1, "width": 1}

@@ -35,7 +35,7 @@ from simulator.acceptance import (
     level_rates,
     resolve_acceptance,
 )
-from simulator.costs import CostProfile, DraftShape, resolve_profile
+from simulator.costs import CostProfile, DraftShape, resolve_profile, token_by_token
 
 DEFAULT_TOKENS = 512
 DEFAULT_PROMPT = (128, 1024)
@@ -61,10 +61,6 @@ def _check_query(tokens_per_query: int, prompt_tokens: Sequence[int]) -> tuple[i
     return int(tokens_per_query), low, high
 
 
-SEQUENTIAL_DRAFTERS = ("draft-model",)
-"""Drafter kinds whose chain a length policy can stop token by token (``SpecLengthBatch.sequential``)."""
-
-
 class SpecLengthBatch:
     """N SpecLength queries at once: the state and dynamics both SpecLength environments run."""
 
@@ -83,7 +79,7 @@ class SpecLengthBatch:
         # What drafting costs by positions drafted, so that ``verify`` can charge drafting the policy did not
         # verify: a draft-model chain stops token by token where a length policy would verify no more
         # (``sequential``, as in ``real_engine.speculate``); a tree (``draft_shape``) is drafted whole.
-        self.sequential = draft_shape is None and drafter in SEQUENTIAL_DRAFTERS
+        self.sequential = draft_shape is None and token_by_token(drafter)
         self.whole = draft_shape is not None
         self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP, draft_shape)
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))

@@ -155,3 +155,24 @@ def test_each_query_gets_the_drafting_ratio_of_its_own_shapes() -> None:
     assert rows[0]["draft_ratio"] == pytest.approx(1.0)
     assert rows[1]["draft_ratio"] == pytest.approx(paper.draft_seconds("specblock", **two) * 1e3 / base)
     assert record_of(rows, ["code"]).draft.tolist() == [r["draft_ratio"] for r in rows]
+
+
+def test_update_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None:
+    from experiments.adapt_live import time_updates, with_updates
+    from real_engine.drafters.specblock import SpecBlock
+    from real_engine.model import load_model
+
+    target = load_model(llama_dir)
+    timed = time_updates(target, SpecBlock.for_target(target, seed=0), repeats=1, seed=0)
+    assert set(timed["update"]) == set(timed["update_single"]) == {"head", "full"}
+    paper = load_profile(PAPER_PROFILE)
+    assert with_updates(paper, None) is paper
+    retimed = with_updates(paper, timed)
+    assert retimed.update_seconds("full") == timed["update"]["full"][0] != paper.update_seconds("full")
+    assert retimed.update_windows == timed["update_windows"] and retimed.verify == paper.verify
+    one = timed["update_single"]["head"][0]
+    assert retimed.update_cost("head", fill=0.2, windows=1.0) == pytest.approx(one)
+    never = {"head": 4.0, "full": 30.0, "head_single": 1.0, "full_single": 2.0,
+             "windows": {"head": 4, "full": 16}}
+    text = update_text({"update_seconds": {}, "retimed_updates": {"never": never}})
+    assert "before each policy's stream (never 1.00 / 4.00 s head, 2.00 / 30.00 s full)" in text
