@@ -262,6 +262,9 @@ class UpdateReport:
     kl_first: float  # KL(pre-update || trained) at the first step: 0, the copy equals its reference
     kl: float  # the same KL after the last step
     fill: float = math.nan  # the used buffer's fill when the update started (set by the Adapter)
+    windows: int = 0  # query windows trained on (one per buffered query with a start left)
+    starts: int = 0  # block starts over those windows
+    rows: int = 0  # committed rows over those windows (context before each first rejection included)
 
 
 @contextmanager
@@ -370,7 +373,9 @@ def update_drafter(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]
     positions = [feedback.domain for feedback, roots in data for _ in roots]
     shares = {d: positions.count(d) / len(positions) for d in sorted(set(positions))}
     return new, UpdateReport(kind, len(positions), shares, steps if batches else 0, seconds, cpu_seconds,
-                             loss_before, loss_after, kl_first, kl)
+                             loss_before, loss_after, kl_first, kl, windows=len(batches),
+                             starts=sum(int(s.numel()) for _, s, _ in batches),
+                             rows=sum(int(b["tokens"].shape[1]) for b, _, _ in batches))
 
 
 class Adapter:

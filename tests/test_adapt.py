@@ -110,6 +110,11 @@ def test_kl_term_zero_after_copy_positive_after_update_and_it_restrains(target: 
         new, report = update_drafter(live, data, "full", config, seed=0)
         assert report.kl_first == pytest.approx(0.0, abs=1e-6) and report.kl > 0 and report.steps == 6
         assert report.loss_after < report.loss_before
+        # starts "all": every committed position from a query's first buffered rejection on, but its last
+        assert report.windows == len(data) and report.starts == sum(
+            feedback.tokens.numel() - 1 - min(rejected) for feedback, rejected in data)
+        assert report.rows == sum(feedback.tokens.numel() - max(0, min(rejected) - config.context)
+                                  for feedback, rejected in data)
         kls[weight] = report.kl
         assert new is not live and checksum(new) != checksum(live)
     assert kls[20.0] < 0.5 * kls[0.0]  # the KL term holds the update near the pre-update drafter
