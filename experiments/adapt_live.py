@@ -109,8 +109,8 @@ def default_policies() -> dict[str, dict[str, Any]]:
 
 def time_updates(target: Any, net: Any, repeats: int, seed: int) -> dict[str, dict[str, Any]]:
     """The cost profile's SpecBlock update samples (``samples.update``, ``samples.update_single`` and
-    ``update_windows``), timed now as ``real_engine.profile`` times them: synthetic feedback, CPU clock,
-    ``repeats`` rounds."""
+    ``update_windows``), timed now as ``real_engine.profile`` times them on its full grid (the shipped
+    profile's): synthetic feedback, CPU clock, ``repeats`` rounds."""
     from real_engine import profile as prof
 
     bench = prof.Bench(prof.make_timer(target.lm_head.weight.device, "cpu"), repeats, 0)

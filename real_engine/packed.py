@@ -5,11 +5,11 @@ is slow at the few rows a speculative verify runs: on the shipped target's LM he
 times a one-row product for 2 to 5 rows (``benchmarks/cpu_linear.py``). FBGEMM's fp16-weight kernel,
 with weights packed once, takes 2.6 to 6 times less time there; it reads half the bytes (a whole
 forward of the shipped target runs 1.5 to 2 times faster), and fp16 holds every bfloat16 weight at
-or above 2^-14 exactly. So a ``Linear`` marked
-half (``use_half``: every model and drafter loaded from a 16-bit checkpoint) computes in inference
-(no autograd, float32 input on a CPU with FBGEMM) with its weights packed in fp16 and fp32 activations
-and accumulation; anywhere else, and always while training, it is ``nn.Linear``. The packed copy
-follows the weight: an in-place update, a new tensor or a move repacks it at the next call.
+or above 2^-14 exactly. So a ``Linear`` marked half (``use_half``: every model and drafter loaded
+from a 16-bit checkpoint) computes in inference (no autograd, float32 input on a CPU with FBGEMM)
+with its weights packed in fp16 and fp32 activations and accumulation; anywhere else, and always
+while training, it is ``nn.Linear``. The packed copy follows the weight: an in-place update, a new
+tensor or a move repacks it at the next call.
 """
 
 from __future__ import annotations
