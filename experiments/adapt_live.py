@@ -16,19 +16,21 @@
    and how updates move the drafting time (``head_draft``, ``full_draft``) to each query's recorded
    SpecBlock shapes, costed by the profile relative to the ``never`` stream's mean.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
-   policy, ``seeds`` times, on the shipped CPU profile. Drafting costs the profile's SpecBlock series
-   at the shapes the drafter really ran on the ``never`` stream (block forwards and start nodes, which
-   its rank head decides: ``SpecBlockDrafter.shapes``), moved by updates as the fitted dynamics say;
-   verification costs the tree sizes the replayed
-   iterations verified (``verified_shares``); an update costs the profile's time for SpecBlock's
-   update (``real_engine.profile.specblock_update_samples``), linear in the query windows of the buffer
-   it trains on between the profile's one-window and full-buffer times (``CostProfile.update_cost``:
-   the update trains one window per buffered query); each query's start costs the profile's prefill
-   at its prompt length (``CostProfile.prefill_cost``: the target's prefill and the drafter's begin,
-   with its feedback recording). No time
-   measured on the stream enters the prediction (drafting is costed by the profile at the recorded
-   shapes); the report adds each policy's shapes beside the engine's time per iteration. Per-query
-   means are compared with the engine's.
+   policy, ``seeds`` times, on the shipped CPU profile with the samples this stream reaches re-timed
+   right before that policy's stream (``retime``; ``Plan.retime_repeats``): verification and plain
+   steps, SpecBlock drafting and query starts on the part of the grid the stream uses, and
+   SpecBlock's update (``real_engine.profile.specblock_update_samples``) on the ``never`` stream's
+   last buffered queries once it has run (synthetic feedback before). Drafting costs the SpecBlock
+   series at the shapes the drafter really ran on the ``never`` stream (block forwards and start
+   nodes, which its rank head decides: ``SpecBlockDrafter.shapes``), moved by updates as the fitted
+   dynamics say; verification costs the tree sizes the replayed iterations verified
+   (``verified_shares``); an update is linear in the query windows of the buffer it trains on
+   between the one-window and full-buffer times (``CostProfile.update_cost``: the update trains one
+   window per buffered query); each query's start costs the prefill at its prompt length
+   (``CostProfile.prefill_cost``: the target's prefill and the drafter's begin, with its feedback
+   recording). No time measured on the stream enters the prediction (drafting is costed by the
+   profile at the recorded shapes); the report adds each policy's shapes beside the engine's time
+   per iteration. Per-query means are compared with the engine's.
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
 and ``.png``. Run: ``python -m experiments.adapt_live`` (``--quick`` for a one-minute smoke run).
@@ -62,6 +64,11 @@ stream gives the traces and the drafting shapes the simulator replays)."""
 DOMAINS = ("code", "tests", "prose", "text")
 DRAFT = {"blocks": 2, "starts": 4, "budget": 16}  # the deployed tree; budget = the simulator's positions
 MAX_PROMPT = 192  # prompt tokens kept (each prompt's last ones)
+RETIME = {"nodes": (1, 2, 3, 4, 5, 6, 8, 12, 17), "contexts": (64, 128, 256), "specblock_starts": (1, 2, 4),
+          "specblock_blocks": (1, 2, 3), "prefill_tokens": (32, 64, 128, 256), "warmup": 1}
+"""What ``retime`` changes in the profile's full grid: the part of it this stream's trees, contexts and
+prompts reach (the full grid's update batch and drafting context kept)."""
+REPLACED = ("verify", "vanilla", "prefill", "update", "update_single")  # samples ``retime`` replaces whole
 
 
 @dataclass(frozen=True)
@@ -72,11 +79,11 @@ class Plan:
     mixed: int  # queries of the mixed phase (domains in turn)
     max_new_tokens: int
     sim_seeds: int
-    update_repeats: int  # re-timings of the profile's update samples before each policy's stream (0: none)
+    retime_repeats: int  # rounds of ``retime`` before each policy's stream (0: the profile as it is)
 
 
-DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, update_repeats=2)
-QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, update_repeats=0)
+DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, retime_repeats=3)
+QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, retime_repeats=0)
 
 
 def log(message: str) -> None:
@@ -107,28 +114,40 @@ def default_policies() -> dict[str, dict[str, Any]]:
     return {kind: {"kind": kind, "params": {}} for kind in POLICIES}
 
 
-def time_updates(target: Any, net: Any, repeats: int, seed: int) -> dict[str, dict[str, Any]]:
-    """The cost profile's SpecBlock update samples (``samples.update``, ``samples.update_single`` and
-    ``update_windows``), timed now as ``real_engine.profile`` times them on its full grid (the shipped
-    profile's): synthetic feedback, CPU clock, ``repeats`` rounds."""
+def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None
+           ) -> dict[str, Any]:
+    """The cost profile's samples of what the stream runs, timed now as ``real_engine.profile`` times
+    them (CPU clock): verification and plain steps, SpecBlock drafting and query starts on ``RETIME``
+    (``repeats`` rounds each), and the SpecBlock updates (``repeats`` rounds) on ``feedback`` (served
+    queries' ``Feedback``; synthetic when None)."""
+    from dataclasses import replace
+
     from real_engine import profile as prof
 
-    bench = prof.Bench(prof.make_timer(target.lm_head.weight.device, "cpu"), repeats, 0)
-    full, single, windows = prof.specblock_update_samples(target, net, prof.FULL, bench, seed)
-    bench.run()
-    return {"update": full, "update_single": single, "update_windows": windows}
+    grid = replace(prof.FULL, **RETIME, repeats=repeats)
+    timer = prof.make_timer(target.lm_head.weight.device, "cpu")
+    decode, updates = prof.Bench(timer, repeats, grid.warmup), prof.Bench(timer, repeats, 0)
+    verify, vanilla = prof.verify_samples(target, grid, decode, seed)
+    draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed)
+    prefill = prof.prefill_samples(target, net, grid, decode, seed)
+    full, single, windows = prof.specblock_update_samples(target, net, grid, updates, seed, feedback)
+    decode.run()
+    updates.run()
+    return {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"]},
+            "prefill": prefill, "update": full, "update_single": single, "update_windows": windows}
 
 
-def with_updates(profile: Any, timed: Mapping[str, Mapping[str, Any]] | None) -> Any:
-    """``profile`` with its update samples and windows replaced by ``timed`` (``time_updates``); itself
-    for None."""
+def with_samples(profile: Any, timed: Mapping[str, Any] | None) -> Any:
+    """``profile`` with the samples ``retime`` measured in place of its own (its other drafters' kept);
+    itself for None."""
     from simulator.costs import profile_from_json
 
     if timed is None:
         return profile
     data = {**profile.to_json(), "fits": None, "update_windows": dict(timed["update_windows"])}
-    data["samples"] = {**data["samples"], "update": timed["update"], "update_single": timed["update_single"]}
-    return profile_from_json(data)
+    samples = {**data["samples"], **{key: timed[key] for key in REPLACED}}
+    samples["draft"] = {**samples["draft"], **timed["draft"]}
+    return profile_from_json({**data, "samples": samples})
 
 
 def serve(
@@ -143,13 +162,16 @@ def serve(
            dict[str, dict[str, dict[str, list[float]]]]]:
     """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
     content), the ``never`` stream's iterations as trace rows, each policy's drafting shapes, and the
-    update samples re-timed right before each policy's stream (``plan.update_repeats`` > 0).
+    profile samples ``retime`` measured right before each policy's stream (``plan.retime_repeats`` > 0;
+    after the ``never`` stream, its updates train on that stream's last buffered queries).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
-    its profile predicted (the other policies' updates evict what decoding keeps cached). The update
-    samples are re-timed before each stream because an update's speed drifts on a shared machine far
-    more than decoding's: the same one-window head update took 0.98 to 1.5 s within half an hour."""
+    its profile predicted (the other policies' updates evict what decoding keeps cached). The samples
+    are re-timed before each stream because this shared machine's speed drifts: the same one-window
+    head update took 0.98 to 1.5 s within half an hour, and decoding ran 7 to 11% faster than a
+    profile measured an hour before. Synthetic feedback makes an update slower than the stream's own
+    (a one-window head update 1.17 s against 0.97 s on the stream), hence the recorded feedback."""
     from policies.base import make_policy
     from real_engine.adapt import StreamServer
     from real_engine.decode import generate
@@ -167,12 +189,13 @@ def serve(
     generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
     rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
     drafters, timed = {}, {}
+    feedback = None  # the never stream's last buffered queries, once it has run
     began = time.perf_counter()
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
-        if plan.update_repeats > 0:
-            timed[kind] = time_updates(target, drafter.net, plan.update_repeats, seed)
-            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: update samples re-timed")
+        if plan.retime_repeats > 0:
+            timed[kind] = retime(target, drafter.net, plan.retime_repeats, seed, feedback)
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         drafter.shapes = []  # record what the drafter runs
         server = StreamServer(target, drafter, [d for d, _ in stream],
                               make_policy(spec["kind"], spec["params"], seed=seed), config=config,
@@ -186,6 +209,8 @@ def serve(
             log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
                 f"{r['action']}")
         server.close()
+        if kind == "never":  # it never trains, so its full buffer holds its last queries' feedback
+            feedback = [f for f, _ in server.adapter.full.drain()]
     return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed
 
 
@@ -354,6 +379,7 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         f"{result['simulator_profile']['draft_shape']['starts']:.2f} start nodes per later block); "
         + update_text(result["simulator_profile"]),
         "",
+        *([text, ""] if (text := retime_text(result["simulator_profile"])) else []),
         "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean |",
         "|---|---|---|---|---|",
     ]
@@ -378,16 +404,37 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def decode_ms(profile: Any, shapes: Sequence[Mapping[str, float]], context: float = 256.0
+              ) -> dict[str, float]:
+    """A profile's decoding at a glance: a plain step and a 9-node verify at ``context``, drafting at the
+    recorded ``shapes`` and a 128-token query start, in milliseconds."""
+    return {"vanilla_ms": 1e3 * float(profile.vanilla_seconds(context)),
+            "verify9_ms": 1e3 * float(profile.verify_seconds(9, context)),
+            "draft_ms": mean_shape(profile, shapes)["draft_ms"],
+            "prefill128_ms": 1e3 * float(profile.prefill_cost(128))}
+
+
+def retime_text(costed: Mapping[str, Any]) -> str:
+    """The re-timed decoding beside the shipped profile's, for the report ('' when nothing was re-timed)."""
+    if not costed.get("retimed"):
+        return ""
+    rows = {"shipped profile": costed["shipped"], **costed["retimed"]}
+    return ("Decoding re-timed right before each policy's stream (ms: plain step and 9-node verify at "
+            "context 256, drafting at the `never` stream's shapes, a 128-token query start): "
+            + "; ".join(f"{name} {t['vanilla_ms']:.2f} / {t['verify9_ms']:.2f} / {t['draft_ms']:.2f} / "
+                        f"{t['prefill128_ms']:.1f}" for name, t in rows.items()) + ".")
+
+
 def update_text(costed: Mapping[str, Any]) -> str:
     """How the simulator charged updates, for the report."""
-    retimed = costed.get("retimed_updates")
+    retimed = costed.get("retimed")
     if retimed:
-        windows = next(iter(retimed.values()))["windows"]
-        timings = "; ".join(f"{kind} {t['head_single']:.2f} / {t['head']:.2f} s head, "
-                            f"{t['full_single']:.2f} / {t['full']:.2f} s full" for kind, t in retimed.items())
-        return (f"updates linear in the buffered query windows between one window and the full buffer "
-                f"({windows['head']} head, {windows['full']} full windows), at the profile's update samples "
-                f"re-timed right before each policy's stream ({timings}).")
+        timings = "; ".join(f"{kind} {t['head_single']:.2f} / {t['head']:.2f} s head on "
+                            f"{t['windows']['head']} windows, {t['full_single']:.2f} / {t['full']:.2f} s "
+                            f"full on {t['windows']['full']}" for kind, t in retimed.items())
+        return ("updates linear in the buffered query windows between one window and the full buffer, at "
+                "the profile's update samples re-timed right before each policy's stream, on the `never` "
+                f"stream's last queries once it has run (one window / full buffer: {timings}).")
     seconds, windows = costed["update_seconds"], costed.get("update_windows")
     single = costed.get("update_single")
     if windows and single:
@@ -508,11 +555,13 @@ def run(
         "acceptance_domains": domains,
     }
     prompt_range = (min(lengths), max(lengths))
-    profiles = {kind: with_updates(profile, timed.get(kind)) for kind in policies}
+    profiles = {kind: with_samples(profile, timed.get(kind)) for kind in policies}
     if timed:
-        costed["retimed_updates"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),
-                                            **{f"{k}_single": v for k, v in p.fits["update_single"].items()}}
-                                     for kind, p in profiles.items()}
+        costed["retimed"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),
+                                    **{f"{k}_single": v for k, v in p.fits["update_single"].items()},
+                                    **decode_ms(p, shapes)}
+                             for kind, p in profiles.items()}
+        costed["shipped"] = decode_ms(profile, shapes)
     sims = {
         kind: simulate(spec, stream_domains, acceptance, profiles[kind], fitted, plan, prompt_range, seed,
                        shapes)

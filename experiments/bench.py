@@ -39,6 +39,7 @@ VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 # top-k trees, the multi-path ones on K i.i.d. sampled paths.
 FITS = {"chain": ("token", "block", "rrs"), "tree": ("rrs",), "paths": ("rrs", "gbv", "seqbv")}
 WARMUP_TOKENS = 8
+TEXT_EVERY, TEXT_DEPTH = 16, 8  # real-text acceptance: a draft after every 16th prompt token, 8 deep at most
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,30 @@ def agreement(target: Transformer, draft: Transformer, prompts: Sequence[list[in
         agree += int((target(x).logits.argmax(-1) == draft(x).logits.argmax(-1)).sum())
         total += len(ids)
     return {"top1": agree / total, "tokens": total}
+
+
+def text_acceptance(engine: Engine, configs: Sequence[Config], prompts: dict[str, list[list[int]]],
+                    seed: int = 0, every: int = TEXT_EVERY) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each T = 0 greedy drafter's acceptance on real held-out text: a draft after every ``every``-th
+    token of each prompt, the text before it as the context, verified against the target's top tokens
+    (at most ``TEXT_DEPTH`` deep). Per config label and domain (and ``all``): ``alpha`` by position,
+    ``tau`` (one plus the mean accepted length) and ``drafts``. The decoding rows draft after the target's
+    own output, which is easier to predict; this is the teacher-forced view of the same drafter."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for config in configs:
+        if (config.drafter == "none" or config.drafter.startswith("hf-") or config.temperature != 0
+                or config.verifier != "greedy" or config.policy or config.label in out):
+            continue
+        firsts = {domain: [engine.run(config, ids[:t], seed, TEXT_DEPTH + 1)
+                           for ids in items for t in range(every, len(ids), every)]
+                  for domain, items in prompts.items()}
+        firsts["all"] = [m for runs in firsts.values() for m in runs]
+        out[config.label] = {}
+        for domain, runs in firsts.items():
+            accepted, depths = [m.accepted[0] for m in runs], [m.depths[0] for m in runs]
+            out[config.label][domain] = {"alpha": alpha(accepted, depths), "drafts": len(runs),
+                                         "tau": 1 + fmean(accepted) if runs else None}
+    return out
 
 
 @torch.inference_mode()

@@ -47,6 +47,22 @@ def markdown(results: dict[str, Any], title: str) -> str:
             lines.append(f"| {domain} | {a['tokens']} | {a['top1']:.3f} | {_num(taus.get('chain'))} | "
                          f"{_num(taus.get('tree'))} |")
         lines.append("")
+    on_text = results.get("text_acceptance") or {}
+    if on_text:
+        lines += ["## Acceptance on real held-out text, beside decoding (T = 0, greedy)", "",
+                  "A draft after every 16th token of each prompt, its context the text before it, verified "
+                  "against the target's top tokens: the drafter's teacher-forced agreement by position. "
+                  "Decoding drafts after the target's own output instead.", "",
+                  "| domain | config | drafts | tau on text | tau decoding | alpha on text |",
+                  "|---|---|---|---|---|---|"]
+        decoding = {(r["domain"], _label(r)): r["tau"] for r in rows
+                    if r["temperature"] == 0 and r["verifier"] == "greedy" and not r.get("policy")}
+        for label, per in on_text.items():
+            for domain, a in per.items():
+                alpha = " ".join(_num(x) for x in a["alpha"]) or "-"
+                lines.append(f"| {domain} | {label} | {a['drafts']} | {_num(a['tau'])} | "
+                             f"{_num(decoding.get((domain, label)))} | {alpha} |")
+        lines.append("")
     confusion = results.get("rank_confusion") or {}
     if confusion:
         lines += ["## SpecBlock rank head: teacher-forced confusion on the prompts' text", "",

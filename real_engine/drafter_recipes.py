@@ -26,9 +26,10 @@ KINDS = ("specblock", "eagle", "medusa")
 DOMAINS = ("code", "tests", "prose", "text")
 DATA_DIR = Path("runs") / "drafter-data"
 RECIPES: dict[str, TrainConfig | BaselineConfig] = {
-    "specblock": TrainConfig(steps=240, batch_size=4, lr=2e-3, starts=48, checkpoint_every=20),
-    "eagle": BaselineConfig(steps=250, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
-    "medusa": BaselineConfig(steps=400, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
+    "specblock": TrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
+                             checkpoint_every=20),
+    "eagle": BaselineConfig(steps=1000, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
+    "medusa": BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
 }
 EAGLE_UNROLL = 3  # training-time-test steps
 MEDUSA_HEADS, MEDUSA_TREE = 4, 24  # heads and static-tree nodes
@@ -38,7 +39,7 @@ MEDUSA_HEADS, MEDUSA_TREE = 4, 24  # heads and static-tree nodes
 class DataRecipe:
     """The target rows the drafters learn from: corpus windows and the target's top-k log-probabilities."""
 
-    sequences: int = 640
+    sequences: int = 1920
     seq_len: int = 256
     top_k: int = 32
     heldout: int = 32  # Medusa's calibration windows, spread over the domains

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -308,43 +308,50 @@ NEW_TOKENS = 48  # generated tokens of a synthetic feedback query (as adapt_live
 REJECTED_EVERY = 3  # a cut-short draft every third generated position (about what the engine buffers)
 
 
-def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: Bench, seed: int = 0
+def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: Bench, seed: int = 0,
+                             feedback: Sequence[Any] | None = None
                              ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Seconds of one online update of the SpecBlock drafter as the engine runs it
     (``real_engine.adapt.update_drafter``, ``AdaptConfig`` defaults), head and full, each on a buffer
-    filled to its capacity with synthetic feedback: queries of ``grid.update_batch[1]`` random tokens
-    whose last ``NEW_TOKENS`` are roots, every ``REJECTED_EVERY``-th rejected, with the target's own
-    features and top-k log-probabilities; the same on a buffer of that feedback's first query alone;
-    and the query windows each full buffer held (the update trains one per query). Timed when
-    ``bench`` runs."""
-    from real_engine.adapt import AdaptConfig, Feedback, update_drafter
+    filled to its capacity, then on a buffer of its newest query alone; and the query windows each full
+    buffer held (the update trains one per query). The feedback is ``feedback`` (served queries'
+    ``real_engine.adapt.Feedback``, oldest first: the buffers take the newest, as the engine's do) or
+    else synthetic: queries of ``grid.update_batch[1]`` random tokens whose last ``NEW_TOKENS`` are
+    roots, every ``REJECTED_EVERY``-th rejected, with the target's own features and top-k
+    log-probabilities. Timed when ``bench`` runs."""
+    from real_engine.adapt import AdaptConfig, Feedback, FeedbackBuffer, update_drafter
 
     config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
-    length = min(grid.update_batch[1], target.args.max_position_embeddings)
-    roots = tuple(range(max(length - NEW_TOKENS, 0), length - 1))
-    rejected = roots[::REJECTED_EVERY]
-    gen = torch.Generator().manual_seed(seed)
+    if feedback is None:
+        length = min(grid.update_batch[1], target.args.max_position_embeddings)
+        roots = tuple(range(max(length - NEW_TOKENS, 0), length - 1))
+        rejected = roots[::REJECTED_EVERY]
+        gen = torch.Generator().manual_seed(seed)
 
-    def query() -> Feedback:
-        tokens = _tokens(length, target.args.vocab_size, gen).to(device)
-        with torch.inference_mode():
-            out = target(tokens[None])
-        top = out.logits[0].float().log_softmax(-1).topk(min(config.top_k, out.logits.shape[-1]), dim=-1)
-        return Feedback("synthetic", tokens.cpu(), out.features[0].to("cpu", torch.bfloat16),
-                        top.values.cpu(), top.indices.cpu(), roots, rejected)
+        def query() -> Feedback:
+            tokens = _tokens(length, target.args.vocab_size, gen).to(device)
+            with torch.inference_mode():
+                out = target(tokens[None])
+            top = out.logits[0].float().log_softmax(-1).topk(min(config.top_k, out.logits.shape[-1]), dim=-1)
+            return Feedback("synthetic", tokens.cpu(), out.features[0].to("cpu", torch.bfloat16),
+                            top.values.cpu(), top.indices.cpu(), roots, rejected)
 
+        count = -(-config.full_capacity // max(len(rejected), 1))
+        feedback = [query() for _ in range(count)]
+    if not any(f.rejected for f in feedback):
+        raise InputError("the feedback has no rejected position to train on: serve more queries")
     out: dict[str, list[float]] = {}
     single: dict[str, list[float]] = {}
     windows: dict[str, int] = {}
     for kind, capacity in (("head", config.head_capacity), ("full", config.full_capacity)):
-        data, left = [], capacity
-        while left > 0:
-            data.append((query(), list(rejected[:left])))
-            left -= len(rejected)
+        buffer = FeedbackBuffer(capacity)
+        for f in feedback:
+            buffer.add(f)
+        data = buffer.drain()
         out[kind] = bench.add(lambda data=data, kind=kind: update_drafter(net, data, kind, config, seed),
                               inference=False)
-        single[kind] = bench.add(lambda one=data[:1], kind=kind: update_drafter(net, one, kind, config, seed),
-                                 inference=False)
+        single[kind] = bench.add(
+            lambda one=data[-1:], kind=kind: update_drafter(net, one, kind, config, seed), inference=False)
         windows[kind] = len(data)
     return out, single, windows
 

@@ -151,6 +151,11 @@ class LengthControlled:
         if not self.keep_drafting([]):  # nothing would be verified even were the first token certain:
             max_depth = 0  # skip drafting (a plain decoding step)
         tree = self.drafter.propose(max_depth)
+        if tree.size == 1:  # nothing drafted: nothing to rank, choose or trim (n = 0)
+            self.obs = length_features(np.zeros(0), self.context, self.steps)
+            self.n, self.original = 0, [0]
+            self.decisions.append((0, 0))
+            return tree
         order, products = ranked_nodes(tree, self.greedy)
         self.obs = length_features(tree_confidences(products[:LENGTH_CAP]), self.context, self.steps)
         self.n = min(int(self.policy.act(self.obs)), len(order), LENGTH_CAP)

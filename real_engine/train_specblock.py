@@ -4,9 +4,10 @@ A step takes a batch of sequences and, per sequence, ``starts`` random positions
 starts (conditioned on the target's features at ``t - 1``, on token ``t``), then ``blocks - 1``
 later blocks, each from a random slot of the previous one (with that slot's own state, on the token
 the slot predicts): :func:`~real_engine.drafters.specblock.unroll`, as inference runs it. Block 1's
-slot 0 is the prefix row at ``t`` (always valid); every position's prefix row is run (the blocks
-attend to them) but only block rows are scored, which keeps the LM head, the costliest part, on
-the rows that are trained.
+slot 0 is the prefix row at ``t`` (always valid). Every position's prefix row is run (the blocks
+attend to them), and each is the slot 0 of a block that could start there, so with
+``prefix_weight > 0`` all of them are scored too: the first drafted token, the one every tree
+hangs on, then learns from every position of the batch rather than from the sampled starts only.
 
 - **Draft loss:** at a row predicting position ``i + 1``, the KL divergence from the target's law at
   ``i`` to the draft law, on the target's top-k support renormalized (the data stores only the top
@@ -67,6 +68,7 @@ class TrainConfig:
     blocks: int = 2  # M, blocks unrolled per start
     starts: int = 32  # block-1 start positions per sequence and step
     rank_weight: float = 1.0
+    prefix_weight: float = 0.0  # weight of the draft and rank losses on every prefix row (slot 0)
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 100
@@ -74,8 +76,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if min(self.steps, self.batch_size, self.blocks, self.starts, self.checkpoint_every) < 1:
             raise InputError("steps, batch size, blocks, starts and checkpoint interval must all be >= 1")
-        if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0):
-            raise InputError("need lr > 0, 0 <= warmup < 1, weight_decay >= 0 and grad_clip > 0")
+        if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0
+                and self.prefix_weight >= 0):
+            raise InputError("need lr > 0, 0 <= warmup < 1, weight_decay >= 0, grad_clip > 0 and "
+                             "prefix_weight >= 0")
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -120,10 +124,11 @@ def draft_kl(logits: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Tens
 
 
 def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Tensor,
-                   start_slots: torch.Tensor, rank_weight: float = 1.0
+                   start_slots: torch.Tensor, rank_weight: float = 1.0, prefix_weight: float = 0.0
                    ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The training loss of one batch and its parts: draft KL, rank CE, per-(block, slot) accuracy, and
-    the rank head's confusion counts (row: the label's bucket, column: the predicted one)."""
+    the rank head's confusion counts (row: the label's bucket, column: the predicted one).
+    ``prefix_weight`` adds both losses, so weighted, over every prefix row as a slot 0."""
     tokens, logp, ids = batch["tokens"], batch["topk_logp"], batch["topk_ids"]
     b, t = tokens.shape
     edges = net.config.edges
@@ -141,6 +146,12 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
     labels = rank_labels(logits[valid], row_ids[:, 0], edges)
     rank_all = F.cross_entropy(out.blocks.buckets[valid].float(), labels, reduction="none")
     loss = kl_all.mean() + rank_weight * rank_all.mean()
+    if prefix_weight:
+        heads = net.heads(out.prefix[:, :-1])
+        kl_prefix = draft_kl(heads.logits, logp[:, :-1], ids[:, :-1])
+        rank_prefix = F.cross_entropy(heads.buckets.flatten(0, 1).float(),
+                                      rank_labels(heads.logits, ids[:, :-1, 0], edges).flatten())
+        loss = loss + prefix_weight * (kl_prefix.mean() + rank_weight * rank_prefix)
     with torch.no_grad():
         hits = (correct & valid).sum((0, 2)).float()
         tried = valid.sum((0, 2)).float()
@@ -230,7 +241,8 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
             slots = torch.randint(0, k, (config.blocks - 1, starts), generator=gen).to(device)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config)
-            loss, metrics = specblock_loss(net, batch, positions, slots, config.rank_weight)
+            loss, metrics = specblock_loss(net, batch, positions, slots, config.rank_weight,
+                                           config.prefix_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)

@@ -157,22 +157,32 @@ def test_each_query_gets_the_drafting_ratio_of_its_own_shapes() -> None:
     assert record_of(rows, ["code"]).draft.tolist() == [r["draft_ratio"] for r in rows]
 
 
-def test_update_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None:
-    from experiments.adapt_live import time_updates, with_updates
+def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None:
+    from experiments.adapt_live import retime, retime_text, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
     target = load_model(llama_dir)
-    timed = time_updates(target, SpecBlock.for_target(target, seed=0), repeats=1, seed=0)
+    timed = retime(target, SpecBlock.for_target(target, seed=0), repeats=1, seed=0)
     assert set(timed["update"]) == set(timed["update_single"]) == {"head", "full"}
     paper = load_profile(PAPER_PROFILE)
-    assert with_updates(paper, None) is paper
-    retimed = with_updates(paper, timed)
+    assert with_samples(paper, None) is paper
+    retimed = with_samples(paper, timed)
     assert retimed.update_seconds("full") == timed["update"]["full"][0] != paper.update_seconds("full")
-    assert retimed.update_windows == timed["update_windows"] and retimed.verify == paper.verify
+    assert retimed.update_windows == timed["update_windows"]
+    row = timed["vanilla"][0]
+    assert retimed.vanilla_seconds(row["context"]) == pytest.approx(row["seconds"][0])
+    shape = {"starts": 2, "blocks": 2}
+    assert retimed.draft_seconds("specblock", **shape) != paper.draft_seconds("specblock", **shape)
+    assert retimed.draft_seconds("eagle", depth=3) == paper.draft_seconds("eagle", depth=3)  # kept
+    assert retimed.prefill_cost(32) > 0 == paper.prefill_cost(32)
     one = timed["update_single"]["head"][0]
     assert retimed.update_cost("head", fill=0.2, windows=1.0) == pytest.approx(one)
     never = {"head": 4.0, "full": 30.0, "head_single": 1.0, "full_single": 2.0,
              "windows": {"head": 4, "full": 16}}
-    text = update_text({"update_seconds": {}, "retimed_updates": {"never": never}})
-    assert "before each policy's stream (never 1.00 / 4.00 s head, 2.00 / 30.00 s full)" in text
+    glance = {"vanilla_ms": 5.0, "verify9_ms": 8.0, "draft_ms": 9.0, "prefill128_ms": 40.0}
+    costed = {"update_seconds": {}, "retimed": {"never": {**never, **glance}}, "shipped": glance}
+    assert "(one window / full buffer: never 1.00 / 4.00 s head on 4 windows, 2.00 / 30.00 s full on 16)" \
+        in update_text(costed)
+    assert "shipped profile 5.00 / 8.00 / 9.00 / 40.0; never 5.00" in retime_text(costed)
+    assert retime_text({"update_seconds": {}}) == ""

@@ -57,6 +57,25 @@ def test_alpha_conditions_on_the_previous_position_and_the_draft_depth() -> None
     assert alpha([0, 0], [0, 0]) == []
 
 
+def test_text_acceptance_of_the_target_as_its_own_draft_model_is_total(llama_dir: Path) -> None:
+    from experiments.bench import TEXT_EVERY, Config, Engine, Settings, text_acceptance
+    from real_engine.model import load_model
+
+    target = load_model(llama_dir)
+    settings = Settings(domains={}, depth=3)
+    engine = Engine(target, target, llama_dir, settings, None)
+    ids = torch.randint(1, target.args.vocab_size, (3 * TEXT_EVERY + 5,),
+                        generator=torch.Generator().manual_seed(0)).tolist()
+    configs = [Config("none", None, None, 0.0), Config("draft-model", "chain", "greedy", 0.0),
+               Config("draft-model", "chain", "block", 1.0), Config("ngram", "chain", "greedy", 0.0)]
+    out = text_acceptance(engine, configs, {"code": [ids], "prose": [ids[:TEXT_EVERY + 1]]})
+    assert set(out) == {"draft-model/chain/greedy", "ngram/chain/greedy"}  # T = 0 greedy drafters only
+    mine = out["draft-model/chain/greedy"]
+    assert {d: mine[d]["drafts"] for d in mine} == {"code": 3, "prose": 1, "all": 4}
+    # drafting with the target itself, every drafted token is the target's top token
+    assert mine["all"]["alpha"] == [1.0, 1.0, 1.0] and mine["all"]["tau"] == 4.0
+
+
 def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_dir: Path, medusa_dir: Path,
                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
@@ -91,6 +110,9 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     assert any("eagle" in note for note in result["notes"])  # no weights: skipped with a note
     assert set(result["agreement"]) == {"code", "prose"}
     assert all(0 <= a["top1"] <= 1 and a["tokens"] > 0 for a in result["agreement"].values())
+    on_text = result["text_acceptance"]
+    assert {"ngram/chain/greedy", "draft-model/chain/greedy", "medusa/tree/greedy"} <= set(on_text)
+    assert all(set(per) == {"code", "prose", "all"} and per["all"]["drafts"] > 0 for per in on_text.values())
     if importlib.util.find_spec("transformers") is not None:
         hf = [r for r in rows if r["drafter"] == "hf-assisted"]
         assert hf and all(r["hf_speedup"] > 0 for r in hf)
@@ -98,7 +120,8 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     saved = json.loads((out / "bench_tiny.json").read_text())
     assert saved["results"]["rows"] == rows and saved["config"]["max_new_tokens"] == 8
     assert {"versions", "machine", "seed"} <= saved.keys()
-    assert "| all | none |" in (out / "bench_tiny.md").read_text()
+    report = (out / "bench_tiny.md").read_text()
+    assert "| all | none |" in report and "## Acceptance on real held-out text" in report
     assert (out / "bench_tiny.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -127,3 +127,17 @@ def test_generate_cli_with_the_shipped_specblock(shipped, capsys: pytest.Capture
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[1]["token_ids"] == outputs[0]["token_ids"] and len(outputs[1]["token_ids"]) == 16
     assert (outputs[1]["drafter"], outputs[1]["verifier"]) == ("specblock", "greedy")
+
+
+def test_shipped_specblock_reaches_tau_two_on_held_out_code(shipped) -> None:
+    """The quick quality check of the shipped SpecBlock drafter: greedy, default tree, 48 tokens after the
+    last 192 tokens of four held-out code prompts (measured 2.21; the drafter of 800 steps reached 1.44)."""
+    target, _, _, _ = shipped
+    tokenizer = Tokenizer.load(MODELS / "target", target.args.vocab_size, target.args.eos_token_id)
+    lines = (Path(__file__).resolve().parents[1] / "data" / "prompts" / "code.jsonl").read_text().splitlines()
+    new = iterations = 0
+    for line in lines[:4]:
+        prompt = tokenizer.encode(json.loads(line)["text"])[-192:]
+        stats = generate(target, prompt, drafter=make_drafter("specblock", target), max_new_tokens=48).stats
+        new, iterations = new + stats.new_tokens, iterations + stats.iterations
+    assert new / iterations >= 2.0

@@ -95,3 +95,33 @@ def test_cli_bad_input_exits_2(args: list[str], llama_dir: Path, tmp_path: Path,
     assert code == 2 and stdout == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith("specblock: error:")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_dir: Path) -> None:
+    import torch
+
+    from policies.errors import InputError
+    from real_engine.adapt import Feedback
+    from real_engine.drafters.specblock import SpecBlock
+
+    target = load_model(llama_dir)
+    net = SpecBlock.for_target(target, seed=0)
+    tokens = torch.randint(1, target.args.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        out = target(tokens[None])
+    top = out.logits[0].float().log_softmax(-1).topk(8, dim=-1)
+
+    def query(rejected: tuple[int, ...]) -> Feedback:
+        return Feedback("code", tokens, out.features[0].bfloat16(), top.values, top.indices,
+                        tuple(range(20, 39)), rejected)
+
+    # 8 queries of 10 cut-short drafts: the head buffer (64 positions) holds the newest 7 of them
+    # (the oldest of those in part), the full one (256) all 8.
+    feedback = [query(tuple(range(21, 31))) for _ in range(8)]
+    bench = prof.Bench(prof.make_timer(torch.device("cpu")), 1, 0)
+    full, single, windows = prof.specblock_update_samples(target, net, TINY, bench, 0, feedback)
+    assert windows == {"head": 7, "full": 8}
+    bench.run()
+    assert all(len(v) == 1 and v[0] > 0 for v in (*full.values(), *single.values()))
+    with pytest.raises(InputError, match="no rejected position"):
+        prof.specblock_update_samples(target, net, TINY, bench, 0, [query(())])

@@ -310,6 +310,25 @@ def test_training_reduces_the_loss_deterministically(target: Transformer, data, 
     assert again["losses"] == record["losses"]
 
 
+def test_prefix_rows_add_their_slot_zero_losses(target: Transformer, data) -> None:
+    prepared, _ = data
+    net = SpecBlock.for_target(target, seed=0).float()
+    batch = prepared.batch([0, 1])
+    starts, slots = torch.tensor([2, 9]), torch.tensor([[1, 3]])
+    with torch.no_grad():
+        plain = ts.specblock_loss(net, batch, starts, slots)[0]
+        weighted = ts.specblock_loss(net, batch, starts, slots, prefix_weight=0.5)[0]
+        heads = net.heads(unroll(net, batch["tokens"], batch["features"], starts, slots).prefix[:, :-1])
+        ids = batch["topk_ids"][:, :-1]
+        kl = ts.draft_kl(heads.logits, batch["topk_logp"][:, :-1], ids).mean()
+        labels = ts.rank_labels(heads.logits, ids[..., 0], net.config.edges)
+        ce = torch.nn.functional.cross_entropy(heads.buckets.flatten(0, 1), labels.flatten())
+    # every prefix row is a slot 0 predicting the next position, the target's law there its teacher
+    assert weighted.item() == pytest.approx((plain + 0.5 * (kl + ce)).item(), rel=1e-5)
+    with pytest.raises(InputError, match="prefix_weight"):
+        ts.TrainConfig(prefix_weight=-1.0)
+
+
 def test_resume_continues_exactly(target: Transformer, data, tmp_path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     prepared, _ = data

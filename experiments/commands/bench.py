@@ -167,7 +167,15 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.bench import TRAINED_DRAFTERS, Engine, agreement, plan, rank_confusion, run_bench
+    from experiments.bench import (
+        TRAINED_DRAFTERS,
+        Engine,
+        agreement,
+        plan,
+        rank_confusion,
+        run_bench,
+        text_acceptance,
+    )
     from experiments.hf_peer import HFPeer, transformers_available
     from real_engine.drafters.trained import trained_available
     from real_engine.model import load_model
@@ -211,8 +219,10 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         task = progress.add_task("bench", total=total)
         measured = run_bench(settings, engine, prompts, configs, peer,
                              lambda text: progress.update(task, advance=1, description=text))
-    results = {"rows": measured["rows"], "agreement": agree, "rank_confusion": confusion, "notes": notes,
-               "per_prompt": measured["per_prompt"]}
+        progress.update(task, description="acceptance on real text")
+        on_text = text_acceptance(engine, configs, prompts, settings.seed)
+    results = {"rows": measured["rows"], "agreement": agree, "text_acceptance": on_text,
+               "rank_confusion": confusion, "notes": notes, "per_prompt": measured["per_prompt"]}
     config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "domains"}
     config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,
                   threads=torch.get_num_threads(),

@@ -37,7 +37,7 @@ DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/m
 @click.option("--target", "target_dir", type=click.Path(path_type=Path), default=Path("data/models/target"),
               help="The target to distil from, or to train a drafter for (all but tokenizer and target).")
 @click.option("--sequences", type=int, default=None,
-              help="Corpus windows of the target's rows to train on (drafters; default 640).")
+              help="Corpus windows of the target's rows to train on (drafters; default 1920).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("runs/drafter-data"),
               show_default=True, help="Cache of the target's rows (drafters).")
 @click.option("--init", "init_dir", type=click.Path(path_type=Path), default=None,

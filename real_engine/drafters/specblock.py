@@ -223,6 +223,7 @@ class Unrolled(NamedTuple):
 
     blocks: Heads  # [B, M, P, K, ...]; block 1's slot 0 is the prefix row at its start
     positions: torch.Tensor  # [M, P, K] sequence position of each block row (it predicts position + 1)
+    prefix: torch.Tensor  # [B, T, H] last-layer states of the prefix rows (row t: slot 0 of a block at t)
 
 
 def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts: torch.Tensor,
@@ -281,7 +282,7 @@ def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts:
         all_positions.append(positions)
         path = torch.cat((path, torch.zeros(p, p * k, dtype=torch.bool, device=dev)), dim=1)
         total += p * k
-    return Unrolled(net.heads(torch.stack(states, dim=1)), torch.stack(all_positions))
+    return Unrolled(net.heads(torch.stack(states, dim=1)), torch.stack(all_positions), first[:, :t])
 
 
 class SpecBlockDrafter:
