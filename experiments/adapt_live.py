@@ -17,8 +17,9 @@
    SpecBlock shapes, costed by the profile relative to the ``never`` stream's mean.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
    policy, ``seeds`` times, on the shipped CPU profile with the samples this stream reaches re-timed
-   right before that policy's stream (``retime``; ``Plan.retime_repeats``): verification and plain
-   steps, SpecBlock drafting and query starts on the part of the grid the stream uses, and
+   right before and right after that policy's stream, both timings pooled (``retime``, ``pooled``;
+   ``Plan.retime_repeats``): verification and plain steps, SpecBlock drafting and query starts on the
+   part of the grid the stream uses, and (before the stream only)
    SpecBlock's update (``real_engine.profile.specblock_update_samples``) on the ``never`` stream's
    last buffered queries once it has run (synthetic feedback before). Drafting costs the SpecBlock
    series at the shapes the drafter really ran on the ``never`` stream (block forwards and start
@@ -68,7 +69,8 @@ RETIME = {"nodes": (1, 2, 3, 4, 5, 6, 8, 12, 17), "contexts": (64, 128, 256), "s
           "specblock_blocks": (1, 2, 3), "prefill_tokens": (32, 64, 128, 256), "warmup": 1}
 """What ``retime`` changes in the profile's full grid: the part of it this stream's trees, contexts and
 prompts reach (the full grid's update batch and drafting context kept)."""
-REPLACED = ("verify", "vanilla", "prefill", "update", "update_single")  # samples ``retime`` replaces whole
+DECODING = ("verify", "vanilla", "prefill")  # decoding samples ``retime`` times (with SpecBlock drafting)
+REPLACED = (*DECODING, "update", "update_single")  # samples ``retime`` replaces whole
 
 
 @dataclass(frozen=True)
@@ -114,27 +116,40 @@ def default_policies() -> dict[str, dict[str, Any]]:
     return {kind: {"kind": kind, "params": {}} for kind in POLICIES}
 
 
-def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None
-           ) -> dict[str, Any]:
+def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None,
+           updates: bool = True) -> dict[str, Any]:
     """The cost profile's samples of what the stream runs, timed now as ``real_engine.profile`` times
     them (CPU clock): verification and plain steps, SpecBlock drafting and query starts on ``RETIME``
-    (``repeats`` rounds each), and the SpecBlock updates (``repeats`` rounds) on ``feedback`` (served
-    queries' ``Feedback``; synthetic when None)."""
+    (``repeats`` rounds each), and with ``updates`` the SpecBlock updates (``repeats`` rounds) on
+    ``feedback`` (served queries' ``Feedback``; synthetic when None)."""
     from dataclasses import replace
 
     from real_engine import profile as prof
 
     grid = replace(prof.FULL, **RETIME, repeats=repeats)
     timer = prof.make_timer(target.lm_head.weight.device, "cpu")
-    decode, updates = prof.Bench(timer, repeats, grid.warmup), prof.Bench(timer, repeats, 0)
+    decode = prof.Bench(timer, repeats, grid.warmup)
     verify, vanilla = prof.verify_samples(target, grid, decode, seed)
     draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed)
     prefill = prof.prefill_samples(target, net, grid, decode, seed)
-    full, single, windows = prof.specblock_update_samples(target, net, grid, updates, seed, feedback)
+    timed = {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"]},
+             "prefill": prefill}
+    if updates:
+        bench = prof.Bench(timer, repeats, 0)
+        full, single, windows = prof.specblock_update_samples(target, net, grid, bench, seed, feedback)
+        timed.update(update=full, update_single=single, update_windows=windows)
     decode.run()
-    updates.run()
-    return {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"]},
-            "prefill": prefill, "update": full, "update_single": single, "update_windows": windows}
+    if updates:
+        bench.run()
+    return timed
+
+
+def pooled(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """``before``'s samples with the decoding samples of ``after`` (a ``retime`` without updates) added:
+    both timings of each grid point count (``simulator.costs`` pools a point's rows; medians)."""
+    out = {**before, "draft": {"specblock": before["draft"]["specblock"] + after["draft"]["specblock"]}}
+    out.update({key: before[key] + after[key] for key in DECODING})
+    return out
 
 
 def with_samples(profile: Any, timed: Mapping[str, Any] | None) -> Any:
@@ -162,16 +177,19 @@ def serve(
            dict[str, dict[str, dict[str, list[float]]]]]:
     """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
     content), the ``never`` stream's iterations as trace rows, each policy's drafting shapes, and the
-    profile samples ``retime`` measured right before each policy's stream (``plan.retime_repeats`` > 0;
-    after the ``never`` stream, its updates train on that stream's last buffered queries).
+    profile samples ``retime`` measured right before (``"before"``, updates included: after the ``never``
+    stream they train on that stream's last buffered queries) and right after (``"after"``, decoding
+    only) each policy's stream (``plan.retime_repeats`` > 0).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
     its profile predicted (the other policies' updates evict what decoding keeps cached). The samples
     are re-timed before each stream because this shared machine's speed drifts: the same one-window
     head update took 0.98 to 1.5 s within half an hour, and decoding ran 7 to 11% faster than a
-    profile measured an hour before. Synthetic feedback makes an update slower than the stream's own
-    (a one-window head update 1.17 s against 0.97 s on the stream), hence the recorded feedback."""
+    profile measured an hour before; a timing right before a 4-minute stream once caught a moment 30%
+    faster than the stream ran, hence the second timing after it. Synthetic feedback makes an update
+    slower than the stream's own (a one-window head update 1.17 s against 0.97 s on the stream), hence
+    the recorded feedback."""
     from policies.base import make_policy
     from real_engine.adapt import StreamServer
     from real_engine.decode import generate
@@ -194,7 +212,7 @@ def serve(
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
         if plan.retime_repeats > 0:
-            timed[kind] = retime(target, drafter.net, plan.retime_repeats, seed, feedback)
+            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback)}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         drafter.shapes = []  # record what the drafter runs
         server = StreamServer(target, drafter, [d for d, _ in stream],
@@ -209,6 +227,10 @@ def serve(
             log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
                 f"{r['action']}")
         server.close()
+        if plan.retime_repeats > 0:  # bracket the stream: the machine's speed drifts within minutes
+            timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed,
+                                          updates=False)
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: decoding re-timed after the stream")
         if kind == "never":  # it never trains, so its full buffer holds its last queries' feedback
             feedback = [f for f, _ in server.adapter.full.drain()]
     return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed
@@ -418,9 +440,12 @@ def retime_text(costed: Mapping[str, Any]) -> str:
     """The re-timed decoding beside the shipped profile's, for the report ('' when nothing was re-timed)."""
     if not costed.get("retimed"):
         return ""
-    rows = {"shipped profile": costed["shipped"], **costed["retimed"]}
-    return ("Decoding re-timed right before each policy's stream (ms: plain step and 9-node verify at "
-            "context 256, drafting at the `never` stream's shapes, a 128-token query start): "
+    rows = {"shipped profile": costed["shipped"]}
+    for kind, sides in costed.get("bracket", {}).items():
+        rows.update({f"{kind} before": sides["before"], f"{kind} after": sides["after"]})
+    return ("Decoding re-timed right before and right after each policy's stream, both timings pooled (ms: "
+            "plain step and 9-node verify at context 256, drafting at the `never` stream's shapes, a "
+            "128-token query start): "
             + "; ".join(f"{name} {t['vanilla_ms']:.2f} / {t['verify9_ms']:.2f} / {t['draft_ms']:.2f} / "
                         f"{t['prefill128_ms']:.1f}" for name, t in rows.items()) + ".")
 
@@ -555,8 +580,11 @@ def run(
         "acceptance_domains": domains,
     }
     prompt_range = (min(lengths), max(lengths))
-    profiles = {kind: with_samples(profile, timed.get(kind)) for kind in policies}
+    profiles = {kind: with_samples(profile, pooled(**timed[kind]) if kind in timed else None)
+                for kind in policies}
     if timed:
+        costed["bracket"] = {kind: {side: decode_ms(with_samples(profile, t[side]), shapes)
+                                    for side in ("before", "after")} for kind, t in timed.items()}
         costed["retimed"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),
                                     **{f"{k}_single": v for k, v in p.fits["update_single"].items()},
                                     **decode_ms(p, shapes)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -237,7 +237,8 @@ class Engine:
     def _build(self, config: Config) -> Drafter:
         s = self.s
         if config.drafter in TRAINED_DRAFTERS:
-            drafter = make_drafter(config.drafter, self.target, folder=self.dir / config.drafter)
+            drafter = make_drafter(config.drafter, self.target, folder=self.dir / config.drafter,
+                                   deployed=config.shape != "trained")
         elif config.drafter == "draft-model":
             drafter = make_drafter("draft-model", self.target, self.draft, depth=s.depth,
                                    width=s.width if config.shape == "tree" else 1, budget=s.budget,
@@ -291,13 +292,16 @@ def text_acceptance(engine: Engine, configs: Sequence[Config], prompts: dict[str
     token of each prompt, the text before it as the context, verified against the target's top tokens
     (at most ``TEXT_DEPTH`` deep). Per config label and domain (and ``all``): ``alpha`` by position,
     ``tau`` (one plus the mean accepted length) and ``drafts``. The decoding rows draft after the target's
-    own output, which is easier to predict; this is the teacher-forced view of the same drafter."""
+    own output, which is easier to predict; this is the teacher-forced view of the same drafter. Trained
+    drafters draft here at the shape they were trained with (``shape="trained"``: SpecBlock's 2 blocks,
+    EAGLE's saved tree), not their deployed one, so every position they learnt is seen."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for config in configs:
         if (config.drafter == "none" or config.drafter.startswith("hf-") or config.temperature != 0
                 or config.verifier != "greedy" or config.policy or config.label in out):
             continue
-        firsts = {domain: [engine.run(config, ids[:t], seed, TEXT_DEPTH + 1)
+        deep = replace(config, shape="trained") if config.drafter in TRAINED_DRAFTERS else config
+        firsts = {domain: [engine.run(deep, ids[:t], seed, TEXT_DEPTH + 1)
                            for ids in items for t in range(every, len(ids), every)]
                   for domain, items in prompts.items()}
         firsts["all"] = [m for runs in firsts.values() for m in runs]

@@ -52,7 +52,9 @@ def markdown(results: dict[str, Any], title: str) -> str:
         lines += ["## Acceptance on real held-out text, beside decoding (T = 0, greedy)", "",
                   "A draft after every 16th token of each prompt, its context the text before it, verified "
                   "against the target's top tokens: the drafter's teacher-forced agreement by position. "
-                  "Decoding drafts after the target's own output instead.", "",
+                  "Trained drafters draft at the shape they were trained with here (every position they "
+                  "learnt), at their deployed shape when decoding. Decoding drafts after the target's own "
+                  "output instead.", "",
                   "| domain | config | drafts | tau on text | tau decoding | alpha on text |",
                   "|---|---|---|---|---|---|"]
         decoding = {(r["domain"], _label(r)): r["tau"] for r in rows

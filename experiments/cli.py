@@ -25,6 +25,7 @@ COMMANDS = {
     "trace": "trace",
     "simulate": "simulate",
     "tune": "tune",
+    "shapes": "shapes",
 }
 
 

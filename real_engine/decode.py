@@ -87,15 +87,15 @@ def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
 def make_drafter(name: str, target: Transformer, draft: Transformer | None = None, *,
                  folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
                  budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
-                 blocks: int | None = None) -> Drafter | None:
+                 blocks: int | None = None, deployed: bool = True) -> Drafter | None:
     """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
 
     ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
     with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
     sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep. ``specblock``,
     ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
-    their trained settings where an option is None (``drafters.trained.load_trained``). Options a
-    drafter does not use are ignored.
+    their deployed shape (``deployed=False``: their trained settings) where an option is None
+    (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
     """
     options = {"depth": depth, "width": width, "budget": budget, "paths": paths, "max_ngram": max_ngram,
                "blocks": blocks}
@@ -119,7 +119,8 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
         shape = "paths" if paths > 1 else "tree" if width > 1 else "chain"
         return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths)
     if name in TRAINED:
-        return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks)
+        return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks,
+                            deployed=deployed)
     raise InputError(f"unknown drafter {name!r}: use one of {', '.join(DRAFTERS)}")
 
 

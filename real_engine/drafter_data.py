@@ -184,6 +184,21 @@ class DrafterData:
             step += 1
 
 
+def frequent_targets(data: DrafterData, count: int, vocab: int) -> torch.Tensor:
+    """The ``count`` of the ``vocab`` token ids that the target predicts most often (its top token) over
+    ``data``, most frequent first; ties go to the more frequent input token, then the lower id: a
+    drafter's reduced vocabulary."""
+    if not 1 <= count <= vocab:
+        raise InputError(f"a drafting vocabulary of {count} tokens: give 1 to {vocab}")
+    top, seen = torch.zeros(vocab, dtype=torch.long), torch.zeros(vocab, dtype=torch.long)
+    for chunk in range(data.meta.chunks):
+        handle = data._chunk(chunk)
+        top += torch.bincount(handle.get_slice("topk_ids")[:, :, 0].long().flatten(), minlength=vocab)
+        seen += torch.bincount(handle.get_slice("tokens")[:].long().flatten(), minlength=vocab)
+    key = top * (int(seen.max()) + 1) + seen  # lexicographic: target top-1 count, then input count
+    return torch.sort(-key, stable=True).indices[:count]
+
+
 def open_drafter_data(folder: str | Path) -> DrafterData:
     """Open a folder written by :func:`prepare_drafter_data`."""
     folder = Path(folder)

@@ -27,7 +27,7 @@ DOMAINS = ("code", "tests", "prose", "text")
 DATA_DIR = Path("runs") / "drafter-data"
 RECIPES: dict[str, TrainConfig | BaselineConfig] = {
     "specblock": TrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
-                             checkpoint_every=20),
+                             draft_vocab=2048, checkpoint_every=20),
     "eagle": BaselineConfig(steps=1000, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
     "medusa": BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
 }

@@ -43,13 +43,21 @@ from policies.io import atomic_write, write_json
 from real_engine.drafter_data import (
     DrafterData,
     corpus_windows,
+    frequent_targets,
     open_drafter_data,
     prepare_drafter_data,
     progress_bar,
     target_fingerprint,
 )
 from real_engine.drafters.rank import bucket_of, rank_of
-from real_engine.drafters.specblock import SpecBlock, SpecBlockConfig, load_specblock, save_specblock, unroll
+from real_engine.drafters.specblock import (
+    SpecBlock,
+    SpecBlockConfig,
+    load_specblock,
+    save_specblock,
+    unroll,
+    with_draft_vocab,
+)
 from real_engine.model import Transformer, load_model
 
 RUN_DIR = Path("runs") / "specblock"
@@ -69,6 +77,7 @@ class TrainConfig:
     starts: int = 32  # block-1 start positions per sequence and step
     rank_weight: float = 1.0
     prefix_weight: float = 0.0  # weight of the draft and rank losses on every prefix row (slot 0)
+    draft_vocab: int = 0  # the saved drafter drafts the target's this many most frequent top tokens (0: all)
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 100
@@ -77,9 +86,9 @@ class TrainConfig:
         if min(self.steps, self.batch_size, self.blocks, self.starts, self.checkpoint_every) < 1:
             raise InputError("steps, batch size, blocks, starts and checkpoint interval must all be >= 1")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0
-                and self.prefix_weight >= 0):
-            raise InputError("need lr > 0, 0 <= warmup < 1, weight_decay >= 0, grad_clip > 0 and "
-                             "prefix_weight >= 0")
+                and self.prefix_weight >= 0 and self.draft_vocab >= 0):
+            raise InputError("need lr > 0, 0 <= warmup < 1, weight_decay >= 0, grad_clip > 0, "
+                             "prefix_weight >= 0 and draft_vocab >= 0")
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -257,6 +266,8 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     record["final"] = metrics
     record["steps_done"] = len(record["losses"])
     record["seconds_this_run"] = time.perf_counter() - began
+    if config.draft_vocab:
+        with_draft_vocab(net, frequent_targets(data, config.draft_vocab, net.config.vocab_size))
     save_specblock(net.eval(), out)
     write_json(out / "training.json", record)
     return record

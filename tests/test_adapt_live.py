@@ -184,5 +184,28 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
     costed = {"update_seconds": {}, "retimed": {"never": {**never, **glance}}, "shipped": glance}
     assert "(one window / full buffer: never 1.00 / 4.00 s head on 4 windows, 2.00 / 30.00 s full on 16)" \
         in update_text(costed)
-    assert "shipped profile 5.00 / 8.00 / 9.00 / 40.0; never 5.00" in retime_text(costed)
+    assert "shipped profile 5.00 / 8.00 / 9.00 / 40.0" in retime_text(costed)
     assert retime_text({"update_seconds": {}}) == ""
+    slow = {**glance, "vanilla_ms": 6.0}
+    bracketed = retime_text({**costed, "bracket": {"never": {"before": glance, "after": slow}}})
+    assert "never before 5.00 / 8.00" in bracketed and "never after 6.00 / 8.00" in bracketed
+
+
+def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) -> None:
+    from experiments.adapt_live import pooled, retime, with_samples
+    from real_engine.drafters.specblock import SpecBlock
+    from real_engine.model import load_model
+
+    target = load_model(llama_dir)
+    net = SpecBlock.for_target(target, seed=0)
+    before = retime(target, net, repeats=1, seed=0)
+    after = retime(target, net, repeats=2, seed=0, updates=False)
+    assert "update" not in after
+    both = pooled(before, after)
+    assert both["update"] is before["update"]  # the updates are timed once, before the stream
+    paper = load_profile(PAPER_PROFILE)
+    context = before["vanilla"][0]["context"]
+    seconds = [s for t in (before, after) for row in t["vanilla"] if row["context"] == context
+               for s in row["seconds"]]
+    assert len(seconds) == 3
+    assert with_samples(paper, both).vanilla_seconds(context) == pytest.approx(float(np.median(seconds)))

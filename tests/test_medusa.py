@@ -110,6 +110,15 @@ def test_proposal_lays_the_static_tree_over_each_heads_candidates():
     torch.testing.assert_close(draft.q[[0, 1, 2, 5]], laws[[0, 1, 2, 1]])  # the head drafting the children
     assert float(draft.q[[3, 4, 6]].abs().sum()) == 0.0  # leaves draft nothing
     assert drafter.propose(1).size == 3 and drafter.propose(0).size == 1  # max_depth cuts the tree
+    ran = []
+    for k, head in enumerate(net.lm_heads):
+        head.register_forward_hook(lambda *_, k=k: ran.append(k))
+    with torch.no_grad():
+        shallow = MedusaDrafter(net, target, [(0,), (1,)])
+        shallow.begin(prompt, out, sampling, torch.Generator(), 32)
+        shallow.propose(3)  # a one-deep tree needs head 0 only
+        torch.testing.assert_close(net(out.hidden[0, -1], target.lm_head, 2), logits[:2])
+    assert ran == [0, 0, 1]
 
 
 @pytest.mark.parametrize("verifier", ["greedy", "rrs"])

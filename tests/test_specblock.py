@@ -13,7 +13,14 @@ from real_engine import train_specblock as ts
 from real_engine.decode import generate
 from real_engine.drafter_data import open_drafter_data, prepare_drafter_data
 from real_engine.drafters import rank
-from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock, save_specblock, unroll
+from real_engine.drafters.specblock import (
+    SpecBlock,
+    SpecBlockDrafter,
+    load_specblock,
+    save_specblock,
+    unroll,
+    with_draft_vocab,
+)
 from real_engine.model import ModelArgs, Output, Transformer
 from real_engine.warp import Sampling
 
@@ -426,3 +433,65 @@ def test_rank_confusion_counts_labels_by_row_and_predictions_by_column(target: T
     assert int(counts[:, :3].sum()) == 0  # every prediction in column 3 ...
     assert int(counts[:3, 3].sum()) > 0  # ... while the labels (rows) spread over the buckets
     assert out["accuracy"] == pytest.approx(int(counts[3, 3]) / out["positions"])
+
+
+# ---------------------------------------------------------------- reduced drafting vocabulary
+
+
+def test_a_reduced_vocabulary_drafts_only_its_tokens_and_stays_lossless(target: Transformer) -> None:
+    ids = torch.tensor([5, 3, 40, 7, 11, 2, 30, 21, 9, 17, 44, 1, 0, 28, 33, 12])
+    net = with_draft_vocab(branching(target), ids)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[ids] = False
+    for sampling in (Sampling(0.0), Sampling(1.0)):
+        drafter = SpecBlockDrafter(net, blocks=2, starts=3, budget=24)
+        prompt = sequence(7, 50)
+        with torch.no_grad():
+            drafter.begin(prompt, target(prompt[None, :-1]), sampling, torch.Generator().manual_seed(0), 40)
+        tree = drafter.propose(8)
+        assert tree.size > 1 and set(tree.tokens[1:].tolist()) <= set(ids.tolist())
+        expanded = tree.q.sum(-1) > 0
+        assert torch.all(tree.q[:, outside] == 0)
+        assert torch.allclose(tree.q[expanded].sum(-1), torch.ones(int(expanded.sum())))
+    for verifier in ("greedy", "rrs"):
+        prompt = sequence(6, 51)
+        spec = generate(target, prompt, drafter=SpecBlockDrafter(net, budget=16), verifier=verifier,
+                        max_new_tokens=25)
+        assert spec.tokens == generate(target, prompt, max_new_tokens=25).tokens
+
+
+def test_the_cut_head_follows_the_weights_and_survives_a_round_trip(target: Transformer, tmp_path) -> None:
+    from safetensors import safe_open
+
+    ids = torch.arange(20, 40)
+    net = with_draft_vocab(branching(target), ids)
+    hidden = torch.randn(3, net.config.hidden_size)
+    with torch.no_grad():
+        assert torch.allclose(net.draft_heads(hidden).logits, net.heads(hidden).logits[:, ids])
+        net.lm_head.weight.mul_(2.0)  # an online update changes the head in place
+        assert torch.allclose(net.draft_heads(hidden).logits, net.heads(hidden).logits[:, ids])
+    save_specblock(net, tmp_path / "d")
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("draft_ids").dtype == torch.long  # token ids are never rounded to 16 bits
+    loaded = load_specblock(tmp_path / "d", target)
+    assert loaded.config.draft_vocab == 20 and torch.equal(loaded.draft_ids, ids)
+    for bad in (torch.tensor([1, 1, *range(2, 12)]), torch.arange(VOCAB - 5, VOCAB + 6),
+                torch.arange(5)):
+        with pytest.raises(InputError):
+            with_draft_vocab(branching(target), bad)
+
+
+def test_frequent_targets_rank_the_targets_top_tokens(target: Transformer, data) -> None:
+    from real_engine.drafter_data import frequent_targets
+
+    prepared, seqs = data
+    with torch.no_grad():
+        top = target(seqs).logits.argmax(-1).flatten()
+    counts = torch.bincount(top, minlength=VOCAB)
+    ids = frequent_targets(prepared, 12, VOCAB)
+    assert ids.unique().numel() == 12
+    assert counts[ids].tolist() == sorted(counts[ids].tolist(), reverse=True)
+    rest = torch.tensor([i for i in range(VOCAB) if i not in ids])
+    assert int(counts[ids].min()) >= int(counts[rest].max())
+    with pytest.raises(InputError):
+        frequent_targets(prepared, 0, VOCAB)

@@ -59,12 +59,14 @@ class MedusaNet(nn.Module):
         h = hidden + F.silu(self.blocks[k](hidden))
         return (self.lm_heads[k] if self.lm_heads is not None else target_head)(h)
 
-    def forward(self, hidden: torch.Tensor, target_head: nn.Linear) -> torch.Tensor:
-        """Logits ``[..., K, V]`` of every head from final hidden states ``[..., H]`` (a shared head runs
-        once over all K states: it is the costly, memory-bound part)."""
+    def forward(self, hidden: torch.Tensor, target_head: nn.Linear, heads: int | None = None) -> torch.Tensor:
+        """Logits ``[..., K, V]`` of the first ``heads`` heads (default all) from final hidden states
+        ``[..., H]`` (a shared head runs once over all K states: it is the costly, memory-bound part)."""
+        k = self.heads if heads is None else heads
         if self.lm_heads is None:
-            return target_head(torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks], dim=-2))
-        return torch.stack([self.head(k, hidden, target_head) for k in range(self.heads)], dim=-2)
+            states = [hidden + F.silu(block(hidden)) for block in self.blocks[:k]]
+            return target_head(torch.stack(states, dim=-2))
+        return torch.stack([self.head(i, hidden, target_head) for i in range(k)], dim=-2)
 
 
 def new_medusa(target: Transformer, heads: int = 4, own_heads: bool = True, seed: int = 0) -> MedusaNet:
@@ -207,10 +209,10 @@ class MedusaDrafter:
             q = torch.zeros(1, vocab, device=self.device)
             return DraftTree(root, torch.full_like(root, -1), q, "topk", torch.ones(1, device=self.device))
         start = clock(self.device)
-        logits = self.net(self.hidden, self.target.lm_head)  # [K, V]
         depth = max(len(n) for n in fits)
-        candidates = logits[:depth].topk(1 + max(max(n) for n in fits), dim=-1).indices.tolist()
-        laws = warp(logits[:depth], self.sampling)
+        logits = self.net(self.hidden, self.target.lm_head, depth)  # [depth, V]: only the heads the tree uses
+        candidates = logits.topk(1 + max(max(n) for n in fits), dim=-1).indices.tolist()
+        laws = warp(logits, self.sampling)
         self.model_seconds += clock(self.device) - start
         # Depth-first order, lower ranks first, so paths()[0] is the all-top-1 path.
         order = sorted(fits)
@@ -222,7 +224,7 @@ class MedusaDrafter:
         q = [laws[len(n)] if n in has_children else zero for n in [(), *order]]
         token_ids = torch.tensor(tokens, device=self.device)
         heads = torch.tensor([len(n) - 1 for n in order], device=self.device)
-        own = logits[:depth].float().softmax(-1) if self.sampling.greedy else laws
+        own = logits.float().softmax(-1) if self.sampling.greedy else laws
         confidence = torch.cat((torch.ones(1, device=self.device), own[heads, token_ids[1:]]))
         return DraftTree(token_ids, torch.tensor(parents, device=self.device), torch.stack(q), "topk",
                          confidence)

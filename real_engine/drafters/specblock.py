@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -73,6 +73,7 @@ class SpecBlockConfig:
     max_position_embeddings: int = 4096
     rank_width: int = 128
     edges: tuple[int, ...] = field(default=EDGES)
+    draft_vocab: int = 0  # tokens drafting may propose (``SpecBlock.draft_ids``); 0: the whole vocabulary
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "edges", tuple(self.edges))
@@ -82,6 +83,9 @@ class SpecBlockConfig:
             raise InputError(f"vocabulary of {self.vocab_size} tokens: the rank summary needs at least 10")
         if list(self.edges) != sorted(set(self.edges)) or self.edges[0] < 1:
             raise InputError(f"rank bucket edges {self.edges} must be increasing positive ranks")
+        if self.draft_vocab and not 10 <= self.draft_vocab <= self.vocab_size:
+            raise InputError(f"a drafting vocabulary of {self.draft_vocab} tokens: give 0 (all) or 10 to "
+                             f"{self.vocab_size}")
         self.layer_args()  # validates the attention shape
 
     @classmethod
@@ -162,6 +166,9 @@ class SpecBlock(nn.Module):
         self.lm_head = Linear(h, c.vocab_size, bias=False)
         self.rank_head = RankHead(h, c.rank_width, len(c.edges) + 1)
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+        if c.draft_vocab:
+            self.register_buffer("draft_ids", torch.arange(c.draft_vocab))
+        self._cut: tuple[tuple[int, int], Linear] | None = None  # the LM head's draft_ids rows, and its key
 
     @classmethod
     def for_target(cls, target: Transformer, config: SpecBlockConfig | None = None,
@@ -210,6 +217,41 @@ class SpecBlock(nn.Module):
         normed = self.norm(hidden)
         logits = self.lm_head(normed)
         return Heads(logits, self.rank_head(normed, logits))
+
+    def draft_heads(self, hidden: torch.Tensor) -> Heads:
+        """``heads`` over the drafting vocabulary: logits [..., draft_vocab] of the tokens ``draft_ids``
+        (all tokens when ``config.draft_vocab`` is 0); the rank head sees the law over them."""
+        if not self.config.draft_vocab:
+            return self.heads(hidden)
+        normed = self.norm(hidden)
+        logits = self._draft_head()(normed)
+        return Heads(logits, self.rank_head(normed, logits))
+
+    def _draft_head(self) -> Linear:
+        """The LM head cut to the ``draft_ids`` rows, cut again whenever the head's weight changes."""
+        w = self.lm_head.weight
+        key = (w.data_ptr(), -1 if w.is_inference() else w._version)
+        if self._cut is None or self._cut[0] != key:
+            cut = Linear(w.shape[1], self.config.draft_vocab, bias=False, device=w.device, dtype=w.dtype)
+            cut.weight = nn.Parameter(w.detach()[self.draft_ids], requires_grad=False)
+            cut.packs_half = self.lm_head.packs_half
+            self._cut = (key, cut)
+        return self._cut[1]
+
+
+def with_draft_vocab(net: SpecBlock, ids: torch.Tensor) -> SpecBlock:
+    """``net`` drafting only the tokens ``ids`` (the most frequent first, by convention): the paper's
+    reduced drafter vocabulary. Training still scores the whole vocabulary; drafting cuts the LM head,
+    the rank summary and the laws to ``ids`` (zero probability elsewhere, so verification stays
+    lossless)."""
+    ids = torch.as_tensor(ids, dtype=torch.long, device=net.lm_head.weight.device)
+    v = net.config.vocab_size
+    if ids.ndim != 1 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= v:
+        raise InputError(f"drafting vocabulary: give distinct token ids below {v}")
+    net.config = replace(net.config, draft_vocab=ids.numel())  # validates the count
+    net.register_buffer("draft_ids", ids.clone())
+    net._cut = None
+    return net
 
 
 def _causal_blocks(groups: int, size: int, device: torch.device) -> torch.Tensor:
@@ -339,17 +381,25 @@ class SpecBlockDrafter:
 
     def _heads(self, hidden: torch.Tensor
                ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[list[float]], list[list[int]]]:
-        """Laws (the warped ``q`` and the confidence law: the plain softmax at temperature 0, else ``q``),
-        buckets and best tokens of slot rows (one host sync)."""
+        """Laws over the drafting vocabulary (the warped ``q`` and the confidence law: the plain softmax
+        at temperature 0, else ``q``), buckets and best tokens of slot rows (one host sync)."""
         start = clock(self.device)
-        logits, buckets = self.net.heads(hidden)
+        logits, buckets = self.net.draft_heads(hidden)
         logp = logits.float().log_softmax(-1)
         top = logp.topk(min(max(self.children), logits.shape[-1]), dim=-1)
         laws = warp(logits, self.sampling)
         own = logp.exp() if self.sampling.greedy else laws
-        out = (laws, own), buckets.argmax(-1).tolist(), top.values.tolist(), top.indices.tolist()
+        ids = top.indices if not self.net.config.draft_vocab else self.net.draft_ids[top.indices]
+        out = (laws, own), buckets.argmax(-1).tolist(), top.values.tolist(), ids.tolist()
         self.model_seconds += clock(self.device) - start
         return out
+
+    def _full(self, laws: torch.Tensor) -> torch.Tensor:
+        """Laws over the drafting vocabulary as laws over the target's (zero outside ``draft_ids``)."""
+        if not self.net.config.draft_vocab:
+            return laws
+        full = laws.new_zeros(laws.shape[0], self.net.config.vocab_size)
+        return full.index_copy_(1, self.net.draft_ids, laws)
 
     @torch.inference_mode()
     def propose(self, max_depth: int) -> DraftTree:
@@ -394,8 +444,8 @@ class SpecBlockDrafter:
         mean_starts = sum(counts) / len(counts) if counts else 1.0
         if self.shapes is not None:
             self.shapes.append({"starts": mean_starts, "blocks": 1 + len(counts)})
-        laws = torch.cat([q for q, _ in all_laws])
-        own = torch.cat([c for _, c in all_laws]) if self.sampling.greedy else None
+        laws = self._full(torch.cat([q for q, _ in all_laws]))
+        own = self._full(torch.cat([c for _, c in all_laws])) if self.sampling.greedy else None
         draft = tree.build(self.budget, laws, confidence_laws=own)
         self._tokens = draft.tokens.tolist()
         self.backlog, self.conds = [], self.conds[:0]
@@ -451,7 +501,8 @@ def save_specblock(net: SpecBlock, folder: str | Path, dtype: torch.dtype = torc
     from policies.io import atomic_write, write_json
 
     folder = Path(folder)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in net.state_dict().items()}
     atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
     write_json(folder / "config.json", {"format": FORMAT, **asdict(net.config)})
     return folder

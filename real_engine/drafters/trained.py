@@ -1,13 +1,17 @@
 """The trained feature drafters (SpecBlock, EAGLE, Medusa), built from the folder their weights live in.
 
 ``specblock train <name>`` writes such a folder (``config.json`` and ``model.safetensors``); the
-shipped ones are ``data/models/<name>``. Options left as None keep the trained settings: SpecBlock's
-2 block forwards (M) and 32 drafted nodes, EAGLE's saved tree shape, Medusa's saved static tree.
+shipped ones are ``data/models/<name>``. Options left as None keep the folder's deployed shape: its
+``drafting.json`` (``{"shape": {...}}``, the options below, as ``specblock shapes --apply`` writes the
+fastest one measured on this machine), else the trained settings: SpecBlock's 2 block forwards (M) and
+32 drafted nodes, EAGLE's saved tree shape, Medusa's saved static tree.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from policies.errors import InputError
 from real_engine.drafters.base import Drafter
@@ -19,6 +23,37 @@ from real_engine.model import Transformer
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 TRAINED = ("specblock", "eagle", "medusa")
 FILES = ("config.json", "model.safetensors")
+SHAPE_FILE = "drafting.json"
+SHAPE_OPTIONS = {"specblock": ("blocks", "budget"), "eagle": ("depth", "width", "budget"),
+                 "medusa": ("depth", "budget")}  # the options each drafter's shape takes
+
+
+def deployed_shape(name: str, folder: str | Path) -> dict[str, int]:
+    """The shape saved in ``folder/drafting.json`` (empty when there is none)."""
+    path = Path(folder) / SHAPE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        shape = json.loads(path.read_text())["shape"]
+        ok = isinstance(shape, dict) and all(k in SHAPE_OPTIONS[name] and isinstance(v, int) and v >= 1
+                                              for k, v in shape.items())
+    except (json.JSONDecodeError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise InputError(f"{path} is not a {name} drafting shape ({{\"shape\": {{option: positive int}}}} "
+                         f"with options {', '.join(SHAPE_OPTIONS[name])}): fix it, delete it, or rewrite it "
+                         "with `specblock shapes --apply`")
+    return dict(shape)
+
+
+def write_shape(name: str, folder: str | Path, shape: dict[str, int], record: dict[str, Any]) -> Path:
+    """Save ``shape`` as ``folder``'s deployed shape, with ``record`` (how it was chosen)."""
+    from policies.io import write_json
+
+    bad = sorted(set(shape) - set(SHAPE_OPTIONS[name]))
+    if bad:
+        raise InputError(f"{name} takes no shape option {bad[0]!r}: use {', '.join(SHAPE_OPTIONS[name])}")
+    return write_json(Path(folder) / SHAPE_FILE, {"shape": shape, **record})
 
 
 def trained_folder(name: str, folder: str | Path | None = None) -> Path:
@@ -33,18 +68,24 @@ def trained_available(folder: str | Path) -> bool:
 
 def load_trained(name: str, target: Transformer, folder: str | Path | None = None, *,
                  depth: int | None = None, width: int | None = None, budget: int | None = None,
-                 blocks: int | None = None) -> Drafter:
+                 blocks: int | None = None, deployed: bool = True) -> Drafter:
     """The ``name`` drafter trained for ``target`` from ``folder`` (default ``data/models/<name>``).
 
     SpecBlock takes ``blocks`` (M) and ``budget`` (drafted nodes); EAGLE ``depth``, ``width`` (top-k:
     children per node and frontier width) and ``budget`` (total tokens); Medusa ``budget`` (a static
     tree of that many nodes, re-chosen from the saved calibration accuracies) and ``depth`` (cuts the
-    tree). A missing or mismatched folder is an InputError naming ``specblock train <name>``.
+    tree). Options left None take the folder's deployed shape (``drafting.json``), or with
+    ``deployed=False`` the trained settings. A missing or mismatched folder is an InputError naming
+    ``specblock train <name>``.
     """
     if name not in TRAINED:
         raise InputError(f"{name!r} is not a trained drafter: use one of {', '.join(TRAINED)}")
     folder = trained_folder(name, folder)
     hint = f"`specblock train {name}`"
+    given = {"depth": depth, "width": width, "budget": budget, "blocks": blocks}
+    saved = deployed_shape(name, folder) if deployed else {}
+    shape = {**saved, **{k: v for k, v in given.items() if v is not None}}
+    depth, width, budget, blocks = (shape.get(k) for k in ("depth", "width", "budget", "blocks"))
     missing = next((f for f in FILES if not (folder / f).is_file()), None)
     if missing is not None:
         raise InputError(f"no trained {name} drafter in {folder} (no {missing}): train one with {hint} "

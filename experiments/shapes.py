@@ -1,0 +1,131 @@
+"""Each trained drafter's tree shape, tuned for this machine: how much to speculate per step.
+
+A drafter's best shape depends on what a drafter forward and a verify cost here, not on the drafter
+alone: on this 2-core CPU a second SpecBlock block raised tau by 0.06 and cost 2.3 ms per iteration,
+and EAGLE's trained tree (depth 5, top-4, 24 tokens) drafted 14 ms per iteration. So each shape of
+``GRIDS`` decodes the calibration prompts (the first half of ``data/prompts/<domain>.jsonl``; the
+benchmark's held-out half is never seen), greedy, round-robin with vanilla decoding: every prompt runs
+vanilla, then every shape, so the machine's drift touches all of them alike. A shape's speedup is its
+tokens/s over vanilla's on the same prompts. ``apply`` saves each drafter's fastest shape as its
+folder's ``drafting.json``, the shape ``load_trained`` (and so ``generate``, ``bench``, ``trace``)
+uses when no option is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from policies.errors import InputError
+
+GRIDS: dict[str, tuple[dict[str, int], ...]] = {
+    "specblock": tuple({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
+    "eagle": tuple({"depth": d, "width": w, "budget": n}
+                   for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (3, 2, 6), (4, 2, 8), (3, 4, 16),
+                                   (5, 4, 24))),
+    "medusa": tuple({"budget": n} for n in (2, 4, 8, 16, 24)),
+}
+"""Shapes tried per drafter (``load_trained`` options): SpecBlock's block forwards (M) and drafted
+nodes; EAGLE's depth, top-k and total tokens; Medusa's static-tree nodes."""
+
+
+def label(shape: Mapping[str, int]) -> str:
+    """``blocks=1 budget=16`` style."""
+    return " ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, Path],
+          grids: Mapping[str, Sequence[Mapping[str, int]]] = GRIDS, max_new_tokens: int = 48,
+          rounds: int = 1, progress: bool = True) -> dict[str, Any]:
+    """Greedy tokens/s of vanilla and of every shape of every drafter (``name -> folder``) on
+    ``prompts``, measured round-robin; per drafter, its shapes' speedup and tau, best first."""
+    from real_engine.decode import generate, make_drafter
+
+    if not prompts:
+        raise InputError("no prompts to tune on: give at least one per domain")
+    configs = [(name, dict(shape)) for name in drafters for shape in grids[name]]
+    seconds, tokens, iterations = [0.0] * (len(configs) + 1), [0] * (len(configs) + 1), [0] * len(configs)
+    began = time.perf_counter()
+    for r in range(rounds):
+        for i, prompt in enumerate(prompts):
+            vanilla = generate(target, prompt, max_new_tokens=max_new_tokens)
+            seconds[-1] += vanilla.stats.seconds
+            tokens[-1] += vanilla.stats.new_tokens
+            for c, (name, shape) in enumerate(configs):
+                drafter = make_drafter(name, target, folder=drafters[name], **shape)
+                out = generate(target, prompt, drafter=drafter, max_new_tokens=max_new_tokens)
+                if out.tokens != vanilla.tokens:
+                    raise RuntimeError(f"{name} {label(shape)} changed the greedy output: a "
+                                       "lossless-decoding bug")
+                seconds[c] += out.stats.seconds
+                tokens[c] += out.stats.new_tokens
+                iterations[c] += out.stats.iterations
+            if progress:
+                print(f"[{time.perf_counter() - began:5.0f} s] round {r + 1}/{rounds} prompt "
+                      f"{i + 1}/{len(prompts)}", flush=True)
+    base = tokens[-1] / seconds[-1]
+    out: dict[str, Any] = {"vanilla_tokens_per_second": base, "drafters": {}}
+    for c, (name, shape) in enumerate(configs):
+        rate, tau = tokens[c] / seconds[c], tokens[c] / iterations[c]
+        out["drafters"].setdefault(name, []).append({"shape": shape, "tokens_per_second": rate,
+                                                     "speedup": rate / base, "tau": tau})
+    for rows in out["drafters"].values():
+        rows.sort(key=lambda row: -row["speedup"])
+    return out
+
+
+def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """The sweep as a report: one table per drafter, fastest shape first."""
+    lines = [f"# Drafter shapes on {config['prompts']} calibration prompts per domain "
+             f"({', '.join(config['domains'])}), greedy, {config['max_new_tokens']} tokens", "",
+             f"Vanilla: {result['vanilla_tokens_per_second']:.1f} tokens/s, measured round-robin with every "
+             "shape. Speedup = tokens/s over vanilla's on the same prompts.", ""]
+    for name, rows in result["drafters"].items():
+        lines += [f"## {name}", "", "| shape | tokens/s | speedup | tau |", "|---|---:|---:|---:|"]
+        lines += [f"| {label(r['shape'])}{' (best)' if i == 0 else ''} | {r['tokens_per_second']:.1f} | "
+                  f"{r['speedup']:.2f}x | {r['tau']:.2f} |" for i, r in enumerate(rows)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequence[str], count: int,
+        max_new_tokens: int, rounds: int, seed: int, out: Path, tag: str, apply: bool,
+        progress: bool = True) -> dict[str, Any]:
+    """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes."""
+    from experiments.provenance import save_result
+    from policies.io import write_text
+    from real_engine.drafters.trained import TRAINED, trained_available, write_shape
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts
+
+    unknown = [n for n in names if n not in TRAINED]
+    if unknown:
+        raise InputError(f"no shapes to tune for {unknown[0]!r}: use trained drafters ({', '.join(TRAINED)})")
+    folders = {n: drafters_dir / n for n in names}
+    missing = [n for n, f in folders.items() if not trained_available(f)]
+    if missing:
+        raise InputError(f"no trained {missing[0]} drafter in {folders[missing[0]]}: train it with "
+                         f"`specblock train {missing[0]}` or pass --drafters-dir")
+    torch.manual_seed(seed)
+    target = load_model(model_dir)
+    tokenizer = Tokenizer.load(model_dir)
+    prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192)]
+    with torch.inference_mode():
+        result = sweep(target, prompts, folders, max_new_tokens=max_new_tokens, rounds=rounds,
+                       progress=progress)
+    config = {"model": str(model_dir), "drafters": list(names), "domains": list(domains), "prompts": count,
+              "max_new_tokens": max_new_tokens, "rounds": rounds, "threads": torch.get_num_threads()}
+    path = save_result(tag, result, config, seed, out)
+    write_text(out / f"{tag}.md", markdown(result, config))
+    if apply:
+        for name, rows in result["drafters"].items():
+            best = rows[0]
+            write_shape(name, folders[name], best["shape"],
+                        {"speedup": round(best["speedup"], 3), "tau": round(best["tau"], 3),
+                         "chosen_by": f"specblock shapes ({path.name}): the fastest of {len(rows)} shapes"})
+    return {"path": str(path), **result}

@@ -1,0 +1,75 @@
+"""`specblock shapes`: the round-robin sweep of drafter shapes, the deployed shape that `load_trained`
+then uses, and one-line input errors. Tiny random models, CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.cli import main
+from experiments.shapes import markdown, sweep
+from policies.errors import InputError
+from real_engine.drafters.specblock import SpecBlock, save_specblock
+from real_engine.drafters.trained import deployed_shape, load_trained, write_shape
+from real_engine.model import load_model
+
+
+@pytest.fixture
+def specblock_dir(tmp_path: Path, llama_dir: Path) -> Path:
+    target = load_model(llama_dir)
+    return save_specblock(SpecBlock.for_target(target, seed=0), tmp_path / "drafters" / "specblock",
+                          dtype=torch.float32)
+
+
+def test_every_shape_is_measured_against_vanilla_and_ranked(llama_dir: Path, specblock_dir: Path) -> None:
+    target = load_model(llama_dir)
+    grid = {"specblock": ({"blocks": 1, "budget": 4}, {"blocks": 2, "budget": 12})}
+    prompts = [[5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10]]
+    with torch.inference_mode():
+        result = sweep(target, prompts, {"specblock": specblock_dir}, grid, max_new_tokens=10, progress=False)
+    rows = result["drafters"]["specblock"]
+    measured = sorted(tuple(r["shape"].items()) for r in rows)
+    assert measured == sorted(tuple(s.items()) for s in grid["specblock"])
+    assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
+    for row in rows:
+        assert row["tau"] >= 1
+        assert row["speedup"] == pytest.approx(row["tokens_per_second"] / result["vanilla_tokens_per_second"])
+    report = markdown(result, {"prompts": 1, "domains": ["code"], "max_new_tokens": 10})
+    assert "(best)" in report and report.count("| blocks=") == 2
+
+
+def test_the_deployed_shape_is_the_default_and_options_override_it(llama_dir: Path,
+                                                                   specblock_dir: Path) -> None:
+    target = load_model(llama_dir)
+    assert deployed_shape("specblock", specblock_dir) == {}
+    assert load_trained("specblock", target, specblock_dir).blocks == 2  # the trained default
+    write_shape("specblock", specblock_dir, {"blocks": 1, "budget": 8}, {"speedup": 1.1})
+    drafter = load_trained("specblock", target, specblock_dir)
+    assert (drafter.blocks, drafter.budget) == (1, 8)
+    assert load_trained("specblock", target, specblock_dir, blocks=3).blocks == 3
+    assert load_trained("specblock", target, specblock_dir, deployed=False).blocks == 2
+    with pytest.raises(InputError, match="no shape option"):
+        write_shape("specblock", specblock_dir, {"depth": 3}, {})
+    for bad in ('{"shape": {"blocks": 0}}', '{"shape": {"depth": 2}}', "{", '{"blocks": 1}'):
+        (specblock_dir / "drafting.json").write_text(bad)
+        with pytest.raises(InputError, match=r"drafting\.json"):
+            load_trained("specblock", target, specblock_dir)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--drafters", "ngram"], "no shapes to tune for 'ngram'"),
+    (["--prompts", "0"], "--prompts 0 is invalid"),
+    (["--drafters", "eagle"], "no trained eagle drafter"),
+])
+def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["shapes", "--model", str(llama_dir), "--drafters-dir", str(tmp_path), "--out", str(tmp_path),
+              *args])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and needle in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("*.json"))
+    json.dumps(err)
