@@ -119,7 +119,8 @@ def default_policies() -> dict[str, dict[str, Any]]:
 def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None,
            updates: bool = True) -> dict[str, Any]:
     """The cost profile's samples of what the stream runs, timed now as ``real_engine.profile`` times
-    them (CPU clock): verification and plain steps, SpecBlock drafting and query starts on ``RETIME``
+    them (CPU clock): verification and plain steps, SpecBlock drafting (recording feedback, as the
+    stream's drafter does) and query starts on ``RETIME``
     (``repeats`` rounds each), and with ``updates`` the SpecBlock updates (``repeats`` rounds) on
     ``feedback`` (served queries' ``Feedback``; synthetic when None)."""
     from dataclasses import replace
@@ -130,7 +131,7 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
     timer = prof.make_timer(target.lm_head.weight.device, "cpu")
     decode = prof.Bench(timer, repeats, grid.warmup)
     verify, vanilla = prof.verify_samples(target, grid, decode, seed)
-    draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed)
+    draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
     prefill = prof.prefill_samples(target, net, grid, decode, seed)
     timed = {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"]},
              "prefill": prefill}

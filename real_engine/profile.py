@@ -219,10 +219,12 @@ class _Session:
         self.drafter.accept(path, int(_tokens(1, self.vocab, self.gen)), rows)
 
 
-def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, bench: Bench, seed: int = 0
-                  ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, bench: Bench, seed: int = 0,
+                  recording: bool = False) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
     """Rows of ``samples.draft`` for each drafter kind in ``drafters`` (kind -> its model or net), and of
-    ``samples.draft_trees`` (the draft model's top-k trees), timed when ``bench`` runs."""
+    ``samples.draft_trees`` (the draft model's top-k trees), timed when ``bench`` runs. With
+    ``recording``, SpecBlock drafts as a stream that adapts online runs it: wrapped in the
+    ``FeedbackDrafter`` that records each iteration's feedback (the target's rows and rejections)."""
     context = min(grid.draft_context, _contexts(grid, target)[-1])
     room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
 
@@ -241,16 +243,20 @@ def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, ben
              "seconds": run(DraftModelDrafter(draft, "tree", d, w, grid.tree_budget), d)}
             for d in grid.tree_depths for w in grid.tree_widths]
     if "specblock" in drafters:
+        from real_engine.adapt import FeedbackDrafter
         from real_engine.drafters.specblock import SpecBlockDrafter
 
         net = drafters["specblock"]
         # Every bucket drafts children, so each later block really starts from `starts` nodes.
         children = (net.config.block_size,) * (len(net.config.edges) + 1)
-        rows["specblock"] = [
-            {"starts": s, "blocks": m,
-             "seconds": run(SpecBlockDrafter(net, m, s, budget=MAX_TREE_NODES - 1, children=children),
-                            m * net.config.block_size)}
-            for s in grid.specblock_starts for m in grid.specblock_blocks]
+
+        def specblock(m: int, s: int) -> Drafter:
+            drafter = SpecBlockDrafter(net, m, s, budget=MAX_TREE_NODES - 1, children=children)
+            return FeedbackDrafter(drafter) if recording else drafter
+
+        k = net.config.block_size
+        rows["specblock"] = [{"starts": s, "blocks": m, "seconds": run(specblock(m, s), m * k)}
+                             for s in grid.specblock_starts for m in grid.specblock_blocks]
     if "eagle" in drafters:
         from real_engine.drafters.eagle import EagleDrafter, TreeShape
 

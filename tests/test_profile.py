@@ -125,3 +125,23 @@ def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_d
     assert all(len(v) == 1 and v[0] > 0 for v in (*full.values(), *single.values()))
     with pytest.raises(InputError, match="no rejected position"):
         prof.specblock_update_samples(target, net, TINY, bench, 0, [query(())])
+
+
+def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(
+        llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from real_engine import adapt
+    from real_engine.drafters.specblock import SpecBlock
+
+    target = load_model(llama_dir)
+    net = SpecBlock.for_target(target, seed=0)
+    kept: list[int] = []
+    keep = adapt.FeedbackDrafter._keep
+    monkeypatch.setattr(adapt.FeedbackDrafter, "_keep",
+                        lambda self, out: (kept.append(1), keep(self, out))[1])
+    grid = dataclasses.replace(prof.QUICK, specblock_starts=(1,), specblock_blocks=(1,), repeats=2, warmup=0)
+    for recording in (False, True):
+        bench = prof.Bench(prof.make_timer(target.lm_head.weight.device, "cpu"), grid.repeats, 0)
+        rows, _ = prof.draft_samples(target, {"specblock": net}, grid, bench, 0, recording=recording)
+        bench.run()
+        assert len(rows["specblock"][0]["seconds"]) == 2
+        assert bool(kept) == recording  # each recorded step keeps the target's rows
