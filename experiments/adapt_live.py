@@ -437,6 +437,15 @@ def decode_ms(profile: Any, shapes: Sequence[Mapping[str, float]], context: floa
             "prefill128_ms": 1e3 * float(profile.prefill_cost(128))}
 
 
+def bracket_ms(profile: Any, timed: Mapping[str, Any], shapes: Sequence[Mapping[str, float]]
+               ) -> dict[str, dict[str, float]]:
+    """``decode_ms`` of ``profile`` with the samples re-timed before, and those re-timed after, a stream
+    (``timed``: ``serve``'s ``{"before": ..., "after": ...}``; the updates are timed before only)."""
+    before = timed["before"]
+    return {"before": decode_ms(with_samples(profile, before), shapes),
+            "after": decode_ms(with_samples(profile, {**before, **timed["after"]}), shapes)}
+
+
 def retime_text(costed: Mapping[str, Any]) -> str:
     """The re-timed decoding beside the shipped profile's, for the report ('' when nothing was re-timed)."""
     if not costed.get("retimed"):
@@ -584,8 +593,7 @@ def run(
     profiles = {kind: with_samples(profile, pooled(**timed[kind]) if kind in timed else None)
                 for kind in policies}
     if timed:
-        costed["bracket"] = {kind: {side: decode_ms(with_samples(profile, t[side]), shapes)
-                                    for side in ("before", "after")} for kind, t in timed.items()}
+        costed["bracket"] = {kind: bracket_ms(profile, t, shapes) for kind, t in timed.items()}
         costed["retimed"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),
                                     **{f"{k}_single": v for k, v in p.fits["update_single"].items()},
                                     **decode_ms(p, shapes)}

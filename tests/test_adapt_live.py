@@ -192,7 +192,7 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
 
 
 def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) -> None:
-    from experiments.adapt_live import pooled, retime, with_samples
+    from experiments.adapt_live import bracket_ms, decode_ms, pooled, retime, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
@@ -209,3 +209,8 @@ def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) 
                for s in row["seconds"]]
     assert len(seconds) == 3
     assert with_samples(paper, both).vanilla_seconds(context) == pytest.approx(float(np.median(seconds)))
+    shapes = [{"starts": 1.0, "blocks": 1.0}]
+    sides = bracket_ms(paper, {"before": before, "after": after}, shapes)
+    assert sides["before"] == decode_ms(with_samples(paper, before), shapes)
+    # After the stream: its own decoding timings, the updates timed before it (none are timed after).
+    assert sides["after"] == decode_ms(with_samples(paper, {**before, **after}), shapes) != sides["before"]
