@@ -17,11 +17,12 @@
    SpecBlock shapes, costed by the profile relative to the ``never`` stream's mean.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
    policy, ``seeds`` times, on the shipped CPU profile with the samples this stream reaches re-timed
-   right before and right after that policy's stream, both timings pooled (``retime``, ``pooled``;
-   ``Plan.retime_repeats``): verification and plain steps, SpecBlock drafting and query starts on the
-   part of the grid the stream uses, and (before the stream only)
-   SpecBlock's update (``real_engine.profile.specblock_update_samples``) on the ``never`` stream's
-   last buffered queries once it has run (synthetic feedback before). Drafting costs the SpecBlock
+   right before, between every ``Plan.retime_every`` queries of, and right after that policy's stream,
+   all timings pooled (``retime``, ``pooled``, ``stream_samples``; ``Plan.retime_repeats``):
+   verification and plain steps, SpecBlock drafting and query starts on the part of the grid the
+   stream uses, and (before the stream only) SpecBlock's update
+   (``real_engine.profile.specblock_update_samples``) on the ``never`` stream's last buffered queries
+   once it has run (synthetic feedback before). Drafting costs the SpecBlock
    series at the shapes the drafter really ran on the ``never`` stream (block forwards and start
    nodes, which its rank head decides: ``SpecBlockDrafter.shapes``), moved by updates as the fitted
    dynamics say; verification costs the tree sizes the replayed iterations verified
@@ -81,10 +82,11 @@ class Plan:
     mixed: int  # queries of the mixed phase (domains in turn)
     max_new_tokens: int
     sim_seeds: int
-    retime_repeats: int  # rounds of ``retime`` before each policy's stream (0: the profile as it is)
+    retime_repeats: int  # rounds of ``retime`` before and after each policy's stream (0: the profile)
+    retime_every: int = 0  # one round of decoding re-timed between every this many queries (0: none)
 
 
-DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, retime_repeats=3)
+DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, retime_repeats=3, retime_every=16)
 QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, retime_repeats=0)
 
 
@@ -145,11 +147,12 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
     return timed
 
 
-def pooled(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """``before``'s samples with the decoding samples of ``after`` (a ``retime`` without updates) added:
-    both timings of each grid point count (``simulator.costs`` pools a point's rows; medians)."""
-    out = {**before, "draft": {"specblock": before["draft"]["specblock"] + after["draft"]["specblock"]}}
-    out.update({key: before[key] + after[key] for key in DECODING})
+def pooled(before: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, Any]:
+    """``before``'s samples with the decoding samples of ``others`` (``retime`` without updates) added:
+    every timing of each grid point counts (``simulator.costs`` pools a point's rows; medians)."""
+    out = {**before, "draft": {"specblock": before["draft"]["specblock"]
+                               + [row for t in others for row in t["draft"]["specblock"]]}}
+    out.update({key: before[key] + [row for t in others for row in t[key]] for key in DECODING})
     return out
 
 
@@ -179,8 +182,9 @@ def serve(
     """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
     content), the ``never`` stream's iterations as trace rows, each policy's drafting shapes, and the
     profile samples ``retime`` measured right before (``"before"``, updates included: after the ``never``
-    stream they train on that stream's last buffered queries) and right after (``"after"``, decoding
-    only) each policy's stream (``plan.retime_repeats`` > 0).
+    stream they train on that stream's last buffered queries), between every ``plan.retime_every``
+    queries of (``"during"``, one round of decoding each) and right after (``"after"``, decoding only)
+    each policy's stream (``plan.retime_repeats`` > 0).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
@@ -188,7 +192,8 @@ def serve(
     are re-timed before each stream because this shared machine's speed drifts: the same one-window
     head update took 0.98 to 1.5 s within half an hour, and decoding ran 7 to 11% faster than a
     profile measured an hour before; a timing right before a 4-minute stream once caught a moment 30%
-    faster than the stream ran, hence the second timing after it. Synthetic feedback makes an update
+    faster than the stream ran, and one after it a moment 10% slower, hence timings after and during
+    it (between queries, when no update runs). Synthetic feedback makes an update
     slower than the stream's own (a one-window head update 1.17 s against 0.97 s on the stream), hence
     the recorded feedback."""
     from policies.base import make_policy
@@ -213,7 +218,8 @@ def serve(
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
         if plan.retime_repeats > 0:
-            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback)}
+            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
+                           "during": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         drafter.shapes = []  # record what the drafter runs
         server = StreamServer(target, drafter, [d for d, _ in stream],
@@ -221,6 +227,8 @@ def serve(
                               max_new_tokens=plan.max_new_tokens, seed=seed,
                               on_iteration=keep if kind == "never" else None)
         for index, (domain, prompt) in enumerate(stream):
+            if plan.retime_repeats > 0 and plan.retime_every and index and index % plan.retime_every == 0:
+                timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False))
             before = len(drafter.shapes)
             r = server.serve(index, domain, prompt)
             r["proposals"] = len(drafter.shapes) - before  # this query's entries of the shapes
@@ -437,13 +445,20 @@ def decode_ms(profile: Any, shapes: Sequence[Mapping[str, float]], context: floa
             "prefill128_ms": 1e3 * float(profile.prefill_cost(128))}
 
 
+def stream_samples(timed: Mapping[str, Any]) -> dict[str, Any]:
+    """The samples a policy's stream is simulated with: every timing of ``serve``'s ``timed[kind]``
+    (before, during and after the stream) pooled."""
+    return pooled(timed["before"], *timed["during"], timed["after"])
+
+
 def bracket_ms(profile: Any, timed: Mapping[str, Any], shapes: Sequence[Mapping[str, float]]
                ) -> dict[str, dict[str, float]]:
-    """``decode_ms`` of ``profile`` with the samples re-timed before, and those re-timed after, a stream
-    (``timed``: ``serve``'s ``{"before": ..., "after": ...}``; the updates are timed before only)."""
+    """``decode_ms`` of ``profile`` with the samples re-timed before, during (pooled) and after a stream
+    (``timed``: ``serve``'s ``{"before", "during", "after"}``; the updates are timed before only)."""
     before = timed["before"]
-    return {"before": decode_ms(with_samples(profile, before), shapes),
-            "after": decode_ms(with_samples(profile, {**before, **timed["after"]}), shapes)}
+    sides = {"before": before, "during": {**before, **pooled(*timed["during"])} if timed["during"] else None,
+             "after": {**before, **timed["after"]}}
+    return {side: decode_ms(with_samples(profile, t), shapes) for side, t in sides.items() if t is not None}
 
 
 def retime_text(costed: Mapping[str, Any]) -> str:
@@ -452,10 +467,10 @@ def retime_text(costed: Mapping[str, Any]) -> str:
         return ""
     rows = {"shipped profile": costed["shipped"]}
     for kind, sides in costed.get("bracket", {}).items():
-        rows.update({f"{kind} before": sides["before"], f"{kind} after": sides["after"]})
-    return ("Decoding re-timed right before and right after each policy's stream, both timings pooled (ms: "
-            "plain step and 9-node verify at context 256, drafting at the `never` stream's shapes, a "
-            "128-token query start): "
+        rows.update({f"{kind} {side}": t for side, t in sides.items()})
+    return ("Decoding re-timed right before, between every few queries of (during) and right after each "
+            "policy's stream, all timings pooled (ms: plain step and 9-node verify at context 256, drafting "
+            "at the `never` stream's shapes, a 128-token query start): "
             + "; ".join(f"{name} {t['vanilla_ms']:.2f} / {t['verify9_ms']:.2f} / {t['draft_ms']:.2f} / "
                         f"{t['prefill128_ms']:.1f}" for name, t in rows.items()) + ".")
 
@@ -590,7 +605,7 @@ def run(
         "acceptance_domains": domains,
     }
     prompt_range = (min(lengths), max(lengths))
-    profiles = {kind: with_samples(profile, pooled(**timed[kind]) if kind in timed else None)
+    profiles = {kind: with_samples(profile, stream_samples(timed[kind]) if kind in timed else None)
                 for kind in policies}
     if timed:
         costed["bracket"] = {kind: bracket_ms(profile, t, shapes) for kind, t in timed.items()}

@@ -192,7 +192,7 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
 
 
 def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) -> None:
-    from experiments.adapt_live import bracket_ms, decode_ms, pooled, retime, with_samples
+    from experiments.adapt_live import bracket_ms, decode_ms, pooled, retime, stream_samples, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
@@ -210,7 +210,14 @@ def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) 
     assert len(seconds) == 3
     assert with_samples(paper, both).vanilla_seconds(context) == pytest.approx(float(np.median(seconds)))
     shapes = [{"starts": 1.0, "blocks": 1.0}]
-    sides = bracket_ms(paper, {"before": before, "after": after}, shapes)
+    sides = bracket_ms(paper, {"before": before, "during": [], "after": after}, shapes)
     assert sides["before"] == decode_ms(with_samples(paper, before), shapes)
     # After the stream: its own decoding timings, the updates timed before it (none are timed after).
     assert sides["after"] == decode_ms(with_samples(paper, {**before, **after}), shapes) != sides["before"]
+    # Timings between queries count beside the two around the stream; each side is reported on its own.
+    during = [retime(target, net, repeats=1, seed=0, updates=False) for _ in range(2)]
+    timed = {"before": before, "during": during, "after": after}
+    pooled_all = stream_samples(timed)
+    assert len([s for row in pooled_all["vanilla"] if row["context"] == context for s in row["seconds"]]) == 5
+    assert bracket_ms(paper, timed, shapes)["during"] == decode_ms(
+        with_samples(paper, {**before, **pooled(*during)}), shapes)
