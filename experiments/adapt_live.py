@@ -217,15 +217,15 @@ def serve(
     began = time.perf_counter()
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
-        if plan.retime_repeats > 0:
-            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
-                           "during": []}
-            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         drafter.shapes = []  # record what the drafter runs
         server = StreamServer(target, drafter, [d for d, _ in stream],
                               make_policy(spec["kind"], spec["params"], seed=seed), config=config,
                               max_new_tokens=plan.max_new_tokens, seed=seed,
                               on_iteration=keep if kind == "never" else None)
+        if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
+            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
+                           "during": []}
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         for index, (domain, prompt) in enumerate(stream):
             if plan.retime_repeats > 0 and plan.retime_every and index and index % plan.retime_every == 0:
                 timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False))

@@ -231,21 +231,14 @@ def test_stream_servers_taking_turns_serve_as_whole_streams(target: Transformer)
     assert all(n["syncs"] == 0 and n["update"] is None for n, _ in turns)
 
 
-def test_an_update_widens_a_reduced_vocabulary_with_its_windows_targets(target: Transformer) -> None:
+def test_an_adapting_drafter_drafts_the_whole_vocabulary(target: Transformer) -> None:
     from real_engine.drafters.specblock import with_draft_vocab
 
-    adapter = Adapter(drafter(target), AdaptConfig(full_capacity=1000))
-    for seed in range(2):
-        serve(adapter, target, seed)
-    data = list(adapter.full.drain())
-    wanted = {int(t) for feedback, rejected in data
-              for t in feedback.topk_ids[max(0, min(rejected) - AdaptConfig().context):-1, 0]}
-    assert update_drafter(adapter.drafter.net, data, "head", AdaptConfig(), seed=0)[1].added_tokens == 0
-    first = list(range(10, 20))
-    live = with_draft_vocab(adapter.drafter.net, torch.tensor(first))
-    new, report = update_drafter(live, data, "head", AdaptConfig(), seed=0)
-    ids = new.draft_ids.tolist()
-    # the windows' target rows, not the empty row after each query's last token
-    assert ids[:10] == first and set(ids) == set(first) | wanted
-    assert report.added_tokens == len(wanted - set(first)) > 0
-    assert live.config.draft_vocab == 10  # the live network was only read
+    live = drafter(target)
+    with_draft_vocab(live.net, torch.arange(10, 30))
+    adapter = Adapter(live, AdaptConfig(full_capacity=1000))
+    assert adapter.drafter.net.config.draft_vocab == 0 and "draft_ids" not in adapter.drafter.net.state_dict()
+    serve(adapter, target, 0)
+    hidden = torch.randn(2, adapter.drafter.net.config.hidden_size)
+    with torch.no_grad():
+        assert adapter.drafter.net.draft_heads(hidden).logits.shape[-1] == VOCAB

@@ -475,6 +475,10 @@ def test_the_cut_head_follows_the_weights_and_survives_a_round_trip(target: Tran
         assert f.get_tensor("draft_ids").dtype == torch.long  # token ids are never rounded to 16 bits
     loaded = load_specblock(tmp_path / "d", target)
     assert loaded.config.draft_vocab == 20 and torch.equal(loaded.draft_ids, ids)
+    whole = with_draft_vocab(loaded, None)
+    assert whole.config.draft_vocab == 0 and "draft_ids" not in whole.state_dict()
+    with torch.no_grad():
+        assert torch.equal(whole.draft_heads(hidden).logits, whole.heads(hidden).logits)
     for bad in (torch.tensor([1, 1, *range(2, 12)]), torch.arange(VOCAB - 5, VOCAB + 6),
                 torch.arange(5)):
         with pytest.raises(InputError):

@@ -239,18 +239,22 @@ class SpecBlock(nn.Module):
         return self._cut[1]
 
 
-def with_draft_vocab(net: SpecBlock, ids: torch.Tensor) -> SpecBlock:
+def with_draft_vocab(net: SpecBlock, ids: torch.Tensor | None) -> SpecBlock:
     """``net`` drafting only the tokens ``ids`` (the most frequent first, by convention): the paper's
-    reduced drafter vocabulary. Training still scores the whole vocabulary; drafting cuts the LM head,
-    the rank summary and the laws to ``ids`` (zero probability elsewhere, so verification stays
-    lossless)."""
+    reduced drafter vocabulary; None: the whole vocabulary again. Training still scores the whole
+    vocabulary; drafting cuts the LM head, the rank summary and the laws to ``ids`` (zero probability
+    elsewhere, so verification stays lossless)."""
+    net._cut = None
+    if ids is None:
+        net.config = replace(net.config, draft_vocab=0)
+        net._buffers.pop("draft_ids", None)
+        return net
     ids = torch.as_tensor(ids, dtype=torch.long, device=net.lm_head.weight.device)
     v = net.config.vocab_size
     if ids.ndim != 1 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= v:
         raise InputError(f"drafting vocabulary: give distinct token ids below {v}")
     net.config = replace(net.config, draft_vocab=ids.numel())  # validates the count
     net.register_buffer("draft_ids", ids.clone())
-    net._cut = None
     return net
 
 
