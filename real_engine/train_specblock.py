@@ -78,6 +78,7 @@ class TrainConfig:
     rank_weight: float = 1.0
     prefix_weight: float = 0.0  # weight of the draft and rank losses on every prefix row (slot 0)
     draft_vocab: int = 0  # the saved drafter drafts the target's this many most frequent top tokens (0: all)
+    # (a target vocabulary no larger than draft_vocab is drafted whole)
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 100
@@ -266,7 +267,7 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     record["final"] = metrics
     record["steps_done"] = len(record["losses"])
     record["seconds_this_run"] = time.perf_counter() - began
-    if config.draft_vocab:
+    if 0 < config.draft_vocab < net.config.vocab_size:  # a vocabulary no larger is drafted whole
         with_draft_vocab(net, frequent_targets(data, config.draft_vocab, net.config.vocab_size))
     save_specblock(net.eval(), out)
     write_json(out / "training.json", record)

@@ -499,3 +499,17 @@ def test_frequent_targets_rank_the_targets_top_tokens(target: Transformer, data)
     assert int(counts[ids].min()) >= int(counts[rest].max())
     with pytest.raises(InputError):
         frequent_targets(prepared, 0, VOCAB)
+
+
+def test_training_saves_the_drafting_vocabulary_it_was_asked_for(target: Transformer, data, tmp_path) -> None:
+    from real_engine.drafter_data import frequent_targets
+
+    prepared, _ = data
+    for asked, kept in ((12, 12), (VOCAB, 0), (4 * VOCAB, 0)):  # a vocabulary no larger is drafted whole
+        config = ts.TrainConfig(steps=1, batch_size=2, starts=4, draft_vocab=asked, checkpoint_every=1)
+        ts.train_specblock(target, prepared, tmp_path / f"d{asked}", tmp_path / f"r{asked}", config=config,
+                           progress=False)
+        saved = load_specblock(tmp_path / f"d{asked}", target)
+        assert saved.config.draft_vocab == kept
+        if kept:
+            assert torch.equal(saved.draft_ids, frequent_targets(prepared, kept, VOCAB))
