@@ -48,6 +48,8 @@ def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, 
     if not prompts:
         raise InputError("no prompts to tune on: give at least one per domain")
     configs = [(name, dict(shape)) for name in drafters for shape in grids[name]]
+    built = [make_drafter(name, target, folder=drafters[name], **shape) for name, shape in configs]  # each
+    # query's begin resets a drafter, so one per shape serves every prompt
     seconds, tokens, iterations = [0.0] * (len(configs) + 1), [0] * (len(configs) + 1), [0] * len(configs)
     began = time.perf_counter()
     for r in range(rounds):
@@ -56,8 +58,7 @@ def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, 
             seconds[-1] += vanilla.stats.seconds
             tokens[-1] += vanilla.stats.new_tokens
             for c, (name, shape) in enumerate(configs):
-                drafter = make_drafter(name, target, folder=drafters[name], **shape)
-                out = generate(target, prompt, drafter=drafter, max_new_tokens=max_new_tokens)
+                out = generate(target, prompt, drafter=built[c], max_new_tokens=max_new_tokens)
                 if out.tokens != vanilla.tokens:
                     raise RuntimeError(f"{name} {label(shape)} changed the greedy output: a "
                                        "lossless-decoding bug")

@@ -384,7 +384,8 @@ class Adapter:
     """Online adaptation of a live SpecBlock drafter, driven once per query (see the module doc).
 
     Decode with ``adapter.drafter``; after each query call ``end_query``. Before each query a policy
-    reads ``features()`` and its action goes to ``apply``; ``info()`` describes the last query.
+    reads ``features()`` and its action goes to ``apply``; ``info()`` describes the last query. The
+    drafter's network drafts the whole vocabulary from then on (a reduced one is dropped, in place).
     """
 
     def __init__(self, drafter: SpecBlockDrafter, config: AdaptConfig = AdaptConfig(),

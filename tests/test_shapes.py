@@ -3,7 +3,6 @@ then uses, and one-line input errors. Tiny random models, CPU."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -72,4 +71,3 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and needle in err and len(err.splitlines()) == 1
     assert not list(tmp_path.glob("*.json"))
-    json.dumps(err)
