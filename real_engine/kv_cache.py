@@ -24,6 +24,7 @@ class KVCache:
         self.max_length = max_length
         self.length = 0
         self.pending = 0
+        self._layers = list(zip(self.k.unbind(0), self.v.unbind(0), strict=True))  # views, for `write`
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``k, v`` ([B, H, T, D]) after the committed prefix; return keys/values up to them."""
@@ -32,10 +33,11 @@ class KVCache:
         if end > self.max_length:
             raise InputError(f"the KV cache holds {self.max_length} positions but {end} are needed: "
                              "raise max_length or shorten the prompt or the number of new tokens")
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
+        keys, values = self._layers[layer]
+        keys.narrow(2, self.length, t).copy_(k)
+        values.narrow(2, self.length, t).copy_(v)
         self.pending = t
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
     def commit(self, n: int | None = None) -> None:
         """Keep the first ``n`` pending positions (all of them by default)."""

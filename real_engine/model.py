@@ -22,7 +22,7 @@ from torch import nn
 
 from policies.errors import InputError
 from real_engine.kv_cache import KVCache
-from real_engine.packed import Linear, use_half
+from real_engine.packed import Fused, Linear, use_half
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -147,10 +147,21 @@ def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     return inv.float()
 
 
+def rope(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and signed sine of RoPE at ``positions`` ([T] or [B, T]), shaped [T, 1, D] or [B, T, 1, D]
+    to broadcast over [B, T, heads, D]. The sine is negated on the first half, so that rotating is
+    one multiply-add with the halves swapped (``apply_rope``)."""
+    angles = positions.to(inv_freq.dtype).unsqueeze(-1) * inv_freq
+    cos = torch.cat((angles, angles), dim=-1).cos()
+    sin = torch.cat((-angles, angles), dim=-1).sin()
+    return cos.to(dtype).unsqueeze(-2), sin.to(dtype).unsqueeze(-2)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ([B, H, T, D]) by the half-split convention of Hugging Face checkpoints."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+    """Rotate ``x`` ([B, T, heads, D]) by the half-split convention of Hugging Face checkpoints:
+    ``x cos + (-x2, x1) sin``, with ``sin`` signed by ``rope``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -165,19 +176,22 @@ class Attention(nn.Module):
         self.k_proj = Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
-        if args.model_type == "qwen3":
-            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+        self.qkv = Fused(self.q_proj, self.k_proj, self.v_proj)
+        qwen3 = args.model_type == "qwen3"
+        self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qwen3 else None
+        self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qwen3 else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None) -> torch.Tensor:
+        """``x`` [B, T, hidden]; ``cos, sin`` from ``rope``; ``mask`` as ``Transformer.forward`` builds it."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
+        h, kv = self.heads, self.kv_heads
+        qkv = self.qkv(x).view(b, t, h + 2 * kv, self.head_dim)
+        qk = qkv[:, :, :h + kv]
+        if self.q_norm is not None:
+            qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), dim=2)
+        qk = apply_rope(qk, cos, sin).transpose(1, 2)  # queries and keys rotated together
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, :, h + kv:].transpose(1, 2)
         if cache is not None:
             k, v = cache.write(self.layer, k, v)
         causal = mask is None and cache is None and t > 1
@@ -194,9 +208,11 @@ class MLP(nn.Module):
         self.gate_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_up = Fused(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -256,14 +272,7 @@ class Transformer(nn.Module):
         start = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(start, start + t, device=tokens.device)
-        angles = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq
-        angles = torch.cat((angles, angles), dim=-1)
-        dtype = self.lm_head.weight.dtype
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        if cos.dim() == 2:
-            cos, sin = cos[None, None], sin[None, None]
-        else:
-            cos, sin = cos[:, None], sin[:, None]
+        cos, sin = rope(self.inv_freq, positions, self.lm_head.weight.dtype)
         mask = self._mask(t, start, tree_mask, tokens.device) if cache is not None else None
         x = self.model.embed_tokens(tokens)
         feats = []

@@ -10,10 +10,15 @@ from a 16-bit checkpoint) computes in inference (no autograd, float32 input on a
 with its weights packed in fp16 and fp32 activations and accumulation; anywhere else, and always
 while training, it is ``nn.Linear``. The packed copy follows the weight: an in-place update, a new
 tensor or a move repacks it at the next call.
+
+A small decode step costs more in calls than in arithmetic (each product and its checks cost tens of
+microseconds here), so ``Fused`` runs linears that share an input (query, key and value; gate and
+up) as one packed product, and the repacking check reads the parameters directly.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -32,16 +37,45 @@ FBGEMM = (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")
 
 
 class _Pack:
-    """The packed weight and the (storage, version) of the weight it was packed from; a copy starts empty."""
+    """An fp16 pack of one or more layers' weights stacked, with the weights (and their in-place
+    versions) it was packed from; a copy starts empty."""
 
-    __slots__ = ("key", "tensor")
+    __slots__ = ("bias", "sources", "tensor")
 
     def __init__(self) -> None:
-        self.key: tuple[int, int] | None = None
+        self.sources: list[tuple[dict[str, Any], torch.Tensor, int]] = []
         self.tensor: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Pack:
         return _Pack()
+
+    def get(self, layers: tuple[Linear, ...], x: torch.Tensor) -> torch.Tensor | None:
+        """The pack of ``layers``' weights for input ``x``, repacked if a weight was replaced or changed
+        in place; None where the product runs unpacked (training, not fp32 on a CPU, not marked). A
+        decode step runs this check for every product, so it reads the parameter dicts directly."""
+        if (torch.is_grad_enabled() or x.dtype is not torch.float32 or not x.is_cpu or x.numel() == 0
+                or not layers[0].packs_half):
+            return None
+        for params, weight, version in self.sources:
+            now = params["weight"]
+            if now is not weight or (version >= 0 and now._version != version):
+                return self._repack(layers)
+        return self.tensor if self.sources else self._repack(layers)
+
+    def _repack(self, layers: tuple[Linear, ...]) -> torch.Tensor | None:
+        weights = [m.weight for m in layers]
+        self.sources, self.tensor = [], None
+        if not all(m.packs_half and w.dtype is torch.float32 for m, w in zip(layers, weights, strict=True)):
+            return None
+        self.tensor = torch.fbgemm_pack_gemm_matrix_fp16(torch.cat([w.detach() for w in weights]))
+        biases = [m.bias for m in layers]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach() if b is not None else m.weight.new_zeros(m.out_features)
+             for m, b in zip(layers, biases, strict=True)])
+        self.sources = [(m._parameters, w, -1 if w.is_inference() else w._version)
+                        for m, w in zip(layers, weights, strict=True)]
+        return self.tensor
 
 
 class Linear(nn.Linear):
@@ -57,20 +91,34 @@ class Linear(nn.Linear):
         packed = self._packed(x)
         if packed is None:
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features)
-        y = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, packed, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+        y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed, self.bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor | None:
-        w = self.weight
-        if (not (self.packs_half and FBGEMM) or torch.is_grad_enabled() or x.device.type != "cpu"
-                or x.dtype != torch.float32 or w.dtype != torch.float32 or x.numel() == 0):
-            return None
-        key = (w.data_ptr(), -1 if w.is_inference() else w._version)
-        pack = self._pack
-        if pack.key != key:
-            pack.tensor, pack.key = torch.fbgemm_pack_gemm_matrix_fp16(w.detach()), key
-        return pack.tensor
+        return self._pack.get((self,), x)
+
+
+class Fused:
+    """Linears that share their input, run as one product with their outputs concatenated: the query,
+    key and value projections, or the gate and up projections. Packed, that is one fp16 product over
+    their stacked weights (a decode step's small products cost mostly per call); otherwise one
+    ``F.linear`` each. A plain attribute, not a module, so the state dict keeps the Hugging Face names
+    of the layers it holds."""
+
+    def __init__(self, *layers: Linear) -> None:
+        self.layers = layers
+        self._pack = _Pack()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        packed = self._pack.get(self.layers, x)
+        if packed is None:
+            return torch.cat([F.linear(x, m.weight, m.bias) for m in self.layers], dim=-1)
+        y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed,
+                                                            self._pack.bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Fused:
+        return Fused(*(copy.deepcopy(m, memo) for m in self.layers))
 
 
 def use_half(module: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
@@ -79,5 +127,5 @@ def use_half(module: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
     if all(t.dtype in (torch.bfloat16, torch.float16) for t in state.values() if t.is_floating_point()):
         for m in module.modules():
             if isinstance(m, Linear):
-                m.packs_half = True
+                m.packs_half = FBGEMM
     return module

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
-from real_engine.packed import FBGEMM, Linear, use_half
+from real_engine.packed import FBGEMM, Fused, Linear, use_half
 
 pytestmark = pytest.mark.skipif(not FBGEMM, reason="FBGEMM's fp16 kernel needs an x86 CPU with AVX2")
 
@@ -51,10 +51,55 @@ def test_in_place_update_and_copy_repack() -> None:
         layer.weight.mul_(2)  # a stale pack would return `before` again
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
         twin = copy.deepcopy(layer)
-        assert twin._pack.key is None and twin.packs_half
+        assert twin._pack.tensor is None and twin.packs_half
         twin.weight.zero_()
         torch.testing.assert_close(twin(x), twin.bias.expand(2, -1))
         assert not torch.allclose(layer(x), before)
+
+
+def _fused(bias: bool) -> Fused:
+    layers = [_half_linear(seed) for seed in range(3)]
+    if not bias:
+        for m in layers[1:]:
+            m.bias = None
+    return Fused(*layers)
+
+
+def _separately(fused: Fused, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([F.linear(x, m.weight, m.bias) for m in fused.layers], dim=-1)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_layers_equal_each_layer_and_follow_changes(bias: bool) -> None:
+    fused = _fused(bias)
+    x = torch.randn(1, 5, 64)
+    with torch.inference_mode():
+        assert fused._pack.get(fused.layers, x) is not None
+        out = fused(x)
+        assert out.shape == (1, 5, 3 * 48)
+        torch.testing.assert_close(out, _separately(fused, x), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        fused.layers[1].weight.mul_(-2)  # in place: a stale pack would still give `out`
+        torch.testing.assert_close(fused(x), _separately(fused, x), atol=1e-5, rtol=1e-5)
+        fused.layers[2].weight = torch.nn.Parameter(torch.zeros(48, 64))  # replaced
+        torch.testing.assert_close(fused(x)[..., 96:], _separately(fused, x)[..., 96:], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_layers_train_each_weight_and_copy_with_their_module() -> None:
+    fused = _fused(bias=True)
+    x = torch.randn(4, 64)
+    assert fused._pack.get(fused.layers, x) is None  # autograd on: plain products
+    fused(x).pow(2).sum().backward()
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in fused.layers)
+    args = ModelArgs(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = Transformer(args)
+    twin = copy.deepcopy(model)
+    attn, twin_attn = model.model.layers[0].self_attn, twin.model.layers[0].self_attn
+    assert twin_attn.qkv.layers == (twin_attn.q_proj, twin_attn.k_proj, twin_attn.v_proj)
+    assert all(a is not b for a, b in zip(attn.qkv.layers, twin_attn.qkv.layers, strict=True))
+    assert "model.layers.0.self_attn.q_proj.weight" in model.state_dict()
+    assert not any("qkv" in k or "gate_up" in k for k in model.state_dict())
 
 
 def test_only_sixteen_bit_checkpoints_pack(tmp_path) -> None:

@@ -37,7 +37,7 @@ from torch import nn
 from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.kv_cache import KVCache
-from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
+from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
 from real_engine.packed import Linear, use_half
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
@@ -55,14 +55,6 @@ class TreeShape:
     def __post_init__(self) -> None:
         if min(self.depth, self.top_k, self.total_tokens) < 1:
             raise InputError(f"EAGLE tree needs depth, top-k and total tokens >= 1, got {self}")
-
-
-def rope(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine and sine tables ``[1, 1, T, D]`` for 1-D ``positions`` (the target's RoPE convention)."""
-    angles = positions.to(inv_freq.dtype)[:, None] * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype)[None, None], angles.sin().to(dtype)[None, None]
 
 
 def drafter_args(target: ModelArgs) -> ModelArgs:

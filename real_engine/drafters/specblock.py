@@ -45,7 +45,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
 from real_engine.kv_cache import KVCache
-from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope_frequencies
+from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
 from real_engine.packed import Linear, use_half
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
@@ -203,9 +203,7 @@ class SpecBlock(nn.Module):
         transition (``i`` itself for slot 0 and prefix rows); ``positions`` ([R]) are RoPE positions;
         ``mask`` ([R, keys] bool) says which cached keys, then which of these rows, a row attends to.
         """
-        angles = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq
-        angles = torch.cat((angles, angles), dim=-1)
-        cos, sin = angles.cos().to(x.dtype)[None, None], angles.sin().to(x.dtype)[None, None]
+        cos, sin = rope(self.inv_freq, positions, x.dtype)
         for i, layer in enumerate(self.layers):
             if i:
                 x = self.shifts[i - 1](torch.cat((x, x[:, shift_from]), dim=-1))
