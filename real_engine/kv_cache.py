@@ -49,6 +49,9 @@ class KVCache:
 
     def keep(self, indices: list[int] | torch.Tensor) -> None:
         """Commit the pending positions at ``indices`` (in order), compacting them in place."""
+        if not isinstance(indices, torch.Tensor) and list(indices) == list(range(len(indices))):
+            self.commit(len(indices))  # a prefix (a chain's accepted tokens) is already in place
+            return
         idx = torch.as_tensor(indices, dtype=torch.long, device=self.k.device)
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.pending):
             raise ValueError(f"keep indices must lie in [0, {self.pending})")

@@ -124,15 +124,18 @@ class DraftModelDrafter:
         tokens, confidence = [], [torch.ones(1, device=self.device)]
         laws = []  # the largest probability of each position's law: a stopping rule may read it (see below)
         for d in range(1, depth + 1):
+            law = logits.float().softmax(-1) if self.sampling.greedy else qs[-1]  # as ``_confidence``
             tokens.append(self._sample(qs[-1])[0])
-            confidence.append(self._confidence(logits, qs[-1], tokens[-1])[None])
-            laws.append(float((logits.float().softmax(-1) if self.sampling.greedy else qs[-1]).max()))
-            if d < depth and self.keep_drafting is not None and not self.keep_drafting(laws):
+            confidence.append(law[tokens[-1]][None])
+            if d == depth:
                 break
-            if d < depth:
-                self._slots[d] = d - 1
-                logits = self._forward(tokens[-1][None])[0]
-                qs.append(warp(logits, self.sampling))
+            if self.keep_drafting is not None:
+                laws.append(float(law.max()))
+                if not self.keep_drafting(laws):
+                    break
+            self._slots[d] = d - 1
+            logits = self._forward(tokens[-1][None])[0]
+            qs.append(warp(logits, self.sampling))
         qs.append(torch.zeros_like(qs[0]))
         return DraftTree.chain(self.root, torch.stack(tokens).cpu(), torch.stack(qs), "iid",
                                torch.cat(confidence))
