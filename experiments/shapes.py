@@ -1,4 +1,4 @@
-"""Each trained drafter's tree shape, tuned for this machine: how much to speculate per step.
+"""Each drafter's shape, tuned for this machine: how much to speculate per step.
 
 A drafter's best shape depends on what a drafter forward and a verify cost here, not on the drafter
 alone: on this 2-core CPU a second SpecBlock block raised tau by 0.06 and cost 2.3 ms per iteration,
@@ -7,8 +7,9 @@ and EAGLE's trained tree (depth 5, top-4, 24 tokens) drafted 14 ms per iteration
 benchmark's held-out half is never seen), greedy, round-robin with vanilla decoding: every prompt runs
 vanilla, then every shape, so the machine's drift touches all of them alike. A shape's speedup is its
 tokens/s over vanilla's on the same prompts. ``apply`` saves each drafter's fastest shape as its
-folder's ``drafting.json``, the shape ``load_trained`` (and so ``generate``, ``bench``, ``trace``)
-uses when no option is given.
+folder's ``drafting.json``, the shape ``make_drafter`` (and so ``generate``, and for the trained
+drafters ``bench`` and ``trace``) uses when no option is given. The draft model's shapes (chains and
+top-k trees) are tuned the same way; its ``drafting.json`` lies in the draft model's folder.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ GRIDS: dict[str, tuple[dict[str, int], ...]] = {
                    for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (3, 2, 6), (4, 2, 8), (3, 4, 16),
                                    (5, 4, 24))),
     "medusa": tuple({"budget": n} for n in (2, 4, 8, 16, 24)),
+    "draft-model": (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
+                    *({"depth": d, "width": w, "budget": n}
+                      for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16)))),
 }
-"""Shapes tried per drafter (``load_trained`` options): SpecBlock's block forwards (M) and drafted
-nodes; EAGLE's depth, top-k and total tokens; Medusa's static-tree nodes."""
+"""Shapes tried per drafter (``make_drafter`` options): SpecBlock's block forwards (M) and drafted
+nodes; EAGLE's depth, top-k and total tokens; Medusa's static-tree nodes; the draft model's chain
+depth, or its top-k tree's depth, width and nodes."""
+DRAFT_MODEL_FOLDER = "draft"  # the draft model's folder under the drafters' folder, as data/models/draft
 
 
 def label(shape: Mapping[str, int]) -> str:
@@ -40,16 +46,17 @@ def label(shape: Mapping[str, int]) -> str:
 
 def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, Path],
           grids: Mapping[str, Sequence[Mapping[str, int]]] = GRIDS, max_new_tokens: int = 48,
-          rounds: int = 1, progress: bool = True) -> dict[str, Any]:
-    """Greedy tokens/s of vanilla and of every shape of every drafter (``name -> folder``) on
-    ``prompts``, measured round-robin; per drafter, its shapes' speedup and tau, best first."""
+          rounds: int = 1, progress: bool = True, draft: Any = None) -> dict[str, Any]:
+    """Greedy tokens/s of vanilla and of every shape of every drafter (``name -> folder``; the
+    ``draft-model`` drafts with ``draft``) on ``prompts``, measured round-robin; per drafter, its
+    shapes' speedup and tau, best first. Options a shape leaves out keep the trained settings."""
     from real_engine.decode import generate, make_drafter
 
     if not prompts:
         raise InputError("no prompts to tune on: give at least one per domain")
     configs = [(name, dict(shape)) for name in drafters for shape in grids[name]]
-    built = [make_drafter(name, target, folder=drafters[name], **shape) for name, shape in configs]  # each
-    # query's begin resets a drafter, so one per shape serves every prompt
+    built = [make_drafter(name, target, draft, folder=drafters[name], deployed=False, **shape)
+             for name, shape in configs]  # each query's begin resets a drafter: one per shape serves all
     seconds, tokens, iterations = [0.0] * (len(configs) + 1), [0] * (len(configs) + 1), [0] * len(configs)
     began = time.perf_counter()
     for r in range(rounds):
@@ -99,26 +106,30 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
     """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes."""
     from experiments.provenance import save_result
     from policies.io import write_text
-    from real_engine.drafters.trained import TRAINED, trained_available, write_shape
+    from real_engine.drafters.trained import trained_available, write_shape
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts
 
-    unknown = [n for n in names if n not in TRAINED]
+    unknown = [n for n in names if n not in GRIDS]
     if unknown:
-        raise InputError(f"no shapes to tune for {unknown[0]!r}: use trained drafters ({', '.join(TRAINED)})")
-    folders = {n: drafters_dir / n for n in names}
-    missing = [n for n, f in folders.items() if not trained_available(f)]
+        raise InputError(f"no shapes to tune for {unknown[0]!r}: use {', '.join(GRIDS)}")
+    folders = {n: drafters_dir / (DRAFT_MODEL_FOLDER if n == "draft-model" else n) for n in names}
+    present = {n: (f / "config.json").is_file() if n == "draft-model" else trained_available(f)
+               for n, f in folders.items()}
+    missing = [n for n, ok in present.items() if not ok]
     if missing:
-        raise InputError(f"no trained {missing[0]} drafter in {folders[missing[0]]}: train it with "
-                         f"`specblock train {missing[0]}` or pass --drafters-dir")
+        kind = "draft model" if missing[0] == "draft-model" else f"trained {missing[0]} drafter"
+        raise InputError(f"no {kind} in {folders[missing[0]]}: train it with `specblock train "
+                         f"{missing[0]}` or pass --drafters-dir")
     torch.manual_seed(seed)
     target = load_model(model_dir)
+    draft = load_model(folders["draft-model"]) if "draft-model" in folders else None
     tokenizer = Tokenizer.load(model_dir)
     prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192)]
     with torch.inference_mode():
         result = sweep(target, prompts, folders, max_new_tokens=max_new_tokens, rounds=rounds,
-                       progress=progress)
+                       progress=progress, draft=draft)
     config = {"model": str(model_dir), "drafters": list(names), "domains": list(domains), "prompts": count,
               "max_new_tokens": max_new_tokens, "rounds": rounds, "threads": torch.get_num_threads()}
     path = save_result(tag, result, config, seed, out)

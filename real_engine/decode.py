@@ -20,7 +20,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import Drafter, clock
 from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.ngram import NgramDrafter
-from real_engine.drafters.trained import TRAINED, load_trained
+from real_engine.drafters.trained import TRAINED, deployed_shape, load_trained
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
@@ -92,7 +92,8 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
 
     ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
     with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
-    sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep. ``specblock``,
+    sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep; given the draft
+    model's ``folder``, options left None take its deployed shape (``drafting.json``). ``specblock``,
     ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
     their deployed shape (``deployed=False``: their trained settings) where an option is None
     (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
@@ -113,6 +114,10 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
             raise InputError(f"the draft model's vocabulary ({draft.args.vocab_size}) differs from the "
                              f"target's ({target.args.vocab_size}): use a draft model with the target's "
                              "tokenizer")
+        if deployed and folder is not None and paths is None:
+            saved = deployed_shape(name, folder)
+            depth, width, budget = (v if v is not None else saved.get(k)
+                                    for k, v in (("depth", depth), ("width", width), ("budget", budget)))
         width, paths = width or 1, paths or 1
         if width > 1 and paths > 1:
             raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")

@@ -11,6 +11,7 @@ import torch
 from experiments.cli import main
 from experiments.shapes import markdown, sweep
 from policies.errors import InputError
+from real_engine.decode import make_drafter
 from real_engine.drafters.specblock import SpecBlock, save_specblock
 from real_engine.drafters.trained import deployed_shape, load_trained, write_shape
 from real_engine.model import load_model
@@ -62,6 +63,7 @@ def test_the_deployed_shape_is_the_default_and_options_override_it(llama_dir: Pa
     (["--drafters", "ngram"], "no shapes to tune for 'ngram'"),
     (["--prompts", "0"], "--prompts 0 is invalid"),
     (["--drafters", "eagle"], "no trained eagle drafter"),
+    (["--drafters", "draft-model"], "no draft model in"),
 ])
 def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,3 +73,21 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and needle in err and len(err.splitlines()) == 1
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_the_draft_model_is_swept_and_deployed_from_its_folder(llama_dir: Path, tmp_path: Path) -> None:
+    target = load_model(llama_dir)  # the tiny target drafts for itself: every shape is lossless
+    grid = {"draft-model": ({"depth": 1, "width": 1}, {"depth": 2, "width": 2, "budget": 4})}
+    with torch.inference_mode():
+        result = sweep(target, [[5, 6, 7, 8, 5, 6]], {"draft-model": llama_dir}, grid, max_new_tokens=8,
+                       progress=False, draft=target)
+    assert sorted(r["shape"]["depth"] for r in result["drafters"]["draft-model"]) == [1, 2]
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    assert make_drafter("draft-model", target, target, folder=folder).depth == 4  # nothing deployed
+    write_shape("draft-model", folder, {"depth": 2, "width": 2, "budget": 4}, {"speedup": 1.0})
+    drafter = make_drafter("draft-model", target, target, folder=folder)
+    assert (drafter.shape, drafter.depth, drafter.width, drafter.budget) == ("tree", 2, 2, 4)
+    assert make_drafter("draft-model", target, target, folder=folder, width=1).shape == "chain"
+    assert make_drafter("draft-model", target, target, folder=folder, deployed=False).shape == "chain"
+    assert make_drafter("draft-model", target, target).shape == "chain"  # no folder: no deployed shape

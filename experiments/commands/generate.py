@@ -169,14 +169,20 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     from real_engine.warp import Sampling
 
     sampling = Sampling(temperature, top_k, top_p)
-    verifier = verifier or _auto_verifier(temperature, drafter, tree_width or 1, paths or 1)
-    _check_verifier(verifier, drafter, tree_width or 1)
+    width = tree_width
+    if drafter == "draft-model" and width is None and paths is None:  # the deployed shape's, if any
+        from real_engine.drafters.trained import deployed_shape
+
+        width = deployed_shape("draft-model", draft_dir).get("width")
+    verifier = verifier or _auto_verifier(temperature, drafter, width or 1, paths or 1)
+    _check_verifier(verifier, drafter, width or 1)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
     draft = None
     if drafter == "draft-model":
         draft = load_model(_folder(draft_dir, "--draft-model", "draft-model"), getattr(torch, dtype), device)
-    spec = make_drafter(drafter, target, draft, folder=drafter_dir, depth=draft_length, width=tree_width,
+    folder = draft_dir if drafter == "draft-model" else drafter_dir  # where its drafting.json lies
+    spec = make_drafter(drafter, target, draft, folder=folder, depth=draft_length, width=tree_width,
                         budget=tree_budget, paths=paths, max_ngram=ngram_max, blocks=blocks)
     if length_policy is not None:
         from real_engine.speculate import LengthControlled

@@ -1,8 +1,9 @@
-"""`specblock shapes`: tune each trained drafter's tree shape on this machine (``experiments.shapes``).
+"""`specblock shapes`: tune each drafter's shape on this machine (``experiments.shapes``).
 
 Greedy tokens/s of every shape of ``experiments.shapes.GRIDS`` over vanilla, round-robin on the
 calibration prompts; writes ``<out>/<tag>.json`` and ``.md``; ``--apply`` saves each drafter's fastest
-shape as its folder's ``drafting.json``, which ``generate``, ``bench`` and ``trace`` then use.
+shape as its folder's ``drafting.json``, which ``generate`` (and for the trained drafters ``bench`` and
+``trace``) then use; the draft model's lies in ``<drafters-dir>/draft``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ MODELS = REPO / "data" / "models"
 
 
 @click.command("shapes")
-@click.option("--drafters", default="specblock,eagle,medusa", show_default=True,
-              help="Comma-separated trained drafters to tune.")
+@click.option("--drafters", default="specblock,eagle,medusa,draft-model", show_default=True,
+              help="Comma-separated drafters to tune (trained ones and the draft model).")
 @click.option("--domains", default="code,tests,prose,text", show_default=True, help="Prompt domains.")
 @click.option("--prompts", "count", type=int, default=4, show_default=True,
               help="Calibration prompts per domain.")
@@ -29,7 +30,7 @@ MODELS = REPO / "data" / "models"
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=MODELS / "target",
               show_default="data/models/target", help="Target folder.")
 @click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
-              help="Folder holding <drafter>/ weights.")
+              help="Folder holding <drafter>/ weights and the draft model's draft/.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=REPO / "benchmarks" / "results",
@@ -40,7 +41,7 @@ MODELS = REPO / "data" / "models"
 def command(drafters: str, domains: str, count: int, rounds: int, max_new_tokens: int, model_dir: Path,
             drafters_dir: Path, threads: int, seed: int, out: Path, tag: str, apply: bool,
             as_json: bool) -> None:
-    """Measure every shape of each trained drafter against vanilla; optionally deploy the fastest."""
+    """Measure every shape of each drafter against vanilla; optionally deploy the fastest."""
     import torch
 
     from experiments.shapes import label, run
