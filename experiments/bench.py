@@ -73,6 +73,7 @@ class Settings:
     depth: int = 4
     width: int = 4
     budget: int = 16
+    chain_depth: int | None = None  # the draft model's chain depth (None: ``depth``), e.g. its deployed one
     policies: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, policy file content) of length policies
     profile: str | None = None  # the cost profile the policies' features come from
 
@@ -240,7 +241,9 @@ class Engine:
             drafter = make_drafter(config.drafter, self.target, folder=self.dir / config.drafter,
                                    deployed=config.shape != "trained")
         elif config.drafter == "draft-model":
-            drafter = make_drafter("draft-model", self.target, self.draft, depth=s.depth,
+            chain = config.shape == "chain" and s.chain_depth is not None
+            depth = s.chain_depth if chain else s.depth
+            drafter = make_drafter("draft-model", self.target, self.draft, depth=depth,
                                    width=s.width if config.shape == "tree" else 1, budget=s.budget,
                                    paths=s.width if config.shape == "paths" else 1)
         else:

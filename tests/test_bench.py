@@ -143,6 +143,28 @@ def test_a_length_policy_adds_steered_rows(llama_dir: Path, draft_dir: Path, pro
     assert all(r["policy"] is None for r in rows if r["drafter"] == "none")
 
 
+def test_the_draft_models_chain_drafts_its_deployed_depth(llama_dir: Path, draft_dir: Path, prompts_dir: Path,
+                                                          tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from real_engine.drafters.trained import write_shape
+
+    draft = shutil.copytree(draft_dir, tmp_path / "draft")
+    write_shape("draft-model", draft, {"depth": 2, "width": 1}, {})
+    base = ["--model", str(llama_dir), "--draft-model", str(draft), "--prompts-dir", str(prompts_dir),
+            "--domains", "code", "--prompts", "1", "--max-new-tokens", "8", "--drafters",
+            "none,ngram,draft-model", "--temperatures", "0", "--no-hf", "--out", str(tmp_path), "--json"]
+    for extra, chain_depth in (([], 2), (["--draft-length", "3"], 3)):
+        code, stdout, err = run([*base, *extra], capsys)
+        assert code == 0, err
+        rows = {(r["drafter"], r["shape"]): r for r in json.loads(stdout)["rows"] if r["domain"] == "code"}
+        assert len(rows["draft-model", "chain"]["alpha"]) == chain_depth
+        assert len(rows["ngram", "chain"]["alpha"] or [4]) <= (3 if extra else 4)
+        assert json.loads((tmp_path / "bench.json").read_text())["config"]["chain_depth"] == (
+            None if extra else 2)
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--drafters", "none,lookahead"], "lookahead"),
     (["--policy", "ADAPT"], "drafter updates"),

@@ -89,8 +89,9 @@ def _model(path: Path, flag: str, train: str) -> Path:
               show_default="data/prompts", help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Prompt j decodes with seed + j.")
-@click.option("--draft-length", type=int, default=4, show_default=True,
-              help="Draft depth (n-gram, draft model).")
+@click.option("--draft-length", type=int, default=None,
+              help="Draft depth of n-gram and of the draft model's chain and tree [default: 4, and for the "
+                   "draft model's chain the depth `specblock shapes --apply` deployed, if a chain].")
 @click.option("--tree-width", type=int, default=4, show_default=True,
               help="Draft-model tree width (and path count for the paths shape).")
 @click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft-model tree: nodes kept.")
@@ -127,12 +128,19 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
             raise InputError(f"{flag} is {value}: give at least 1")
     if tag is not None and (not tag or not tag.replace("-", "").replace("_", "").isalnum()):
         raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
+    chain_depth = None
+    if draft_length is None and (draft_dir / "config.json").is_file():
+        from real_engine.drafters.trained import deployed_shape
+
+        deployed = deployed_shape("draft-model", draft_dir)
+        chain_depth = deployed.get("depth") if deployed.get("width", 1) == 1 else None
     settings = Settings(
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
-        max_new_tokens=max_new_tokens, seed=seed, depth=draft_length, width=tree_width, budget=tree_budget,
-        policies=_policies(policy_files), profile=str(profile_path))
+        max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
+        budget=tree_budget, chain_depth=chain_depth, policies=_policies(policy_files),
+        profile=str(profile_path))
     _model(model_dir, "--model", "target")
     notes: list[str] = []
     has_draft = (draft_dir / "config.json").is_file()
@@ -177,7 +185,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         text_acceptance,
     )
     from experiments.hf_peer import HFPeer, transformers_available
-    from real_engine.drafters.trained import trained_available
+    from real_engine.drafters.trained import deployed_shape, trained_available
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
 
@@ -188,7 +196,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     draft = load_model(draft_dir, torch.float32, device) if draft_dir is not None else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     context = min(m.args.max_position_embeddings for m in (target, draft) if m is not None)
-    limit = context - settings.max_new_tokens - settings.depth - 1
+    limit = context - settings.max_new_tokens - max(settings.depth, settings.chain_depth or 0) - 1
     if limit < 1:
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} leaves no room for a prompt in the "
                          f"models' context of {context}: lower it")
@@ -224,6 +232,8 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     results = {"rows": measured["rows"], "agreement": agree, "text_acceptance": on_text,
                "rank_confusion": confusion, "notes": notes, "per_prompt": measured["per_prompt"]}
     config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "domains"}
+    config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n) for n in TRAINED_DRAFTERS
+                                   if n in available and n in settings.drafters})
     config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,
                   threads=torch.get_num_threads(),
                   configs=[f"{c.label} T={c.temperature:g}" for c in configs],
