@@ -5,15 +5,19 @@ alone: on this 2-core CPU a second SpecBlock block raised tau by 0.06 and cost 2
 and EAGLE's trained tree (depth 5, top-4, 24 tokens) drafted 14 ms per iteration. So each shape of
 ``GRIDS`` decodes the calibration prompts (the first half of ``data/prompts/<domain>.jsonl``; the
 benchmark's held-out half is never seen), greedy, round-robin with vanilla decoding: every prompt runs
-vanilla, then every shape, so the machine's drift touches all of them alike. A shape's speedup is its
-tokens/s over vanilla's on the same prompts. ``apply`` saves each drafter's fastest shape as its
-folder's ``drafting.json``, the shape ``make_drafter`` (and so ``generate``, and for the trained
-drafters ``bench`` and ``trace``) uses when no option is given. The draft model's shapes (chains and
-top-k trees) are tuned the same way; its ``drafting.json`` lies in the draft model's folder.
+vanilla, then every shape, so the machine's drift touches all of them alike. A shape's speedup is the
+median over those runs of vanilla's time over the shape's on the same prompt, measured moments apart
+(this machine's speed drifts by 15 to 30% within minutes, which pooled tokens/s would mix in); its
+quartiles show the spread, and the pooled tokens/s ratio is kept beside it. ``apply`` saves each
+drafter's fastest shape as its folder's ``drafting.json``, the shape ``make_drafter`` (and so
+``generate``, and for the trained drafters ``bench`` and ``trace``) uses when no option is given.
+The draft model's shapes (chains and top-k trees) are tuned the same way; its ``drafting.json`` lies
+in the draft model's folder.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -58,6 +62,7 @@ def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, 
     built = [make_drafter(name, target, draft, folder=drafters[name], deployed=False, **shape)
              for name, shape in configs]  # each query's begin resets a drafter: one per shape serves all
     seconds, tokens, iterations = [0.0] * (len(configs) + 1), [0] * (len(configs) + 1), [0] * len(configs)
+    ratios: list[list[float]] = [[] for _ in configs]  # per run: vanilla's seconds over the shape's
     began = time.perf_counter()
     for r in range(rounds):
         for i, prompt in enumerate(prompts):
@@ -72,6 +77,7 @@ def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, 
                 seconds[c] += out.stats.seconds
                 tokens[c] += out.stats.new_tokens
                 iterations[c] += out.stats.iterations
+                ratios[c].append(vanilla.stats.seconds / out.stats.seconds)
             if progress:
                 print(f"[{time.perf_counter() - began:5.0f} s] round {r + 1}/{rounds} prompt "
                       f"{i + 1}/{len(prompts)}", flush=True)
@@ -79,8 +85,10 @@ def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, 
     out: dict[str, Any] = {"vanilla_tokens_per_second": base, "drafters": {}}
     for c, (name, shape) in enumerate(configs):
         rate, tau = tokens[c] / seconds[c], tokens[c] / iterations[c]
-        out["drafters"].setdefault(name, []).append({"shape": shape, "tokens_per_second": rate,
-                                                     "speedup": rate / base, "tau": tau})
+        quartiles = statistics.quantiles(ratios[c], n=4) if len(ratios[c]) > 1 else ratios[c] * 3
+        out["drafters"].setdefault(name, []).append({
+            "shape": shape, "tokens_per_second": rate, "speedup": statistics.median(ratios[c]),
+            "speedup_quartiles": [quartiles[0], quartiles[2]], "pooled_speedup": rate / base, "tau": tau})
     for rows in out["drafters"].values():
         rows.sort(key=lambda row: -row["speedup"])
     return out
@@ -91,11 +99,17 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     lines = [f"# Drafter shapes on {config['prompts']} calibration prompts per domain "
              f"({', '.join(config['domains'])}), greedy, {config['max_new_tokens']} tokens", "",
              f"Vanilla: {result['vanilla_tokens_per_second']:.1f} tokens/s, measured round-robin with every "
-             "shape. Speedup = tokens/s over vanilla's on the same prompts.", ""]
+             "shape. Speedup = median over prompts and rounds of vanilla's time over the shape's on the same "
+             "prompt (quartiles beside it); pooled = tokens/s over vanilla's.", ""]
     for name, rows in result["drafters"].items():
-        lines += [f"## {name}", "", "| shape | tokens/s | speedup | tau |", "|---|---:|---:|---:|"]
-        lines += [f"| {label(r['shape'])}{' (best)' if i == 0 else ''} | {r['tokens_per_second']:.1f} | "
-                  f"{r['speedup']:.2f}x | {r['tau']:.2f} |" for i, r in enumerate(rows)]
+        lines += [f"## {name}", "", "| shape | tokens/s | speedup | quartiles | pooled | tau |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for i, r in enumerate(rows):
+            low, high = r["speedup_quartiles"]
+            best = " (best)" if i == 0 else ""
+            lines.append(f"| {label(r['shape'])}{best} | {r['tokens_per_second']:.1f} | "
+                         f"{r['speedup']:.2f}x | {low:.2f} to {high:.2f} | {r['pooled_speedup']:.2f}x | "
+                         f"{r['tau']:.2f} |")
         lines.append("")
     return "\n".join(lines)
 
