@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.cli import main
 from real_engine import profile as prof
-from real_engine.model import load_model
+from real_engine.model import ModelArgs, Transformer, load_model
 from simulator.costs import DRAFT_KEYS, load_profile
 
 TINY = dataclasses.replace(prof.QUICK, repeats=2, warmup=0)
@@ -145,3 +146,22 @@ def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(
         bench.run()
         assert len(rows["specblock"][0]["seconds"]) == 2
         assert bool(kept) == recording  # each recorded step keeps the target's rows
+
+
+def test_bench_divides_a_run_of_steps_and_times_vanilla_in_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(range(100))
+    bench = prof.Bench(lambda: float(next(ticks)), repeats=2, warmup=1)
+    calls: list[str] = []
+    single = bench.add(lambda: calls.append("one"))
+    run = bench.add(lambda: calls.append("four"), per=4)
+    bench.run()
+    assert calls == ["one", "four"] * 3 and single == [1.0, 1.0] and run == [0.25, 0.25]
+    steps: list[int] = []
+    monkeypatch.setattr(prof, "_vanilla_step", lambda *args: steps.append(1))
+    grid = dataclasses.replace(prof.QUICK, nodes=(1,), contexts=(4,))
+    timed = prof.Bench(prof.make_timer(torch.device("cpu")), 1, 0)
+    args = ModelArgs(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    _, vanilla = prof.verify_samples(Transformer(args).eval(), grid, timed)
+    timed.run()
+    assert len(steps) == prof.VANILLA_RUN and len(vanilla[0]["seconds"]) == 1  # one sample of a run
