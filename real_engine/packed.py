@@ -37,13 +37,13 @@ FBGEMM = (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")
 
 
 class _Pack:
-    """An fp16 pack of one or more layers' weights stacked, with the weights (and their in-place
-    versions) it was packed from; a copy starts empty."""
+    """An fp16 pack of one or more layers' weights stacked (and their biases), with the parameters (and
+    their in-place versions) it was packed from; a copy starts empty."""
 
     __slots__ = ("bias", "sources", "tensor")
 
     def __init__(self) -> None:
-        self.sources: list[tuple[dict[str, Any], torch.Tensor, int]] = []
+        self.sources: list[tuple[dict[str, Any], str, torch.Tensor | None, int]] = []
         self.tensor: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
 
@@ -51,15 +51,15 @@ class _Pack:
         return _Pack()
 
     def get(self, layers: tuple[Linear, ...], x: torch.Tensor) -> torch.Tensor | None:
-        """The pack of ``layers``' weights for input ``x``, repacked if a weight was replaced or changed
-        in place; None where the product runs unpacked (training, not fp32 on a CPU, not marked). A
+        """The pack of ``layers``' weights for input ``x``, repacked if a weight or bias was replaced or
+        changed in place; None where the product runs unpacked (training, not fp32 on a CPU, not marked). A
         decode step runs this check for every product, so it reads the parameter dicts directly."""
         if (torch.is_grad_enabled() or x.dtype is not torch.float32 or not x.is_cpu or x.numel() == 0
                 or not layers[0].packs_half):
             return None
-        for params, weight, version in self.sources:
-            now = params["weight"]
-            if now is not weight or (version >= 0 and now._version != version):
+        for params, name, tensor, version in self.sources:
+            now = params[name]
+            if now is not tensor or (version >= 0 and now._version != version):
                 return self._repack(layers)
         return self.tensor if self.sources else self._repack(layers)
 
@@ -73,8 +73,8 @@ class _Pack:
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else m.weight.new_zeros(m.out_features)
              for m, b in zip(layers, biases, strict=True)])
-        self.sources = [(m._parameters, w, -1 if w.is_inference() else w._version)
-                        for m, w in zip(layers, weights, strict=True)]
+        self.sources = [(m._parameters, name, t, -1 if t is None or t.is_inference() else t._version)
+                        for m in layers for name, t in (("weight", m.weight), ("bias", m.bias))]
         return self.tensor
 
 

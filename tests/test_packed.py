@@ -83,6 +83,8 @@ def test_fused_layers_equal_each_layer_and_follow_changes(bias: bool) -> None:
         torch.testing.assert_close(fused(x), _separately(fused, x), atol=1e-5, rtol=1e-5)
         fused.layers[2].weight = torch.nn.Parameter(torch.zeros(48, 64))  # replaced
         torch.testing.assert_close(fused(x)[..., 96:], _separately(fused, x)[..., 96:], atol=1e-5, rtol=1e-5)
+        fused.layers[0].bias.add_(1.0)  # a bias changed in place is followed too
+        torch.testing.assert_close(fused(x), _separately(fused, x), atol=1e-5, rtol=1e-5)
 
 
 def test_fused_layers_train_each_weight_and_copy_with_their_module() -> None:
