@@ -74,6 +74,7 @@ class Settings:
     width: int = 4
     budget: int = 16
     chain_depth: int | None = None  # the draft model's chain depth (None: ``depth``), e.g. its deployed one
+    chain_min_confidence: float = 0.0  # with ``chain_depth``: where its chain stops early (0: never)
     policies: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, policy file content) of length policies
     profile: str | None = None  # the cost profile the policies' features come from
 
@@ -245,7 +246,8 @@ class Engine:
             depth = s.chain_depth if chain else s.depth
             drafter = make_drafter("draft-model", self.target, self.draft, depth=depth,
                                    width=s.width if config.shape == "tree" else 1, budget=s.budget,
-                                   paths=s.width if config.shape == "paths" else 1)
+                                   paths=s.width if config.shape == "paths" else 1,
+                                   min_confidence=s.chain_min_confidence if chain else 0.0)
         else:
             drafter = make_drafter(config.drafter, self.target, depth=s.depth)
         if config.policy is None:

@@ -27,29 +27,32 @@ import torch
 
 from policies.errors import InputError
 
-GRIDS: dict[str, tuple[dict[str, int], ...]] = {
+GRIDS: dict[str, tuple[dict[str, float], ...]] = {
     "specblock": tuple({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
     "eagle": tuple({"depth": d, "width": w, "budget": n}
                    for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (3, 2, 6), (4, 2, 8), (3, 4, 16),
                                    (5, 4, 24))),
     "medusa": tuple({"budget": n} for n in (2, 4, 8, 16, 24)),
     "draft-model": (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
+                    *({"depth": d, "width": 1, "min_confidence": c}
+                      for d, c in ((4, 0.5), (6, 0.7), (6, 0.9))),
                     *({"depth": d, "width": w, "budget": n}
                       for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16)))),
 }
 """Shapes tried per drafter (``make_drafter`` options): SpecBlock's block forwards (M) and drafted
 nodes; EAGLE's depth, top-k and total tokens; Medusa's static-tree nodes; the draft model's chain
-depth, or its top-k tree's depth, width and nodes."""
+depth (fixed, or at most that deep while its top probability stays at ``min_confidence``), or its
+top-k tree's depth, width and nodes."""
 DRAFT_MODEL_FOLDER = "draft"  # the draft model's folder under the drafters' folder, as data/models/draft
 
 
-def label(shape: Mapping[str, int]) -> str:
+def label(shape: Mapping[str, float]) -> str:
     """``blocks=1 budget=16`` style."""
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
 def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, Path],
-          grids: Mapping[str, Sequence[Mapping[str, int]]] = GRIDS, max_new_tokens: int = 48,
+          grids: Mapping[str, Sequence[Mapping[str, float]]] = GRIDS, max_new_tokens: int = 48,
           rounds: int = 1, progress: bool = True, draft: Any = None) -> dict[str, Any]:
     """Greedy tokens/s of vanilla and of every shape of every drafter (``name -> folder``; the
     ``draft-model`` drafts with ``draft``) on ``prompts``, measured round-robin; per drafter, its

@@ -87,13 +87,15 @@ def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
 def make_drafter(name: str, target: Transformer, draft: Transformer | None = None, *,
                  folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
                  budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
-                 blocks: int | None = None, deployed: bool = True) -> Drafter | None:
+                 blocks: int | None = None, min_confidence: float | None = None,
+                 deployed: bool = True) -> Drafter | None:
     """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
 
     ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
     with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
-    sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep; given the draft
-    model's ``folder``, options left None take its deployed shape (``drafting.json``). ``specblock``,
+    sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep, a chain stopping early
+    where its law's top probability falls below ``min_confidence`` (0: never); given the draft model's
+    ``folder``, options left None take its deployed shape (``drafting.json``). ``specblock``,
     ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
     their deployed shape (``deployed=False``: their trained settings) where an option is None
     (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
@@ -103,6 +105,8 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
     low = next((f"{k}={v}" for k, v in options.items() if v is not None and v < 1), None)
     if low is not None:
         raise InputError(f"drafter option {low} is below 1: give a positive value")
+    if min_confidence is not None and not 0 <= min_confidence <= 1:
+        raise InputError(f"minimum draft confidence {min_confidence}: give a probability in [0, 1]")
     if name == "none":
         return None
     if name == "ngram":
@@ -116,13 +120,14 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                              "tokenizer")
         if deployed and folder is not None and paths is None:
             saved = deployed_shape(name, folder)
-            depth, width, budget = (v if v is not None else saved.get(k)
-                                    for k, v in (("depth", depth), ("width", width), ("budget", budget)))
+            given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence}
+            depth, width, budget, min_confidence = (saved.get(k) if v is None else v
+                                                    for k, v in given.items())
         width, paths = width or 1, paths or 1
         if width > 1 and paths > 1:
             raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
         shape = "paths" if paths > 1 else "tree" if width > 1 else "chain"
-        return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths)
+        return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0)
     if name in TRAINED:
         return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks,
                             deployed=deployed)

@@ -22,7 +22,8 @@ SINGLE = ("greedy", "token", "block", "rrs")
 # (drafter, draft shape, verifiers): gbv needs i.i.d. paths, gbv and seqbv equal-length unmerged paths.
 CONFIGS = [("ngram", {}, (*SINGLE, "seqbv")), ("draft-model", {"depth": 3}, ALL),
            ("draft-model", {"width": 3, "budget": 8, "depth": 3}, SINGLE),
-           ("draft-model", {"paths": 2, "depth": 3}, ALL)]
+           ("draft-model", {"paths": 2, "depth": 3}, ALL),
+           ("draft-model", {"depth": 5, "min_confidence": 0.3}, SINGLE)]
 NEW_TOKENS = 10
 
 
@@ -77,7 +78,7 @@ class Recorder:
     """Wraps a drafter and records each proposal with the committed context it was drafted from."""
 
     def __init__(self, inner: DraftModelDrafter) -> None:
-        self.inner, self.proposals = inner, []
+        self.inner, self.proposals, self.max_depths = inner, [], []
 
     @property
     def model_seconds(self) -> float:
@@ -90,11 +91,42 @@ class Recorder:
     def propose(self, max_depth: int) -> DraftTree:
         self.tree = self.inner.propose(max_depth)
         self.proposals.append((list(self.context), self.tree))
+        self.max_depths.append(max_depth)
         return self.tree
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         self.context += [int(self.tree.tokens[n]) for n in path] + [token]
         self.inner.accept(path, token, target)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_chain_stops_where_its_law_falls_below_min_confidence(temperature: float, target: Transformer,
+                                                               draft: Transformer) -> None:
+    """Each proposal drafts past position d only when position d's law (the softmax at T = 0, the warped
+    q otherwise) puts at least ``min_confidence`` on its top token; 0 never stops early, 1 always does."""
+    sampling = Sampling(temperature)
+    verifier = "greedy" if sampling.greedy else "block"
+
+    def run(m: float) -> tuple[list[int], list[float]]:
+        recorder = Recorder(make_drafter("draft-model", target, draft, depth=4, min_confidence=m))
+        generate(target, [5, 6, 7], drafter=recorder, verifier=verifier, sampling=sampling, max_new_tokens=24,
+                 seed=1)
+        drafted, seen = [], []
+        for (_, tree), cap in zip(recorder.proposals, recorder.max_depths, strict=True):
+            # position d's law is q's row d - 1; greedy q is one-hot, so there the softmax of the drafted
+            # argmax, the node's confidence
+            tops = (tree.confidence[1:] if sampling.greedy else tree.q[:-1].max(-1).values).tolist()
+            n = tree.size - 1  # the last proposals are also cut by the tokens left (cap)
+            assert all(top >= m for top in tops[:n - 1])  # no stop before the last token
+            assert n == min(4, cap) or tops[n - 1] < m  # the stop, or the full depth
+            drafted.append(n)
+            seen += tops
+        return drafted, seen
+
+    never, tops = run(0.0)
+    assert set(never[:4]) == {4}
+    assert set(run(1.0)[0]) == {1}
+    assert len(set(run(float(torch.tensor(tops).median()))[0])) > 1
 
 
 def ancestry(tree: DraftTree, node: int) -> list[int]:

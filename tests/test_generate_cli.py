@@ -100,6 +100,10 @@ def broken_copies(llama_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     (["--drafter", "ngram", "--verifier", "gbv"], "i.i.d. sampled paths"),
     (["--drafter", "draft-model", "--draft-model", "{draft}", "--tree-width", "2", "--verifier", "seqbv"],
      "not a top-k tree"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--tree-width", "2", "--min-confidence", "0.5"],
+     "stops a chain early"),
+    (["--drafter", "ngram", "--min-confidence", "0.5"], "--min-confidence does not apply"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--min-confidence", "1.5"], "--min-confidence"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, llama_dir: Path, draft_dir: Path,
                                           other_vocab_dir: Path, tmp_path: Path,

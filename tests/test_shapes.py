@@ -3,6 +3,7 @@ then uses, and one-line input errors. Tiny random models, CPU."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,11 @@ def test_the_draft_model_is_swept_and_deployed_from_its_folder(llama_dir: Path, 
     assert make_drafter("draft-model", target, target, folder=folder, width=1).shape == "chain"
     assert make_drafter("draft-model", target, target, folder=folder, deployed=False).shape == "chain"
     assert make_drafter("draft-model", target, target).shape == "chain"  # no folder: no deployed shape
+    write_shape("draft-model", folder, {"depth": 6, "width": 1, "min_confidence": 0.7}, {"speedup": 1.0})
+    drafter = make_drafter("draft-model", target, target, folder=folder)
+    assert (drafter.shape, drafter.depth, drafter.min_confidence) == ("chain", 6, 0.7)
+    assert make_drafter("draft-model", target, target, folder=folder, min_confidence=0).min_confidence == 0
+    for bad in (1.5, -0.1, True, "0.5"):
+        (folder / "drafting.json").write_text(json.dumps({"shape": {"depth": 2, "min_confidence": bad}}))
+        with pytest.raises(InputError, match=r"drafting\.json"):
+            make_drafter("draft-model", target, target, folder=folder)

@@ -185,3 +185,25 @@ def test_adaptation_policy_is_refused_with_the_fix(tiny: Transformer) -> None:
         LengthControlled(
             make_drafter("ngram", tiny), make_policy("cost_aware_bandit"), load_profile(PROFILE), "ngram"
         )
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_chain_stopped_by_its_laws_top_probability_is_lossless(verifier: str, seed: int) -> None:
+    """The draft model's ``min_confidence`` stop: keep drafting while the latest position's law puts at
+    least ``m`` on its top token. It reads laws only, so sampled chains stay lossless."""
+    inst = random_instance(3, 3, np.random.default_rng(seed), "mix")
+    m = min(inst.q(()).max(), float(np.median([inst.q((a,)).max() for a in range(3)])))  # root passes
+    law: dict = defaultdict(float)
+    lengths = set()
+    rows = exact._Rows(inst)
+    for prob, paths in exact.draft_law(inst, 1, "iid"):
+        tree, p = exact.draft_tree(inst, paths, "iid", rows)
+        tops = tree.q[:-1].max(-1).values.tolist()  # position d's law is row d - 1
+        n = next((d for d in range(1, tree.size) if tops[d - 1] < m), tree.size - 1)
+        lengths.add(n)
+        pruned, keep = subtree(tree, list(range(1, n + 1)))
+        for out, w in exact.tree_output_law(verifier, pruned, p[keep]).items():
+            law[out] += prob * w
+    assert exact.law_error(dict(law), inst) < 1e-9
+    assert len(lengths) > 1  # the stop cut drafts at different depths

@@ -91,7 +91,8 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--seed", type=int, default=0, show_default=True, help="Prompt j decodes with seed + j.")
 @click.option("--draft-length", type=int, default=None,
               help="Draft depth of n-gram and of the draft model's chain and tree [default: 4, and for the "
-                   "draft model's chain the depth `specblock shapes --apply` deployed, if a chain].")
+                   "draft model's chain the depth and early stop that `specblock shapes --apply` deployed, "
+                   "if a chain].")
 @click.option("--tree-width", type=int, default=4, show_default=True,
               help="Draft-model tree width (and path count for the paths shape).")
 @click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft-model tree: nodes kept.")
@@ -128,18 +129,20 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
             raise InputError(f"{flag} is {value}: give at least 1")
     if tag is not None and (not tag or not tag.replace("-", "").replace("_", "").isalnum()):
         raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
-    chain_depth = None
+    chain_depth, min_confidence = None, 0.0
     if draft_length is None and (draft_dir / "config.json").is_file():
         from real_engine.drafters.trained import deployed_shape
 
         deployed = deployed_shape("draft-model", draft_dir)
-        chain_depth = deployed.get("depth") if deployed.get("width", 1) == 1 else None
+        if deployed.get("width", 1) == 1:
+            chain_depth, min_confidence = deployed.get("depth"), deployed.get("min_confidence", 0.0)
     settings = Settings(
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
-        budget=tree_budget, chain_depth=chain_depth, policies=_policies(policy_files),
+        budget=tree_budget, chain_depth=chain_depth, chain_min_confidence=min_confidence,
+        policies=_policies(policy_files),
         profile=str(profile_path))
     _model(model_dir, "--model", "target")
     notes: list[str] = []

@@ -3,7 +3,12 @@
 Three shapes of draft:
 
 - ``chain``: ``depth`` tokens, each sampled from the warped draft law ``q`` (the argmax at
-  temperature 0); child rule ``iid``.
+  temperature 0); child rule ``iid``. With ``min_confidence`` it drafts a further token only while the
+  latest token's law puts at least that much on its most likely token (transformers' assisted
+  generation stops its assistant alike, by ``assistant_confidence_threshold``): a short draft where the
+  draft model is unsure, a long one through text it predicts well. The stop reads the draft's laws only
+  (their largest probability, as a length policy's hook does), never the target's, so verification
+  stays lossless (enumerated exactly in ``tests/test_speculate.py``).
 - ``tree``: a deterministic top-k tree (child rule ``topk``). Depth by depth the ``width`` best
   frontier nodes (by path probability) are expanded into their ``width`` most likely children, in
   one forward per depth; the ``budget`` best nodes form the tree, in depth-first order so that
@@ -38,18 +43,22 @@ class DraftModelDrafter:
     """Drafts with ``model`` (sharing the target's vocabulary) as a chain, a top-k tree or K paths."""
 
     def __init__(self, model: Transformer, shape: str = "chain", depth: int = 4, width: int = 4,
-                 budget: int = 16, paths: int = 4) -> None:
+                 budget: int = 16, paths: int = 4, min_confidence: float = 0.0) -> None:
         if shape not in SHAPES:
             raise InputError(f"unknown draft shape {shape!r}: use one of {', '.join(SHAPES)}")
         if min(depth, width, budget, paths) < 1:
             raise InputError("draft depth, tree width, tree budget and path count must all be >= 1")
+        if not 0.0 <= min_confidence <= 1.0:
+            raise InputError(f"minimum draft confidence {min_confidence}: give a probability in [0, 1] "
+                             "(0: never stop early)")
         self.model, self.shape = model, shape
         self.depth, self.width, self.budget, self.paths = depth, width, budget, paths
+        self.min_confidence = min_confidence
         self.device = model.lm_head.weight.device
         self.model_seconds = 0.0
         # A chain's stopping rule (``real_engine.speculate``): called after each drafted token with the
         # largest probability of every position's law so far (never the sampled token's own, which would
-        # bias the draft); False ends the chain there.
+        # bias the draft); False ends the chain there. ``min_confidence`` reads the same ones.
         self.keep_drafting: Callable[[list[float]], bool] | None = None
         # Per-proposal state: the committed length once the root has run, the cache slot (offset
         # after it) of each forwarded tree node, and the tree's tokens.
@@ -129,9 +138,10 @@ class DraftModelDrafter:
             confidence.append(law[tokens[-1]][None])
             if d == depth:
                 break
-            if self.keep_drafting is not None:
+            if self.min_confidence or self.keep_drafting is not None:
                 laws.append(float(law.max()))
-                if not self.keep_drafting(laws):
+                unsure = laws[-1] < self.min_confidence
+                if unsure or (self.keep_drafting is not None and not self.keep_drafting(laws)):
                     break
             self._slots[d] = d - 1
             logits = self._forward(tokens[-1][None])[0]

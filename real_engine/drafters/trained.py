@@ -25,29 +25,36 @@ TRAINED = ("specblock", "eagle", "medusa")
 FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"
 SHAPE_OPTIONS = {"specblock": ("blocks", "budget"), "eagle": ("depth", "width", "budget"),
-                 "medusa": ("depth", "budget"), "draft-model": ("depth", "width", "budget")}
+                 "medusa": ("depth", "budget"), "draft-model": ("depth", "width", "budget", "min_confidence")}
 # the options each drafter's shape takes; a draft model's drafting.json lies in the draft model's folder
 
 
-def deployed_shape(name: str, folder: str | Path) -> dict[str, int]:
+def deployed_shape(name: str, folder: str | Path) -> dict[str, float]:
     """The shape saved in ``folder/drafting.json`` (empty when there is none)."""
     path = Path(folder) / SHAPE_FILE
     if not path.is_file():
         return {}
     try:
         shape = json.loads(path.read_text())["shape"]
-        ok = isinstance(shape, dict) and all(k in SHAPE_OPTIONS[name] and isinstance(v, int) and v >= 1
+        ok = isinstance(shape, dict) and all(k in SHAPE_OPTIONS[name] and _valid(k, v)
                                               for k, v in shape.items())
     except (json.JSONDecodeError, KeyError, TypeError):
         ok = False
     if not ok:
-        raise InputError(f"{path} is not a {name} drafting shape ({{\"shape\": {{option: positive int}}}} "
-                         f"with options {', '.join(SHAPE_OPTIONS[name])}): fix it, delete it, or rewrite it "
-                         "with `specblock shapes --apply`")
+        raise InputError(f"{path} is not a {name} drafting shape ({{\"shape\": {{option: value}}}} with "
+                         f"options {', '.join(SHAPE_OPTIONS[name])}: positive ints, a probability for "
+                         "min_confidence): fix it, delete it, or rewrite it with `specblock shapes --apply`")
     return dict(shape)
 
 
-def write_shape(name: str, folder: str | Path, shape: dict[str, int], record: dict[str, Any]) -> Path:
+def _valid(option: str, value: Any) -> bool:
+    """Whether ``value`` suits ``option``: a probability for ``min_confidence``, else a positive int."""
+    if option == "min_confidence":
+        return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def write_shape(name: str, folder: str | Path, shape: dict[str, float], record: dict[str, Any]) -> Path:
     """Save ``shape`` as ``folder``'s deployed shape, with ``record`` (how it was chosen)."""
     from policies.io import write_json
 
