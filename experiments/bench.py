@@ -73,8 +73,8 @@ class Settings:
     depth: int = 4
     width: int = 4
     budget: int = 16
-    chain_depth: int | None = None  # the draft model's chain depth (None: ``depth``), e.g. its deployed one
-    chain_min_confidence: float = 0.0  # with ``chain_depth``: where its chain stops early (0: never)
+    # the draft model's chain options (depth, min_confidence, vocab), e.g. its deployed shape; None: ``depth``
+    chain: dict[str, float] | None = None
     policies: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, policy file content) of length policies
     profile: str | None = None  # the cost profile the policies' features come from
 
@@ -220,8 +220,9 @@ class Engine:
     """Our engine's side of the bench: the target, the draft model and one recorded drafter per config."""
 
     def __init__(self, target: Transformer, draft: Transformer | None, drafters_dir: Path,
-                 settings: Settings, eos_id: int | None) -> None:
+                 settings: Settings, eos_id: int | None, draft_dir: Path | None = None) -> None:
         self.target, self.draft, self.dir, self.s, self.eos_id = target, draft, drafters_dir, settings, eos_id
+        self.draft_dir = draft_dir  # the draft model's folder: its token order, for a reduced vocabulary
         self.recorders: dict[Config, Recorder] = {}
         self.counters: dict[int, list[int]] = {}
 
@@ -242,12 +243,12 @@ class Engine:
             drafter = make_drafter(config.drafter, self.target, folder=self.dir / config.drafter,
                                    deployed=config.shape != "trained")
         elif config.drafter == "draft-model":
-            chain = config.shape == "chain" and s.chain_depth is not None
-            depth = s.chain_depth if chain else s.depth
-            drafter = make_drafter("draft-model", self.target, self.draft, depth=depth,
-                                   width=s.width if config.shape == "tree" else 1, budget=s.budget,
-                                   paths=s.width if config.shape == "paths" else 1,
-                                   min_confidence=s.chain_min_confidence if chain else 0.0)
+            chain = config.shape == "chain" and s.chain is not None
+            options = dict(s.chain) if chain else {"depth": s.depth}
+            drafter = make_drafter("draft-model", self.target, self.draft, folder=self.draft_dir,
+                                   deployed=False, width=s.width if config.shape == "tree" else 1,
+                                   budget=s.budget, paths=s.width if config.shape == "paths" else 1,
+                                   **options)
         else:
             drafter = make_drafter(config.drafter, self.target, depth=s.depth)
         if config.policy is None:

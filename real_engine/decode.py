@@ -18,7 +18,7 @@ import torch
 
 from policies.errors import InputError
 from real_engine.drafters.base import Drafter, clock
-from real_engine.drafters.draft_model import DraftModelDrafter
+from real_engine.drafters.draft_model import DraftModelDrafter, load_vocab
 from real_engine.drafters.ngram import NgramDrafter
 from real_engine.drafters.trained import TRAINED, deployed_shape, load_trained
 from real_engine.kv_cache import KVCache
@@ -87,21 +87,22 @@ def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
 def make_drafter(name: str, target: Transformer, draft: Transformer | None = None, *,
                  folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
                  budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
-                 blocks: int | None = None, min_confidence: float | None = None,
+                 blocks: int | None = None, min_confidence: float | None = None, vocab: int | None = None,
                  deployed: bool = True) -> Drafter | None:
     """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
 
     ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
     with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
     sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep, a chain stopping early
-    where its law's top probability falls below ``min_confidence`` (0: never); given the draft model's
-    ``folder``, options left None take its deployed shape (``drafting.json``). ``specblock``,
+    where its law's top probability falls below ``min_confidence`` (0: never), drafting only the ``vocab``
+    most frequent tokens of its folder's token order when given; given the draft model's ``folder``,
+    options left None take its deployed shape (``drafting.json``). ``specblock``,
     ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
     their deployed shape (``deployed=False``: their trained settings) where an option is None
     (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
     """
     options = {"depth": depth, "width": width, "budget": budget, "paths": paths, "max_ngram": max_ngram,
-               "blocks": blocks}
+               "blocks": blocks, "vocab": vocab}
     low = next((f"{k}={v}" for k, v in options.items() if v is not None and v < 1), None)
     if low is not None:
         raise InputError(f"drafter option {low} is below 1: give a positive value")
@@ -120,14 +121,20 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                              "tokenizer")
         if deployed and folder is not None and paths is None:
             saved = deployed_shape(name, folder)
-            given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence}
-            depth, width, budget, min_confidence = (saved.get(k) if v is None else v
-                                                    for k, v in given.items())
+            given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence,
+                     "vocab": vocab}
+            depth, width, budget, min_confidence, vocab = (saved.get(k) if v is None else v
+                                                           for k, v in given.items())
         width, paths = width or 1, paths or 1
         if width > 1 and paths > 1:
             raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
         shape = "paths" if paths > 1 else "tree" if width > 1 else "chain"
-        return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0)
+        if vocab is not None and folder is None:
+            raise InputError("a reduced drafting vocabulary needs the draft model's folder (its token "
+                             "order): pass the folder, or drop the vocab option")
+        ids = None if vocab is None else load_vocab(folder, int(vocab))
+        return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0,
+                                 ids)
     if name in TRAINED:
         return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks,
                             deployed=deployed)

@@ -260,13 +260,15 @@ class Transformer(nn.Module):
                        w.dtype, w.device)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cache: KVCache | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+                cache: KVCache | None = None, tree_mask: torch.Tensor | None = None,
+                head: nn.Module | None = None) -> Output:
         """Run ``tokens`` ([B, T]) at ``positions`` ([T] or [B, T]; default after the cache).
 
         With a cache the new tokens attend to the committed prefix and, among themselves, causally
         or by ``tree_mask`` ([T, T] bool, True where attention is allowed; or [T, length + T] to mask
         committed positions too, as a drafter expanding a tree depth by depth needs). The cache's
-        pending region holds them afterwards: commit or ``keep`` it.
+        pending region holds them afterwards: commit or ``keep`` it. ``head`` replaces the LM head (a
+        drafter's head cut to a reduced vocabulary; the logits then have its width).
         """
         t = tokens.shape[1]
         start = cache.length if cache is not None else 0
@@ -283,7 +285,7 @@ class Transformer(nn.Module):
         by_layer = dict(zip(sorted(set(self.args.feature_layers)), feats, strict=True))
         features = torch.cat([by_layer[i] for i in self.args.feature_layers], dim=-1)
         hidden = self.model.norm(x)
-        return Output(self.lm_head(hidden), features, hidden)
+        return Output((self.lm_head if head is None else head)(hidden), features, hidden)
 
     @staticmethod
     def _mask(t: int, start: int, tree_mask: torch.Tensor | None,

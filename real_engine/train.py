@@ -459,4 +459,32 @@ def train_draft_model(out: Path, run_dir: Path, target_dir: Path, cfg: TrainConf
     agreement = top1_agreement(model, teacher, heldout_windows(cfg.seq_len, cfg.final_eval_windows))
     extra |= {"target": str(target_dir), "top1_agreement_with_target": agreement,
              "target_decode_step_ms_fp32": decode_step_ms(teacher)}
-    return _finish(model, state, cfg, out, extra)
+    log = _finish(model, state, cfg, out, extra)
+    write_token_order(out, teacher, seed=cfg.seed)
+    return log
+
+
+def write_token_order(folder: Path, target: Transformer, windows: int = 512, seq_len: int = 256,
+                      seed: int = 0) -> Path:
+    """Write ``folder/draft_vocab.json``: every token id by how often ``target`` predicts it (its top
+    token) over ``windows`` seeded training windows, then by its count over the training splits of all
+    corpus domains, then by id. A reduced drafting vocabulary takes its most frequent tokens from this
+    order (``drafters.draft_model.load_vocab``), as SpecBlock's takes the target's top tokens."""
+    from real_engine.drafters.draft_model import VOCAB_FILE
+
+    v = target.args.vocab_size
+    stream = np.concatenate([token_stream(d, "train") for d in corpus.DOMAINS])
+    counts = np.bincount(stream, minlength=v)
+    if counts.size != v:
+        raise InputError(f"the corpus holds token ids beyond the vocabulary of {v}: retokenize it")
+    data, top = TokenWindows(stream, seq_len, seed), torch.zeros(v, dtype=torch.long)
+    with torch.inference_mode():
+        for start in range(0, windows, 16):
+            batch = data.batch(start, min(16, windows - start))[:, :-1]
+            top += torch.bincount(target(batch).logits.argmax(-1).flatten(), minlength=v)
+    order = np.lexsort((np.arange(v), -counts, -top.numpy()))  # by top count, then corpus count, then id
+    return write_json(Path(folder) / VOCAB_FILE, {
+        "ids": order.tolist(), "windows": windows, "seq_len": seq_len, "seed": seed,
+        "source": "the target's top token over seeded training windows, then token counts over the "
+                  "training split of every corpus domain",
+        "corpus_sha256": json.loads((DATA_DIR / "corpus_manifest.json").read_text())["sha256"]})

@@ -151,7 +151,9 @@ def test_the_draft_models_chain_drafts_its_deployed_depth(llama_dir: Path, draft
     from real_engine.drafters.trained import write_shape
 
     draft = shutil.copytree(draft_dir, tmp_path / "draft")
-    write_shape("draft-model", draft, {"depth": 2, "width": 1}, {})
+    deployed = {"depth": 2, "width": 1, "min_confidence": 0.01, "vocab": 32}
+    write_shape("draft-model", draft, deployed, {})
+    (draft / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
     base = ["--model", str(llama_dir), "--draft-model", str(draft), "--prompts-dir", str(prompts_dir),
             "--domains", "code", "--prompts", "1", "--max-new-tokens", "8", "--drafters",
             "none,ngram,draft-model", "--temperatures", "0", "--no-hf", "--out", str(tmp_path), "--json"]
@@ -159,10 +161,11 @@ def test_the_draft_models_chain_drafts_its_deployed_depth(llama_dir: Path, draft
         code, stdout, err = run([*base, *extra], capsys)
         assert code == 0, err
         rows = {(r["drafter"], r["shape"]): r for r in json.loads(stdout)["rows"] if r["domain"] == "code"}
-        assert len(rows["draft-model", "chain"]["alpha"]) == chain_depth
+        assert len(rows["draft-model", "chain"]["alpha"]) <= chain_depth
+        assert rows["draft-model", "chain"]["greedy_identical"] is True
         assert len(rows["ngram", "chain"]["alpha"] or []) <= (3 if extra else 4)
-        assert json.loads((tmp_path / "bench.json").read_text())["config"]["chain_depth"] == (
-            None if extra else 2)
+        assert json.loads((tmp_path / "bench.json").read_text())["config"]["chain"] == (
+            None if extra else {"depth": 2, "min_confidence": 0.01, "vocab": 32})
 
 
 @pytest.mark.parametrize(("args", "needle"), [

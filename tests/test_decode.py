@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -276,3 +277,50 @@ def test_bad_input_raises_input_error(target: Transformer, draft: Transformer, o
         make_drafter("eagle", target, folder=other_vocab_dir)  # a model folder, not an EAGLE drafter's
     with pytest.raises(InputError, match="token ids"):
         generate(target, [1, 96])
+
+
+@pytest.mark.parametrize("shape", [{}, {"width": 3, "budget": 8}, {"paths": 2}])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@torch.inference_mode()
+def test_a_reduced_vocabulary_drafts_only_its_tokens(shape: dict, temperature: float, target: Transformer,
+                                                     draft: Transformer, tmp_path: Path) -> None:
+    """With ``vocab`` every shape drafts from laws that are the draft model's, renormalised over the
+    ``vocab`` first tokens of its folder's order and zero elsewhere; greedy output stays vanilla's."""
+    order = torch.randperm(96, generator=torch.Generator().manual_seed(0)).tolist()
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": order}))
+    allowed = torch.zeros(96, dtype=torch.bool)
+    allowed[order[:24]] = True
+    sampling = Sampling(temperature)
+    drafter = make_drafter("draft-model", target, draft, folder=tmp_path, depth=3, vocab=24, **shape)
+    recorder = Recorder(drafter)
+    verifier = "greedy" if sampling.greedy else "rrs" if "width" in shape else "token"
+    out = generate(target, [5, 6, 7], drafter=recorder, verifier=verifier, sampling=sampling,
+                   max_new_tokens=16)
+    if sampling.greedy:
+        assert out.tokens == generate(target, [5, 6, 7], max_new_tokens=16).tokens
+    for context, tree in recorder.proposals:
+        assert bool(allowed[tree.tokens[1:]].all())
+        with_children = set(tree.parents.tolist()[1:])
+        for node in with_children:
+            sequence = torch.tensor(context + tree.tokens[ancestry(tree, node)].tolist())
+            logits = draft(sequence[None]).logits[0, -1].masked_fill(~allowed, float("-inf"))
+            law = logits.softmax(-1) if "width" in shape and sampling.greedy else warp(logits, sampling)
+            torch.testing.assert_close(tree.q[node], law, atol=1e-5, rtol=0)
+            assert float(tree.q[node][~allowed].abs().sum()) == 0.0
+
+
+def test_a_reduced_vocabulary_needs_a_valid_token_order(target: Transformer, draft: Transformer,
+                                                        tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="draft model's folder"):
+        make_drafter("draft-model", target, draft, vocab=8)
+    with pytest.raises(InputError, match=r"no draft_vocab\.json"):
+        make_drafter("draft-model", target, draft, folder=tmp_path, vocab=8)
+    for bad in ('{"ids": [1, 1, 2]}', '{"ids": "abc"}', "[", '{"order": [1]}'):
+        (tmp_path / "draft_vocab.json").write_text(bad)
+        with pytest.raises(InputError, match="not a token order"):
+            make_drafter("draft-model", target, draft, folder=tmp_path, vocab=1)
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": [3, 200, 5]}))
+    with pytest.raises(InputError, match="1 to 3"):
+        make_drafter("draft-model", target, draft, folder=tmp_path, vocab=4)
+    with pytest.raises(InputError, match="below 96"):
+        make_drafter("draft-model", target, draft, folder=tmp_path, vocab=2)

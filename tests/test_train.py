@@ -71,3 +71,30 @@ def test_distillation_loss_is_kl_plus_weighted_lm_loss(tmp_path, tokens) -> None
     cfg = dataclasses.replace(TINY, steps=1, lm_weight=0.25)
     row = _run(student, cfg, tmp_path, tokens, teacher=teacher)["loss_curve"][0]
     assert row["loss"] == pytest.approx(0.25 * row["ce"], abs=1e-3)
+
+
+def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_path, monkeypatch) -> None:
+    """``draft_vocab.json``: the target's top tokens over the windows by count, then the rest by count in
+    the corpus, then by id; every id once, and the draft model's ``load_vocab`` reads its head."""
+    import json
+
+    from real_engine import train
+    from real_engine.drafters.draft_model import load_vocab
+
+    stream = np.array([5] * 40 + [7] * 30 + [9] * 20 + list(range(VOCAB)), dtype=np.uint16)
+    monkeypatch.setattr(train, "token_stream", lambda domain, split: stream)
+    class Target:  # its top token is 3 wherever its input is 9, else 0
+        args = TINY.model_args(VOCAB, 0)
+
+        def __call__(self, batch: torch.Tensor):
+            logits = torch.zeros(*batch.shape, VOCAB)
+            logits[..., 0] = 1.0
+            logits[..., 3] = 2.0 * (batch == 9)
+            return type("Out", (), {"logits": logits})
+
+    target = Target()
+    path = train.write_token_order(tmp_path, target, windows=4, seq_len=16)
+    ids = json.loads(path.read_text())["ids"]
+    assert sorted(ids) == list(range(VOCAB))
+    assert ids[:5] == [0, 3, 5, 7, 9] and ids[5:8] == [1, 2, 4]  # by top count, corpus count, then id
+    assert load_vocab(tmp_path, 2).tolist() == [0, 3]

@@ -129,20 +129,19 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
             raise InputError(f"{flag} is {value}: give at least 1")
     if tag is not None and (not tag or not tag.replace("-", "").replace("_", "").isalnum()):
         raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
-    chain_depth, min_confidence = None, 0.0
+    chain = None
     if draft_length is None and (draft_dir / "config.json").is_file():
         from real_engine.drafters.trained import deployed_shape
 
         deployed = deployed_shape("draft-model", draft_dir)
-        if deployed.get("width", 1) == 1:
-            chain_depth, min_confidence = deployed.get("depth"), deployed.get("min_confidence", 0.0)
+        if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
+            chain = {k: v for k, v in deployed.items() if k in ("depth", "min_confidence", "vocab")}
     settings = Settings(
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
-        budget=tree_budget, chain_depth=chain_depth, chain_min_confidence=min_confidence,
-        policies=_policies(policy_files),
+        budget=tree_budget, chain=chain, policies=_policies(policy_files),
         profile=str(profile_path))
     _model(model_dir, "--model", "target")
     notes: list[str] = []
@@ -199,7 +198,8 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     draft = load_model(draft_dir, torch.float32, device) if draft_dir is not None else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     context = min(m.args.max_position_embeddings for m in (target, draft) if m is not None)
-    limit = context - settings.max_new_tokens - max(settings.depth, settings.chain_depth or 0) - 1
+    deepest = max(settings.depth, int((settings.chain or {}).get("depth", 0)))
+    limit = context - settings.max_new_tokens - deepest - 1
     if limit < 1:
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} leaves no room for a prompt in the "
                          f"models' context of {context}: lower it")
@@ -216,7 +216,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     configs, plan_notes = plan(settings, available, hf)
     notes.extend(plan_notes)
     peer = HFPeer(model_dir, draft_dir, device) if hf else None
-    engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id)
+    engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id, draft_dir)
     agree = {d: agreement(target, draft, p) for d, p in prompts.items()} if draft is not None else {}
     confusion = {}
     if "specblock" in available and "specblock" in settings.drafters:

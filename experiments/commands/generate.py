@@ -17,7 +17,8 @@ DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
 DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
 TRAINED = ("specblock", "eagle", "medusa")  # drafters loaded from trained weights (--drafter-model)
 USES = {"none": (), "ngram": ("--draft-length", "--ngram-max"),  # the draft options each drafter reads
-        "draft-model": ("--draft-length", "--tree-width", "--tree-budget", "--paths", "--min-confidence"),
+        "draft-model": ("--draft-length", "--tree-width", "--tree-budget", "--paths", "--min-confidence",
+                        "--draft-vocab"),
         "specblock": ("--drafter-model", "--tree-budget", "--blocks"),
         "eagle": ("--drafter-model", "--draft-length", "--tree-width", "--tree-budget"),
         "medusa": ("--drafter-model", "--draft-length", "--tree-budget")}
@@ -129,6 +130,9 @@ class _Stream:
 @click.option("--min-confidence", type=click.FloatRange(0, 1), default=None, show_default="0",
               help="Draft model's chain: draft a further token only while the draft's top probability is "
                    "at least this (assisted generation's assistant_confidence_threshold).")
+@click.option("--draft-vocab", type=int, default=None, show_default="all",
+              help="Draft model: draft only this many of its most frequent tokens (draft_vocab.json in "
+                   "its folder).")
 @click.option("--paths", type=int, default=None, show_default="1",
               help="Draft model: >1 samples this many independent paths (for rrs, gbv, seqbv).")
 @click.option("--blocks", type=int, default=None, show_default="2",
@@ -151,7 +155,8 @@ class _Stream:
 def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | None, verifier: str | None,
             temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int,
             draft_length: int | None, tree_width: int | None, tree_budget: int | None,
-            min_confidence: float | None, paths: int | None, blocks: int | None, ngram_max: int | None,
+            min_confidence: float | None, draft_vocab: int | None, paths: int | None, blocks: int | None,
+            ngram_max: int | None,
             policy: Path | None, profile_path: Path, device: str | None, dtype: str, prompt: str | None,
             prompt_file: Path | None, as_json: bool) -> None:
     """Generate text from a prompt, with speculative decoding unless --drafter none.
@@ -163,7 +168,7 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     length_policy = None if policy is None else _check_policy(policy, drafter, paths)
     _check_options(drafter, {"--drafter-model": drafter_dir, "--draft-length": draft_length,
                              "--tree-width": tree_width, "--tree-budget": tree_budget, "--paths": paths,
-                             "--min-confidence": min_confidence,
+                             "--min-confidence": min_confidence, "--draft-vocab": draft_vocab,
                              "--blocks": blocks, "--ngram-max": ngram_max})
     if min_confidence and max(tree_width or 1, paths or 1) > 1:
         raise InputError("--min-confidence stops a chain early, not a tree or paths: drop it, or drop "
@@ -191,7 +196,7 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     folder = draft_dir if drafter == "draft-model" else drafter_dir  # where its drafting.json lies
     spec = make_drafter(drafter, target, draft, folder=folder, depth=draft_length, width=tree_width,
                         budget=tree_budget, paths=paths, max_ngram=ngram_max, blocks=blocks,
-                        min_confidence=min_confidence)
+                        min_confidence=min_confidence, vocab=draft_vocab)
     if length_policy is not None:
         from real_engine.speculate import LengthControlled
         from simulator.costs import load_profile

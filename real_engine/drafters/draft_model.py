@@ -16,6 +16,11 @@ Three shapes of draft:
 - ``paths``: ``paths`` independent chains of length ``depth`` sampled from ``q`` and left unmerged
   (``DraftTree.from_paths``), one batched forward per depth, for RRS, GBV and SeqBV.
 
+With ``vocab`` (token ids, the most frequent first: ``load_vocab`` reads them from the draft model's
+folder) every shape drafts only those tokens, as FR-Spec and EAGLE-3 cut a drafter's LM head: on this
+CPU the head over the whole vocabulary is most of the draft model's arithmetic. The laws are zero
+elsewhere, so every verifier stays lossless.
+
 The cache holds the committed tokens it has run; a proposal first runs the *backlog* (committed
 tokens not yet run) and the root, then writes each depth's forwarded nodes after them. ``accept``
 keeps exactly the accepted nodes that were forwarded and puts the rest in the backlog, so the cache
@@ -26,24 +31,51 @@ at temperature 0, the warped ``q`` otherwise).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
+from torch import nn
 
 from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
+from real_engine.packed import Linear
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
 SHAPES = ("chain", "tree", "paths")
+VOCAB_FILE = "draft_vocab.json"  # in the draft model's folder: {"ids": every token id, most frequent first}
+
+
+def load_vocab(folder: str | Path, count: int) -> torch.Tensor:
+    """The ``count`` most frequent token ids of the draft model in ``folder`` (its ``draft_vocab.json``)."""
+    path = Path(folder) / VOCAB_FILE
+    if not path.is_file():
+        raise InputError(f"no {VOCAB_FILE} in {folder}: a reduced drafting vocabulary needs the draft "
+                         "model's token frequencies (`specblock train draft-model` writes them); drop the "
+                         "vocab option")
+    try:
+        ids = json.loads(path.read_text())["ids"]
+        ok = (isinstance(ids, list) and all(isinstance(i, int) and i >= 0 for i in ids)
+              and len(set(ids)) == len(ids))
+    except (json.JSONDecodeError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise InputError(f"{path} is not a token order ({{\"ids\": [distinct token ids]}}): rewrite it with "
+                         "`specblock train draft-model` or delete it")
+    if not 1 <= count <= len(ids):
+        raise InputError(f"a drafting vocabulary of {count} tokens: give 1 to {len(ids)}")
+    return torch.tensor(ids[:count])
 
 
 class DraftModelDrafter:
     """Drafts with ``model`` (sharing the target's vocabulary) as a chain, a top-k tree or K paths."""
 
     def __init__(self, model: Transformer, shape: str = "chain", depth: int = 4, width: int = 4,
-                 budget: int = 16, paths: int = 4, min_confidence: float = 0.0) -> None:
+                 budget: int = 16, paths: int = 4, min_confidence: float = 0.0,
+                 vocab: torch.Tensor | None = None) -> None:
         if shape not in SHAPES:
             raise InputError(f"unknown draft shape {shape!r}: use one of {', '.join(SHAPES)}")
         if min(depth, width, budget, paths) < 1:
@@ -54,6 +86,12 @@ class DraftModelDrafter:
         self.model, self.shape = model, shape
         self.depth, self.width, self.budget, self.paths = depth, width, budget, paths
         self.min_confidence = min_confidence
+        v = model.args.vocab_size
+        if vocab is not None and (vocab.ndim != 1 or vocab.numel() == 0 or int(vocab.min()) < 0
+                                  or int(vocab.max()) >= v or vocab.unique().numel() != vocab.numel()):
+            raise InputError(f"drafting vocabulary: give distinct token ids below {v}")
+        self.vocab = None if vocab is None else vocab.to(model.lm_head.weight.device)
+        self._head: Linear | None = None  # the LM head cut to ``vocab``, cut again at each ``begin``
         self.device = model.lm_head.weight.device
         self.model_seconds = 0.0
         # A chain's stopping rule (``real_engine.speculate``): called after each drafted token with the
@@ -86,6 +124,11 @@ class DraftModelDrafter:
             raise InputError(f"the draft model's context is {self.model.args.max_position_embeddings} "
                              f"positions but {max_length} are needed: shorten the prompt or max new tokens")
         self.sampling, self.generator = sampling, generator
+        if self.vocab is not None:  # cut per query, so that it follows the model's current weights
+            w = self.model.lm_head.weight
+            self._head = Linear(w.shape[1], self.vocab.numel(), bias=False, device=w.device, dtype=w.dtype)
+            self._head.weight = nn.Parameter(w.detach()[self.vocab], requires_grad=False)
+            self._head.packs_half = self.model.lm_head.packs_half
         self.cache = self.model.new_cache(max_length + self.max_slots + 1)
         self.backlog = prompt[:-1].tolist()
         self.root = int(prompt[-1])
@@ -93,9 +136,13 @@ class DraftModelDrafter:
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run ``tokens`` ([T]) into the cache, commit them, return their logits ([T, V])."""
+        """Run ``tokens`` ([T]) into the cache, commit them, return their logits ([T, V]; -inf outside
+        the drafting vocabulary)."""
         start = clock(self.device)
-        logits = self.model(tokens[None], positions, self.cache, mask).logits[0]
+        logits = self.model(tokens[None], positions, self.cache, mask, self._head).logits[0]
+        if self.vocab is not None:
+            full = logits.new_full((logits.shape[0], self.model.args.vocab_size), float("-inf"))
+            logits = full.index_copy_(1, self.vocab, logits)
         self.cache.commit()
         self.model_seconds += clock(self.device) - start
         return logits

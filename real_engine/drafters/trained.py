@@ -25,7 +25,8 @@ TRAINED = ("specblock", "eagle", "medusa")
 FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"
 SHAPE_OPTIONS = {"specblock": ("blocks", "budget"), "eagle": ("depth", "width", "budget"),
-                 "medusa": ("depth", "budget"), "draft-model": ("depth", "width", "budget", "min_confidence")}
+                 "medusa": ("depth", "budget"),
+                 "draft-model": ("depth", "width", "budget", "min_confidence", "vocab")}
 # the options each drafter's shape takes; a draft model's drafting.json lies in the draft model's folder
 
 
