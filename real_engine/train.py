@@ -464,7 +464,7 @@ def train_draft_model(out: Path, run_dir: Path, target_dir: Path, cfg: TrainConf
     return log
 
 
-def write_token_order(folder: Path, target: Transformer, windows: int = 512, seq_len: int = 256,
+def write_token_order(folder: Path, target: Transformer, windows: int = 1920, seq_len: int = 256,
                       seed: int = 0) -> Path:
     """Write ``folder/draft_vocab.json``: every token id by how often ``target`` predicts it (its top
     token) over ``windows`` seeded training windows, then by its count over the training splits of all

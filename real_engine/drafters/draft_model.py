@@ -70,6 +70,16 @@ def load_vocab(folder: str | Path, count: int) -> torch.Tensor:
     return torch.tensor(ids[:count])
 
 
+def cut_head(model: Transformer, ids: torch.Tensor) -> Linear:
+    """``model``'s LM head cut to the rows ``ids`` (packed for inference as the head is): logits over those
+    tokens only, for ``Transformer.forward(..., head=)``."""
+    w = model.lm_head.weight
+    head = Linear(w.shape[1], ids.numel(), bias=False, device=w.device, dtype=w.dtype)
+    head.weight = nn.Parameter(w.detach()[ids.to(w.device)], requires_grad=False)
+    head.packs_half = model.lm_head.packs_half
+    return head
+
+
 class DraftModelDrafter:
     """Drafts with ``model`` (sharing the target's vocabulary) as a chain, a top-k tree or K paths."""
 
@@ -125,10 +135,7 @@ class DraftModelDrafter:
                              f"positions but {max_length} are needed: shorten the prompt or max new tokens")
         self.sampling, self.generator = sampling, generator
         if self.vocab is not None:  # cut per query, so that it follows the model's current weights
-            w = self.model.lm_head.weight
-            self._head = Linear(w.shape[1], self.vocab.numel(), bias=False, device=w.device, dtype=w.dtype)
-            self._head.weight = nn.Parameter(w.detach()[self.vocab], requires_grad=False)
-            self._head.packs_half = self.model.lm_head.packs_half
+            self._head = cut_head(self.model, self.vocab)
         self.cache = self.model.new_cache(max_length + self.max_slots + 1)
         self.backlog = prompt[:-1].tolist()
         self.root = int(prompt[-1])
