@@ -234,7 +234,8 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
                 out, path, token, forward = _vanilla_step(model, cache, root, sampling, sampler)
             else:
                 out, path, token, forward = _speculative_step(model, cache, tree, verifier, sampling, sampler)
-            new = [*tree.tokens[list(path)].tolist(), token]
+            drafted = tree.tokens.tolist()
+            new = [*(drafted[i] for i in path), token]
             sizes.append(tree.size)
         t2 = clock(device)
         forward_seconds += forward
@@ -247,7 +248,8 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
         emitted.extend(new)
         stop = stop or len(emitted) >= max_new_tokens
         if drafter is not None and not stop:
-            rows = torch.tensor([0, *path], device=device)
+            n = len(path) + 1  # the target's rows of the root and the accepted path: a prefix for a chain
+            rows = slice(n) if tuple(path) == tuple(range(1, n)) else torch.tensor([0, *path], device=device)
             drafter.accept(path, token, Output(*(x[:, rows] for x in out)))
         t3 = clock(device)
         draft_seconds += (t1 - t0) + (t3 - t2)

@@ -113,16 +113,17 @@ class Output(NamedTuple):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in float32."""
+    """Root-mean-square layer norm, computed in float32 (the mean square as a sum times 1/dim: torch's
+    ``mean`` costs about 20 us more per call on a CPU, and a decode step runs one per half-layer)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.scale = eps, 1.0 / dim
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        xf = xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) * self.scale + self.eps)
         return self.weight * xf.to(x.dtype)
 
 

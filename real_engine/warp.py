@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from policies.errors import InputError
 
@@ -44,8 +43,9 @@ def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     set of most likely tokens whose mass reaches ``p`` (the most likely token always stays).
     """
     vocab = logits.shape[-1]
-    if sampling.greedy:
-        return F.one_hot(logits.argmax(-1), vocab).to(torch.float32)
+    if sampling.greedy:  # a point mass (scatter: one_hot checks its input, which costs more here)
+        point = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        return point.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     x = logits.float() / sampling.temperature
     if 0 < sampling.top_k < vocab:
         kth = x.topk(sampling.top_k, dim=-1).values[..., -1:]

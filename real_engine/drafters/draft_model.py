@@ -183,26 +183,35 @@ class DraftModelDrafter:
         return law[tokens] if law.dim() == 1 else law.gather(-1, tokens[:, None])[:, 0]
 
     def _chain(self, logits: torch.Tensor, depth: int) -> DraftTree:
-        qs = [warp(logits, self.sampling)]
+        greedy = self.sampling.greedy
+        qs = []  # the warped law of each position (at temperature 0, one-hot rows built at the end)
         tokens, confidence = [], [torch.ones(1, device=self.device)]
         laws = []  # the largest probability of each position's law: a stopping rule may read it (see below)
         for d in range(1, depth + 1):
-            law = logits.float().softmax(-1) if self.sampling.greedy else qs[-1]  # as ``_confidence``
-            tokens.append(self._sample(qs[-1])[0])
+            if greedy:  # the confidence law is the softmax, its argmax the drafted token
+                law = logits.float().softmax(-1)
+                tokens.append(logits.argmax(-1))
+            else:
+                law = warp(logits, self.sampling)
+                qs.append(law)
+                tokens.append(self._sample(law)[0])
             confidence.append(law[tokens[-1]][None])
             if d == depth:
                 break
             if self.min_confidence or self.keep_drafting is not None:
-                laws.append(float(law.max()))
+                laws.append(float(confidence[-1]) if greedy else float(law.max()))
                 unsure = laws[-1] < self.min_confidence
                 if unsure or (self.keep_drafting is not None and not self.keep_drafting(laws)):
                     break
             self._slots[d] = d - 1
             logits = self._forward(tokens[-1][None])[0]
-            qs.append(warp(logits, self.sampling))
-        qs.append(torch.zeros_like(qs[0]))
-        return DraftTree.chain(self.root, torch.stack(tokens).cpu(), torch.stack(qs), "iid",
-                               torch.cat(confidence))
+        drafted = torch.stack(tokens)
+        if greedy:  # point masses on the drafted tokens, as ``warp`` gives at temperature 0
+            q = torch.zeros(len(tokens) + 1, logits.shape[-1], device=self.device)
+            q[torch.arange(len(tokens), device=self.device), drafted] = 1.0
+        else:
+            q = torch.stack([*qs, torch.zeros_like(qs[0])])
+        return DraftTree.chain(self.root, drafted.cpu(), q, "iid", torch.cat(confidence))
 
     def _paths(self, logits: torch.Tensor, depth: int) -> DraftTree:
         k = self.paths
