@@ -7,7 +7,7 @@ position i. So with c = (draft forward) / (target step) and v_k = (target forwar
 bookkeeping left out. This times, interleaved in one process (one thread, committed context of 192
 tokens, each forward's new tokens dropped again), the target's forward over 1 to 5 tokens and the
 draft model's over 1, whole and with its LM head cut to its ``--draft-vocab`` most frequent tokens
-(``drafters.draft_model.cut_head``), and prints that bound for acceptance rates given on the command
+(``packed.cut_rows``), and prints that bound for acceptance rates given on the command
 line (the bench's alpha by position), for both. Saves ``benchmarks/results/forward_cost.json``.
 
     .venv/bin/python benchmarks/forward_cost.py [--repeats 1000] [--alpha 0.50,0.45,0.45,0.45]
@@ -23,8 +23,9 @@ import time
 import torch
 
 from experiments.provenance import save_result
-from real_engine.drafters.draft_model import cut_head, load_vocab
+from real_engine.drafters.draft_model import load_vocab
 from real_engine.model import load_model
+from real_engine.packed import cut_rows
 
 SEED = 0
 CONTEXT = 192
@@ -43,8 +44,8 @@ def measure(repeats: int, vocab: int) -> dict[str, float]:
         model(torch.randint(0, model.args.vocab_size, (1, CONTEXT), generator=gen), cache=caches[name])
         caches[name].commit()
     kinds = [(f"target_{t}", "target", t, None) for t in range(1, MAX_TOKENS + 1)]
-    kinds += [("draft_1", "draft", 1, None),
-              (f"draft_1_vocab{vocab}", "draft", 1, cut_head(models["draft"], load_vocab(DRAFT, vocab)))]
+    cut = cut_rows(models["draft"].lm_head, load_vocab(DRAFT, vocab))
+    kinds += [("draft_1", "draft", 1, None), (f"draft_1_vocab{vocab}", "draft", 1, cut)]
     tokens = {t: torch.randint(0, 8000, (1, t), generator=gen) for t in range(1, MAX_TOKENS + 1)}
     times: dict[str, list[float]] = {key: [] for key, *_ in kinds}
     for round_ in range(repeats + repeats // 10):

@@ -195,8 +195,14 @@ def frequent_targets(data: DrafterData, count: int, vocab: int) -> torch.Tensor:
         handle = data._chunk(chunk)
         top += torch.bincount(handle.get_slice("topk_ids")[:, :, 0].long().flatten(), minlength=vocab)
         seen += torch.bincount(handle.get_slice("tokens")[:].long().flatten(), minlength=vocab)
+    return rank_tokens(top, seen)[:count]
+
+
+def rank_tokens(top: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """Every token id by how often the target predicts it (``top`` counts), then by how often it occurs
+    (``seen`` counts), then by id: the order a reduced drafting vocabulary takes its first tokens from."""
     key = top * (int(seen.max()) + 1) + seen  # lexicographic: target top-1 count, then input count
-    return torch.sort(-key, stable=True).indices[:count]
+    return torch.sort(-key, stable=True).indices
 
 
 def open_drafter_data(folder: str | Path) -> DrafterData:

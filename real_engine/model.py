@@ -114,7 +114,7 @@ class Output(NamedTuple):
 
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm, computed in float32 (the mean square as a sum times 1/dim: torch's
-    ``mean`` costs about 20 us more per call on a CPU, and a decode step runs one per half-layer)."""
+    ``mean`` was slower on this CPU, and a decode step runs one norm per half-layer)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

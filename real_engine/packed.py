@@ -121,6 +121,16 @@ class Fused:
         return Fused(*(copy.deepcopy(m, memo) for m in self.layers))
 
 
+def cut_rows(layer: Linear, ids: torch.Tensor) -> Linear:
+    """``layer`` cut to the output rows ``ids``: a frozen copy, packed for inference as ``layer`` is (an LM
+    head over a drafter's reduced vocabulary)."""
+    w = layer.weight
+    cut = Linear(w.shape[1], ids.numel(), bias=False, device=w.device, dtype=w.dtype)
+    cut.weight = nn.Parameter(w.detach()[ids.to(w.device)], requires_grad=False)
+    cut.packs_half = layer.packs_half
+    return cut
+
+
 def use_half(module: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
     """Mark every ``Linear`` in ``module`` to infer on packed fp16 weights when its checkpoint ``state``
     stores them in 16 bits: fp16 then loses nothing that mattered (see the module docstring)."""

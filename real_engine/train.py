@@ -470,6 +470,7 @@ def write_token_order(folder: Path, target: Transformer, windows: int = 1920, se
     token) over ``windows`` seeded training windows, then by its count over the training splits of all
     corpus domains, then by id. A reduced drafting vocabulary takes its most frequent tokens from this
     order (``drafters.draft_model.load_vocab``), as SpecBlock's takes the target's top tokens."""
+    from real_engine.drafter_data import rank_tokens
     from real_engine.drafters.draft_model import VOCAB_FILE
 
     v = target.args.vocab_size
@@ -482,7 +483,7 @@ def write_token_order(folder: Path, target: Transformer, windows: int = 1920, se
         for start in range(0, windows, 16):
             batch = data.batch(start, min(16, windows - start))[:, :-1]
             top += torch.bincount(target(batch).logits.argmax(-1).flatten(), minlength=v)
-    order = np.lexsort((np.arange(v), -counts, -top.numpy()))  # by top count, then corpus count, then id
+    order = rank_tokens(top, torch.from_numpy(counts.astype(np.int64)))
     return write_json(Path(folder) / VOCAB_FILE, {
         "ids": order.tolist(), "windows": windows, "seq_len": seq_len, "seed": seed,
         "source": "the target's top token over seeded training windows, then token counts over the "

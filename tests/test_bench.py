@@ -76,6 +76,25 @@ def test_text_acceptance_of_the_target_as_its_own_draft_model_is_total(llama_dir
     assert mine["all"]["alpha"] == [1.0, 1.0, 1.0] and mine["all"]["tau"] == 4.0
 
 
+def test_the_deployed_chain_drafts_its_stop_and_vocabulary(llama_dir: Path, tmp_path: Path) -> None:
+    """``Settings.chain`` (the deployed shape) reaches the draft model's chain: its depth, its early stop
+    and its reduced vocabulary, read from the draft model's folder."""
+    from experiments.bench import Config, Engine, Settings
+    from real_engine.model import load_model
+
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
+    target = load_model(llama_dir)
+    settings = Settings(domains={}, chain={"depth": 3, "min_confidence": 0.2, "vocab": 8})
+    engine = Engine(target, target, llama_dir, settings, None, tmp_path)
+    chain, tree = Config("draft-model", "chain", "greedy", 0.0), Config("draft-model", "tree", "greedy", 0.0)
+    for config in (chain, tree):
+        engine.run(config, [5, 6, 7], 0, 6)
+    drafter = engine.recorders[chain].inner
+    assert (drafter.depth, drafter.min_confidence) == (3, 0.2)
+    assert drafter.vocab.tolist() == list(range(95, 87, -1))
+    assert engine.recorders[tree].inner.vocab is None  # the chain's options are the chain's only
+
+
 def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_dir: Path, medusa_dir: Path,
                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
@@ -161,7 +180,7 @@ def test_the_draft_models_chain_drafts_its_deployed_depth(llama_dir: Path, draft
         code, stdout, err = run([*base, *extra], capsys)
         assert code == 0, err
         rows = {(r["drafter"], r["shape"]): r for r in json.loads(stdout)["rows"] if r["domain"] == "code"}
-        assert len(rows["draft-model", "chain"]["alpha"]) <= chain_depth
+        assert len(rows["draft-model", "chain"]["alpha"]) == chain_depth  # 1/32 >= 0.01: no early stop
         assert rows["draft-model", "chain"]["greedy_identical"] is True
         assert len(rows["ngram", "chain"]["alpha"] or []) <= (3 if extra else 4)
         assert json.loads((tmp_path / "bench.json").read_text())["config"]["chain"] == (

@@ -36,12 +36,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from policies.errors import InputError
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
-from real_engine.packed import Linear
+from real_engine.packed import Linear, cut_rows
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
@@ -68,16 +67,6 @@ def load_vocab(folder: str | Path, count: int) -> torch.Tensor:
     if not 1 <= count <= len(ids):
         raise InputError(f"a drafting vocabulary of {count} tokens: give 1 to {len(ids)}")
     return torch.tensor(ids[:count])
-
-
-def cut_head(model: Transformer, ids: torch.Tensor) -> Linear:
-    """``model``'s LM head cut to the rows ``ids`` (packed for inference as the head is): logits over those
-    tokens only, for ``Transformer.forward(..., head=)``."""
-    w = model.lm_head.weight
-    head = Linear(w.shape[1], ids.numel(), bias=False, device=w.device, dtype=w.dtype)
-    head.weight = nn.Parameter(w.detach()[ids.to(w.device)], requires_grad=False)
-    head.packs_half = model.lm_head.packs_half
-    return head
 
 
 class DraftModelDrafter:
@@ -135,7 +124,7 @@ class DraftModelDrafter:
                              f"positions but {max_length} are needed: shorten the prompt or max new tokens")
         self.sampling, self.generator = sampling, generator
         if self.vocab is not None:  # cut per query, so that it follows the model's current weights
-            self._head = cut_head(self.model, self.vocab)
+            self._head = cut_rows(self.model.lm_head, self.vocab)
         self.cache = self.model.new_cache(max_length + self.max_slots + 1)
         self.backlog = prompt[:-1].tolist()
         self.root = int(prompt[-1])

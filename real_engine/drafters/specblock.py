@@ -46,7 +46,7 @@ from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
-from real_engine.packed import Linear, use_half
+from real_engine.packed import Linear, cut_rows, use_half
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
 
@@ -230,10 +230,7 @@ class SpecBlock(nn.Module):
         w = self.lm_head.weight
         key = (w.data_ptr(), -1 if w.is_inference() else w._version)
         if self._cut is None or self._cut[0] != key:
-            cut = Linear(w.shape[1], self.config.draft_vocab, bias=False, device=w.device, dtype=w.dtype)
-            cut.weight = nn.Parameter(w.detach()[self.draft_ids], requires_grad=False)
-            cut.packs_half = self.lm_head.packs_half
-            self._cut = (key, cut)
+            self._cut = (key, cut_rows(self.lm_head, self.draft_ids))
         return self._cut[1]
 
 
