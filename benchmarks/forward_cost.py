@@ -8,10 +8,14 @@ bookkeeping left out. This times, interleaved in one process (one thread, commit
 tokens, each forward's new tokens dropped again), the target's forward over 1 to 5 tokens and the
 draft model's over 1, whole and with its LM head cut to its ``--draft-vocab`` most frequent tokens
 (``packed.cut_rows``), and prints that bound for acceptance rates given on the command
-line (the bench's alpha by position), for both. Saves ``benchmarks/results/forward_cost.json``.
+line (the bench's alpha by position), for both. It also times each model's matrix products alone, on
+inputs of a single-token step's shapes: their share of the step says how much of it is arithmetic and
+how much per-call overhead, which a smaller model's forward cannot shed. Saves
+``benchmarks/results/forward_cost.json``.
 
     .venv/bin/python benchmarks/forward_cost.py [--repeats 1000] [--alpha 0.50,0.45,0.45,0.45]
-                                                [--draft-vocab 2048]
+                                                [--draft-vocab 2048] [--target DIR] [--draft DIR]
+                                                [--tag forward_cost]
 """
 
 from __future__ import annotations
@@ -19,41 +23,69 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from experiments.provenance import save_result
 from real_engine.drafters.draft_model import load_vocab
-from real_engine.model import load_model
-from real_engine.packed import cut_rows
+from real_engine.model import Transformer, load_model
+from real_engine.packed import Linear, cut_rows
 
 SEED = 0
 CONTEXT = 192
 MAX_TOKENS = 5
-DRAFT = "data/models/draft"
+
+
+def products(model: Transformer, gen: torch.Generator) -> Callable[[], None]:
+    """The matrix products of one single-token step of ``model`` alone (each layer's query/key/value,
+    output, gate/up and down products, then the LM head), on random inputs of their shapes: what is
+    left of a step once everything but its arithmetic is taken away."""
+    a = model.args
+    calls = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        calls += [(attn.qkv, a.hidden_size), (attn.o_proj, a.num_attention_heads * a.head_dim),
+                  (mlp.gate_up, a.hidden_size), (mlp.down_proj, a.intermediate_size)]
+    calls.append((model.lm_head, a.hidden_size))
+    inputs = [(fn, torch.randn(1, 1, width, generator=gen)) for fn, width in calls]
+
+    def run() -> None:
+        for fn, x in inputs:
+            fn(x)
+    return run
 
 
 @torch.inference_mode()
-def measure(repeats: int, vocab: int) -> dict[str, float]:
-    """Median milliseconds of each forward, every kind timed once per round."""
+def measure(repeats: int, vocab: int, target: str, draft: str) -> dict[str, float]:
+    """Median milliseconds of each forward (and of each model's products alone), every kind timed once
+    per round."""
     gen = torch.Generator().manual_seed(SEED)
-    models = {"target": load_model("data/models/target"), "draft": load_model(DRAFT)}
+    models = {"target": load_model(target), "draft": load_model(draft)}
     caches = {}
     for name, model in models.items():
         caches[name] = model.new_cache(CONTEXT + MAX_TOKENS)
         model(torch.randint(0, model.args.vocab_size, (1, CONTEXT), generator=gen), cache=caches[name])
         caches[name].commit()
-    kinds = [(f"target_{t}", "target", t, None) for t in range(1, MAX_TOKENS + 1)]
-    cut = cut_rows(models["draft"].lm_head, load_vocab(DRAFT, vocab))
-    kinds += [("draft_1", "draft", 1, None), (f"draft_1_vocab{vocab}", "draft", 1, cut)]
     tokens = {t: torch.randint(0, 8000, (1, t), generator=gen) for t in range(1, MAX_TOKENS + 1)}
-    times: dict[str, list[float]] = {key: [] for key, *_ in kinds}
-    for round_ in range(repeats + repeats // 10):
-        for key, name, t, head in kinds:
-            start = time.perf_counter()
+
+    def forward(name: str, t: int, head: Linear | None = None) -> Callable[[], None]:
+        def run() -> None:
             models[name](tokens[t], cache=caches[name], head=head)
-            elapsed = time.perf_counter() - start
             caches[name].pending = 0  # drop the new tokens: every forward sees the same context
+        return run
+
+    kinds = {f"target_{t}": forward("target", t) for t in range(1, MAX_TOKENS + 1)}
+    kinds["draft_1"] = forward("draft", 1)
+    cut = cut_rows(models["draft"].lm_head, load_vocab(draft, vocab))
+    kinds[f"draft_1_vocab{vocab}"] = forward("draft", 1, cut)
+    kinds |= {f"{name}_products": products(model, gen) for name, model in models.items()}
+    times: dict[str, list[float]] = {key: [] for key in kinds}
+    for round_ in range(repeats + repeats // 10):
+        for key, run in kinds.items():
+            start = time.perf_counter()
+            run()
+            elapsed = time.perf_counter() - start
             if round_ >= repeats // 10:
                 times[key].append(elapsed)
     return {key: 1e3 * statistics.median(v) for key, v in times.items()}
@@ -76,6 +108,9 @@ def bound(ms: dict[str, float], alphas: list[float], draft: str = "draft_1") -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1000)
+    parser.add_argument("--target", default="data/models/target", help="target checkpoint folder")
+    parser.add_argument("--draft", default="data/models/draft", help="draft model folder")
+    parser.add_argument("--tag", default="forward_cost", help="results: benchmarks/results/TAG.json")
     parser.add_argument("--alpha", default="0.50,0.45,0.45,0.45",
                         help="acceptance rate by chain position (default: the draft model's on code)")
     parser.add_argument("--draft-vocab", type=int, default=2048,
@@ -88,16 +123,19 @@ def main() -> None:
     if args.repeats < 10 or not alphas or not all(0 <= a <= 1 for a in alphas) or args.draft_vocab < 1:
         parser.error("--repeats must be >= 10, every --alpha rate in [0, 1] and --draft-vocab >= 1")
     torch.set_num_threads(1)
-    ms = measure(args.repeats, args.draft_vocab)
+    ms = measure(args.repeats, args.draft_vocab, args.target, args.draft)
     print("median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
+    shares = {name: ms[f"{name}_products"] / ms[f"{name}_1"] for name in ("target", "draft")}
+    print("share of a single-token step that is matrix products: "
+          + ", ".join(f"{name} {share:.2f}" for name, share in shares.items()))
     bounds = {draft: bound(ms, alphas, draft) for draft in ("draft_1", f"draft_1_vocab{args.draft_vocab}")}
     for draft, rows in bounds.items():
         for r in rows:
             print(f"{draft}, chain depth {r['depth']}: E = {r['expected_tokens']:.2f} tokens, "
                   f"c = {r['c']:.2f}, v = {r['v']:.2f}: speedup at most {r['speedup_bound']:.2f}x")
-    save_result("forward_cost", {"median_ms": ms, "bounds": bounds},
+    save_result(args.tag, {"median_ms": ms, "products_share": shares, "bounds": bounds},
                 {"repeats": args.repeats, "alpha": alphas, "context": CONTEXT, "threads": 1,
-                 "draft_vocab": args.draft_vocab}, SEED)
+                 "draft_vocab": args.draft_vocab, "target": args.target, "draft": args.draft}, SEED)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ class TrainConfig:
     final_eval_windows: int = 48  # held-out windows per domain for the reported figures
     kl_weight: float = 1.0  # draft model only: weight of KL(target || draft)
     lm_weight: float = 0.2  # draft model only: weight of the next-token loss
+    bf16_autocast: bool = True  # forward passes under CPU bf16 autocast (fp32 weights and optimiser)
 
     def model_args(self, vocab_size: int, eos_id: int) -> ModelArgs:
         """The ``ModelArgs`` of this shape, with tied embeddings and EOS as BOS/EOS."""
@@ -74,6 +75,14 @@ class TrainConfig:
 
 TARGET = TrainConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, batch_size=4, warmup_steps=40, minutes=75.0)
+# 15.7M parameters, the size the model family moves to: most of a 5M target's single-token step is
+# per-call overhead rather than arithmetic (``benchmarks/forward_cost.py`` prints the share), and every
+# forward pays it, so a draft model's forward costs half a step however narrow it is. Overhead grows
+# with the layer count and arithmetic with its square width, so a wider, deeper target makes drafting
+# relatively cheap, as it is at scale.
+TARGET_16M = TrainConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
+                         num_key_value_heads=2, lr=1.5e-3, batch_size=8, warmup_steps=100, minutes=75.0)
+TARGETS = {"5m": TARGET, "16m": TARGET_16M}
 DRAFT_MODEL = TrainConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=2,
                           num_key_value_heads=1, lr=3e-3, minutes=25.0)
 
@@ -346,11 +355,13 @@ def train_loop(model: Transformer, cfg: TrainConfig, run_dir: Path, resume: bool
         for group in opt.param_groups:
             group["lr"] = lr
         x = windows.batch(state["position"], cfg.batch_size)
-        logits = model(x[:, :-1]).logits.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+            logits = model(x[:, :-1]).logits.float()
         ce = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         loss = ce
         if teacher is not None:
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                        enabled=cfg.bf16_autocast):
                 target_logp = F.log_softmax(teacher(x[:, :-1]).logits.float(), dim=-1)
             kl = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), target_logp.clone().flatten(0, 1),
                           log_target=True, reduction="batchmean")

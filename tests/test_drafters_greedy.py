@@ -141,3 +141,32 @@ def test_shipped_specblock_reaches_tau_two_on_held_out_code(shipped) -> None:
         stats = generate(target, prompt, drafter=make_drafter("specblock", target), max_new_tokens=48).stats
         new, iterations = new + stats.new_tokens, iterations + stats.iterations
     assert new / iterations >= 2.0
+
+
+@pytest.fixture(scope="module")
+def family_16m() -> tuple[Transformer, list[list[int]], list[tuple[int, ...]]]:
+    """The 16M target the family moves to (``data/models/16m``), the prompts and vanilla's continuations."""
+    folder = MODELS / "16m" / "target"
+    if not (folder / "model.safetensors").exists():
+        pytest.skip(f"no 16M target in {folder}")
+    target = load_model(folder)
+    tokenizer = Tokenizer.load(folder, target.args.vocab_size, target.args.eos_token_id)
+    prompts = [tokenizer.encode(text) for text in PROMPTS]
+    return target, prompts, [generate(target, p, max_new_tokens=NEW_TOKENS).tokens for p in prompts]
+
+
+@pytest.mark.parametrize("name", ["draft-model", "specblock", "eagle", "medusa"])
+def test_the_16m_family_decodes_greedily_as_vanilla(name: str, family_16m) -> None:
+    """Each drafter trained for the 16M target, in its deployed shape, loads against it and is lossless."""
+    folder = MODELS / "16m" / ("draft" if name == "draft-model" else name)
+    if not (folder / "model.safetensors").exists():
+        pytest.skip(f"no {name} trained for the 16M target in {folder} yet")
+    target, prompts, vanilla = family_16m
+    draft = load_model(folder) if name == "draft-model" else None
+    accepted = 0
+    for prompt, expected in zip(prompts, vanilla, strict=True):
+        out = generate(target, prompt, drafter=make_drafter(name, target, draft, folder=folder),
+                       max_new_tokens=NEW_TOKENS)
+        assert out.tokens == expected
+        accepted += sum(out.stats.accepted)
+    assert accepted > 0

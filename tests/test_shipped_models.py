@@ -1,4 +1,7 @@
-"""The shipped model family: the target and the draft model load in the engine and in transformers."""
+"""The shipped model families: the target and the draft model load in the engine and in transformers.
+
+``data/models/`` holds the default family (a 5M target); ``data/models/16m/`` the 16M target that the
+family is moving to, with its own draft model and drafters (see the README)."""
 
 from __future__ import annotations
 
@@ -13,14 +16,15 @@ from real_engine.model import load_model
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 TOKENIZER = MODELS.parent / "tokenizer.json"
-SHIPPED = ("target", "draft")
+SHIPPED = ("target", "draft", "16m/target", "16m/draft")
 CODE = 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n    with open(path) as f:\n'
 
 
 def _folder(name: str) -> Path:
     folder = MODELS / name
     if not (folder / "config.json").exists():
-        pytest.skip(f"{folder} is not trained yet (specblock train {name.replace('draft', 'draft-model')})")
+        kind = Path(name).name.replace("draft", "draft-model")
+        pytest.skip(f"{folder} is not trained yet (specblock train {kind})")
     return folder
 
 
@@ -52,8 +56,9 @@ def test_shipped_folder_is_complete(name: str) -> None:
     assert config["eos_token_id"] == 0 and config["tie_word_embeddings"]
 
 
-def test_draft_model_shares_the_target_vocabulary_and_is_smaller() -> None:
-    target, draft = load_model(_folder("target")), load_model(_folder("draft"))
+@pytest.mark.parametrize("family", ["", "16m/"])
+def test_draft_model_shares_the_target_vocabulary_and_is_smaller(family: str) -> None:
+    target, draft = load_model(_folder(f"{family}target")), load_model(_folder(f"{family}draft"))
     assert draft.args.vocab_size == target.args.vocab_size
     assert draft.args.eos_token_id == target.args.eos_token_id
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731

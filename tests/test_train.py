@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from real_engine.model import Transformer
-from real_engine.train import TokenWindows, TrainConfig, init_weights, learning_rate, train_loop
+from real_engine.train import TARGETS, TokenWindows, TrainConfig, init_weights, learning_rate, train_loop
 
 VOCAB = 64
 TINY = TrainConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
@@ -71,6 +71,28 @@ def test_distillation_loss_is_kl_plus_weighted_lm_loss(tmp_path, tokens) -> None
     cfg = dataclasses.replace(TINY, steps=1, lm_weight=0.25)
     row = _run(student, cfg, tmp_path, tokens, teacher=teacher)["loss_curve"][0]
     assert row["loss"] == pytest.approx(0.25 * row["ce"], abs=1e-3)
+
+
+def test_bf16_autocast_trains_fp32_weights_close_to_a_fp32_run(tmp_path, tokens) -> None:
+    """Autocast changes the forward's precision only: the weights and optimiser stay fp32, and a step's
+    loss is the fp32 run's within bf16 rounding (and not bit-identical, so autocast did run)."""
+    losses = []
+    for autocast in (True, False):
+        model = _model()
+        cfg = dataclasses.replace(TINY, steps=2, bf16_autocast=autocast)
+        losses.append([r["loss"] for r in _run(model, cfg, tmp_path / str(autocast), tokens)["loss_curve"]])
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert losses[0] == pytest.approx(losses[1], abs=0.05)
+    assert losses[0] != losses[1]
+
+
+def test_target_recipes_are_sized_as_named() -> None:
+    """The ``--size`` choices of ``specblock train target``: 5m is the shipped shape, 16m 10 to 20M."""
+    for name, low, high in (("5m", 4.5e6, 5.5e6), ("16m", 15e6, 17e6)):
+        with torch.device("meta"):
+            model = Transformer(TARGETS[name].model_args(8192, 0))
+        count = sum(p.numel() for p in model.parameters())
+        assert low < count < high, (name, count)
 
 
 def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_path, monkeypatch) -> None:

@@ -43,6 +43,7 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["medusa", "--init", "{target}"], "--init continues a target or a draft model"),
     (["specblock", "--steps", "0"], "--steps"),
     (["eagle", "--lr", "2"], "--lr"),
+    (["draft-model", "--size", "16m"], "--size chooses the target's shape"),
 ])
 def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_dir: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
