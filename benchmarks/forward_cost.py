@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from experiments.provenance import save_result
+from policies.errors import InputError
 from real_engine.drafters.draft_model import load_vocab
 from real_engine.model import Transformer, load_model
 from real_engine.packed import Linear, cut_rows
@@ -123,7 +124,10 @@ def main() -> None:
     if args.repeats < 10 or not alphas or not all(0 <= a <= 1 for a in alphas) or args.draft_vocab < 1:
         parser.error("--repeats must be >= 10, every --alpha rate in [0, 1] and --draft-vocab >= 1")
     torch.set_num_threads(1)
-    ms = measure(args.repeats, args.draft_vocab, args.target, args.draft)
+    try:
+        ms = measure(args.repeats, args.draft_vocab, args.target, args.draft)
+    except InputError as exc:
+        parser.error(str(exc))
     print("median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
     shares = {name: ms[f"{name}_products"] / ms[f"{name}_1"] for name in ("target", "draft")}
     print("share of a single-token step that is matrix products: "

@@ -82,3 +82,12 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
     expected = generate(target, prompt, max_new_tokens=10).tokens
     drafter = make_drafter(kind, target, folder=out)
     assert generate(target, prompt, drafter=drafter, max_new_tokens=10).tokens == expected
+
+
+def test_the_size_choices_are_the_target_recipes() -> None:
+    from experiments.commands.train import command
+    from real_engine.train import TARGETS
+
+    size = next(p for p in command.params if p.name == "size")
+    assert tuple(size.type.choices) == tuple(TARGETS) and size.default in TARGETS
+
