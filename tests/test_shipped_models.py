@@ -1,7 +1,5 @@
-"""The shipped model families: the target and the draft model load in the engine and in transformers.
-
-``data/models/`` holds the default family (a 5M target); ``data/models/16m/`` the 16M target that the
-family is moving to, with its own draft model and drafters (see the README)."""
+"""The shipped model family (``data/models/``): the target and the draft model load in the engine and in
+transformers."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from real_engine.model import load_model
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 TOKENIZER = MODELS.parent / "tokenizer.json"
-SHIPPED = ("target", "draft", "16m/target", "16m/draft")
+SHIPPED = ("target", "draft")
 CODE = 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n    with open(path) as f:\n'
 
 
@@ -56,9 +54,8 @@ def test_shipped_folder_is_complete(name: str) -> None:
     assert config["eos_token_id"] == 0 and config["tie_word_embeddings"]
 
 
-@pytest.mark.parametrize("family", ["", "16m/"])
-def test_draft_model_shares_the_target_vocabulary_and_is_smaller(family: str) -> None:
-    target, draft = load_model(_folder(f"{family}target")), load_model(_folder(f"{family}draft"))
+def test_draft_model_shares_the_target_vocabulary_and_is_smaller() -> None:
+    target, draft = load_model(_folder("target")), load_model(_folder("draft"))
     assert draft.args.vocab_size == target.args.vocab_size
     assert draft.args.eos_token_id == target.args.eos_token_id
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731

@@ -96,6 +96,21 @@ def test_valid_prefix_mask_exact() -> None:
 # ---------------------------------------------------------------- attention masks by perturbation
 
 
+def test_inputs_do_not_depend_on_the_scale_of_the_conditioning_or_the_embedding(target: Transformer) -> None:
+    """Target features are hundreds of times longer than token embeddings: both are normalized before
+    the fusion, so neither drowns the other (scaling either leaves the row inputs unchanged)."""
+    net = SpecBlock.for_target(target, seed=1)
+    cond = torch.randn(5, net.config.hidden_size)
+    tokens, slots = sequence(5, 3), torch.arange(5) % net.config.block_size
+    with torch.no_grad():
+        base = net.inputs(cond, tokens, slots)
+        torch.testing.assert_close(net.inputs(300.0 * cond, tokens, slots), base, rtol=1e-4, atol=1e-5)
+        louder = SpecBlock(net.config, 10.0 * target.model.embed_tokens.weight)  # the embedding 10x longer
+        louder.load_state_dict(net.state_dict())
+        torch.testing.assert_close(louder.inputs(cond, tokens, slots), base, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(net.inputs(cond.flip(0), tokens, slots), base)
+
+
 def test_a_slot_never_sees_later_slots(target: Transformer) -> None:
     net = branching(target)
     tokens, starts, slots = sequence(24, 3)[None], torch.tensor([2, 9, 15]), torch.tensor([[3, 1, 2]])

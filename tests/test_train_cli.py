@@ -86,8 +86,9 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
 
 def test_the_size_choices_are_the_target_recipes() -> None:
     from experiments.commands.train import command
-    from real_engine.train import TARGETS
+    from real_engine.train import TARGET, TARGETS
 
     size = next(p for p in command.params if p.name == "size")
-    assert tuple(size.type.choices) == tuple(TARGETS) and size.default in TARGETS
+    assert tuple(size.type.choices) == tuple(TARGETS) and size.default is None
+    assert TARGETS[size.type.choices[0]] is TARGET  # the first choice names the default recipe
 

@@ -45,13 +45,14 @@ DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/m
                    "optimiser and schedule.")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default: the recipe's).")
 @click.option("--batch-size", type=int, default=None, help="Windows per step (default: the recipe's).")
-@click.option("--size", type=click.Choice(("5m", "16m")), default="5m", show_default=True,
-              help="The target's shape (target): 5m is the shipped one (256 x 4 layers), 16m 384 x 8 layers.")
+@click.option("--size", type=click.Choice(("16m", "5m")), default=None,
+              help="The target's shape (target): 16m, the shipped one (384 x 8 layers, the default), or "
+                   "5m (256 x 4 layers).")
 @click.option("--threads", type=int, default=2, help="CPU threads for torch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, minutes: float | None,
             steps: int | None, target_dir: Path, sequences: int | None, data_dir: Path, init_dir: Path | None,
-            lr: float | None, batch_size: int | None, size: str, threads: int, as_json: bool) -> None:
+            lr: float | None, batch_size: int | None, size: str | None, threads: int, as_json: bool) -> None:
     """Build the tokenizer data, or train the target, the draft model or a feature drafter."""
     if minutes is not None and minutes <= 0:
         raise InputError(f"--minutes must be positive, got {minutes}: give a budget such as 60")
@@ -61,7 +62,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"--lr must be in (0, 1), got {lr}: give a rate such as 1e-3")
     if batch_size is not None and batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}: give a size such as 8")
-    if size != "5m" and kind != "target":
+    if size is not None and kind != "target":
         raise InputError("--size chooses the target's shape: drop it for the other kinds")
     if init_dir is not None and kind not in ("target", "draft-model"):
         raise InputError("--init continues a target or a draft model: drop it for the drafters")
@@ -94,7 +95,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
         result["out"] = str(out)
     else:
-        base = train.TARGETS[size] if kind == "target" else train.DRAFT_MODEL
+        base = train.TARGETS[size or "16m"] if kind == "target" else train.DRAFT_MODEL
         overrides = {k: v for k, v in (("minutes", minutes), ("steps", steps), ("lr", lr),
                                        ("batch_size", batch_size)) if v is not None}
         cfg = dataclasses.replace(base, **overrides)
