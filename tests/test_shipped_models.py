@@ -21,8 +21,7 @@ CODE = 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n   
 def _folder(name: str) -> Path:
     folder = MODELS / name
     if not (folder / "config.json").exists():
-        kind = Path(name).name.replace("draft", "draft-model")
-        pytest.skip(f"{folder} is not trained yet (specblock train {kind})")
+        pytest.skip(f"{folder} is not trained yet (specblock train {name.replace('draft', 'draft-model')})")
     return folder
 
 

@@ -393,6 +393,12 @@ def test_save_load_round_trip_and_bad_files(target: Transformer, tmp_path) -> No
     assert a.stats.accepted == b.stats.accepted
     with pytest.raises(InputError):
         load_specblock(tmp_path / "missing", target)
+    config = tmp_path / "d" / "config.json"
+    good = config.read_text()
+    config.write_text(good.replace('"specblock-v2"', '"specblock-v1"'))
+    with pytest.raises(InputError, match="retrain it"):  # weights of the raw fusion do not fit this version
+        load_specblock(tmp_path / "d", target)
+    config.write_text(good)
     (tmp_path / "d" / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(InputError):
         load_specblock(tmp_path / "d", target)

@@ -525,6 +525,9 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
         raise InputError(f"{config_path} is not valid JSON: re-save the drafter") from exc
+    if isinstance(raw, dict) and raw.get("format") == "specblock-v1":
+        raise InputError(f"{folder} holds a specblock-v1 drafter, trained before its inputs were normalized: "
+                         "retrain it for this version (specblock train specblock)")
     if not isinstance(raw, dict) or raw.pop("format", None) != FORMAT:
         raise InputError(f"{config_path} is not a {FORMAT} drafter config: re-save the drafter")
     try:
