@@ -368,6 +368,7 @@ def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Se
         "tokens_per_second": new / sum(m.seconds for m in runs),
         "speedup": fmean(m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, base, strict=True)),
         "draft_share": sum(m.draft_seconds for m in runs) / sum(m.seconds for m in runs),
+        "draft_ms": 1e3 * sum(m.draft_seconds for m in runs) / iters,  # drafting time per iteration
         "accepted": fmean(accepted) if engine else new / iters - 1,
         "draft_calls": sum(calls) / iters if None not in calls else None,
         "alpha": alpha(accepted, depths) if engine else None,

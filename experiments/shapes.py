@@ -28,10 +28,11 @@ import torch
 from policies.errors import InputError
 
 GRIDS: dict[str, tuple[dict[str, float], ...]] = {
-    "specblock": tuple({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
+    "specblock": (*({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
+                  *({"blocks": m, "width": 1, "budget": n} for m, n in ((1, 3), (1, 4), (2, 6), (2, 8)))),
     "eagle": tuple({"depth": d, "width": w, "budget": n}
-                   for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (3, 2, 6), (4, 2, 8), (3, 4, 16),
-                                   (5, 4, 24))),
+                   for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (4, 1, 4), (3, 2, 6), (4, 2, 8),
+                                   (3, 4, 16), (5, 4, 24))),
     "medusa": tuple({"budget": n} for n in (2, 4, 8, 16, 24)),
     "draft-model": (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
                     *({"depth": d, "width": 1, "min_confidence": c}
@@ -42,9 +43,10 @@ GRIDS: dict[str, tuple[dict[str, float], ...]] = {
                       for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16)))),
 }
 """Shapes tried per drafter (``make_drafter`` options): SpecBlock's block forwards (M) and drafted
-nodes; EAGLE's depth, top-k and total tokens; Medusa's static-tree nodes; the draft model's chain
-depth (fixed, or at most that deep while its top probability stays at ``min_confidence``), also over
-only its ``vocab`` most frequent tokens, or its top-k tree's depth, width and nodes."""
+nodes, as trees or as chains (width 1); EAGLE's depth, top-k and total tokens; Medusa's static-tree
+nodes; the draft model's chain depth (fixed, or at most that deep while its top probability stays at
+``min_confidence``), also over only its ``vocab`` most frequent tokens, or its top-k tree's depth,
+width and nodes."""
 DRAFT_MODEL_FOLDER = "draft"  # the draft model's folder under the drafters' folder, as data/models/draft
 
 

@@ -64,22 +64,23 @@ def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split:
 def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: str | Path, *,
                   data_dir: str | Path = DATA_DIR, recipe: DataRecipe = DataRecipe(),
                   overrides: dict[str, Any] | None = None, resume: bool = False, minutes: float | None = None,
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool = True, init: str | Path | None = None) -> dict[str, Any]:
     """Train the ``kind`` drafter for the target in ``target_dir`` into ``out`` (checkpoints in
-    ``run_dir``; ``minutes`` caps this call, ``resume`` continues); returns its training record."""
+    ``run_dir``; ``minutes`` caps this call, ``resume`` continues; ``init`` warm-starts from a saved
+    drafter of the kind, e.g. the one for an earlier version of the target); returns its training record."""
     if kind not in KINDS:
         raise InputError(f"unknown drafter kind {kind!r}: use one of {', '.join(KINDS)}")
     config = dataclasses.replace(RECIPES[kind], **(overrides or {}))
     if kind == "specblock":
         return train_from_corpus(target_dir, out, run_dir, data_dir, sequences=recipe.sequences,
                                  seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
-                                 resume=resume, minutes=minutes, progress=progress)
+                                 resume=resume, minutes=minutes, progress=progress, init=init)
     target = load_model(target_dir)
     data = prepare_data(target, recipe, Path(data_dir), seed=config.seed, progress=progress)
     if kind == "eagle":
         return train_eagle(target, data, out, config=config, unroll=EAGLE_UNROLL, checkpoint=run_dir,
-                           resume=resume, minutes=minutes, progress=progress)
+                           resume=resume, minutes=minutes, progress=progress, init=init)
     heldout = prepare_data(target, recipe, Path(data_dir), "heldout", progress=progress)
     return train_medusa(target, data, heldout, out, config=config, heads=MEDUSA_HEADS, own_heads=False,
                         tree_budget=MEDUSA_TREE, checkpoint=run_dir, resume=resume, minutes=minutes,
-                        progress=progress)
+                        progress=progress, init=init)

@@ -323,17 +323,18 @@ def corpus_data(cfg: TrainConfig) -> tuple[TokenWindows, dict[str, torch.Tensor]
 
 def train_loop(model: Transformer, cfg: TrainConfig, run_dir: Path, resume: bool, kind: str,
                windows: TokenWindows, evals: dict[str, torch.Tensor],
-               teacher: Transformer | None = None) -> dict[str, Any]:
+               teacher: Transformer | None = None, data_offset: int = 0) -> dict[str, Any]:
     """The shared loop, checkpointing into ``run_dir``; returns the loop state (step, curves, ...).
 
-    With a ``teacher`` the loss is KL to its softmax plus a share of the next-token loss.
+    With a ``teacher`` the loss is KL to its softmax plus a share of the next-token loss. The data stream
+    starts ``data_offset`` windows in, so that a continued model reads on where its earlier run stopped.
     """
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
     opt = make_optimizer(model, cfg)
     state: dict[str, Any] = {"step": 0, "position": 0, "elapsed_s": 0.0, "loss_curve": [], "eval_curve": [],
-                             "config": asdict(cfg), "kind": kind}
+                             "config": asdict(cfg), "kind": kind, "data_offset": data_offset}
     if resume:
         state = load_checkpoint(run_dir, model, opt)
         if _recipe(state["config"]) != _recipe(asdict(cfg)):
@@ -355,7 +356,7 @@ def train_loop(model: Transformer, cfg: TrainConfig, run_dir: Path, resume: bool
         lr = learning_rate(cfg, state["step"], progress)
         for group in opt.param_groups:
             group["lr"] = lr
-        x = windows.batch(state["position"], cfg.batch_size)
+        x = windows.batch(state.get("data_offset", 0) + state["position"], cfg.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
             logits = model(x[:, :-1]).logits.float()
         ce = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
@@ -442,14 +443,16 @@ def train_target(out: Path, run_dir: Path, cfg: TrainConfig = TARGET, resume: bo
     """Train the target LM from scratch, or continue an existing one (``init``), and ship it to ``out``.
 
     Continuing keeps the weights of ``init`` and starts a fresh optimiser and schedule (continued
-    pre-training): on 2 CPU cores, more tokens through the same model beat a new, larger one.
+    pre-training), reading the corpus on from where the earlier runs stopped (their tokens seen): on
+    2 CPU cores, more tokens through the same model beat a new, larger one.
     """
     tok = corpus.load_tokenizer(TOKENIZER_PATH)
     eos = tok.token_to_id(corpus.EOS)
     model = Transformer(cfg.model_args(tok.get_vocab_size(), eos))
     init_weights(model, cfg.seed)
     extra = _continue_from(model, init)
-    state = train_loop(model, cfg, run_dir, resume, "target", *corpus_data(cfg))
+    state = train_loop(model, cfg, run_dir, resume, "target", *corpus_data(cfg),
+                       data_offset=extra.get("earlier_tokens_seen", 0) // cfg.seq_len)
     return _finish(model, state, cfg, out, extra)
 
 
@@ -467,7 +470,8 @@ def train_draft_model(out: Path, run_dir: Path, target_dir: Path, cfg: TrainConf
     model = Transformer(cfg.model_args(teacher.args.vocab_size, teacher.args.eos_token_id))
     init_weights(model, cfg.seed)
     extra = _continue_from(model, init)
-    state = train_loop(model, cfg, run_dir, resume, "draft-model", *corpus_data(cfg), teacher=teacher)
+    state = train_loop(model, cfg, run_dir, resume, "draft-model", *corpus_data(cfg), teacher=teacher,
+                       data_offset=extra.get("earlier_tokens_seen", 0) // cfg.seq_len)
     agreement = top1_agreement(model, teacher, heldout_windows(cfg.seq_len, cfg.final_eval_windows))
     extra |= {"target": str(target_dir), "top1_agreement_with_target": agreement,
              "target_decode_step_ms_fp32": decode_step_ms(teacher)}

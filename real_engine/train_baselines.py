@@ -43,8 +43,8 @@ from torch import nn
 from policies.errors import InputError
 from policies.io import atomic_write, write_json
 from real_engine.drafter_data import DrafterData, open_drafter_data, progress_bar, target_fingerprint
-from real_engine.drafters.eagle import EagleNet, TreeShape, new_eagle, save_eagle
-from real_engine.drafters.medusa import MedusaNet, choose_tree, new_medusa, save_medusa
+from real_engine.drafters.eagle import EagleNet, TreeShape, load_eagle, new_eagle, save_eagle
+from real_engine.drafters.medusa import MedusaNet, choose_tree, load_medusa, new_medusa, save_medusa
 from real_engine.model import Transformer
 from real_engine.train_specblock import draft_kl
 
@@ -245,17 +245,21 @@ def _open(target: Transformer, data: str | Path | DrafterData) -> DrafterData:
 def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | Path, *,
                 config: BaselineConfig = BaselineConfig(), unroll: int = 4, own_head: bool = False,
                 tree: TreeShape | None = None, checkpoint: str | Path | None = None, resume: bool = False,
-                minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+                minutes: float | None = None, progress: bool = True,
+                init: str | Path | None = None) -> dict[str, Any]:
     """Train an EAGLE-style drafter for the frozen ``target`` on prepared ``data`` with ``unroll``
     training-time-test steps; write it (with ``tree`` as its default tree shape) and
-    ``training.json`` to ``out``. Returns the training record."""
+    ``training.json`` to ``out``. Returns the training record. ``init`` warm-starts from a saved
+    drafter (its head choice wins over ``own_head``) with a fresh optimizer and schedule."""
     if unroll < 1:
         raise InputError(f"unroll is {unroll}: give at least 1 training-time-test step")
     data, out = _open(target, data), Path(out)
     target.requires_grad_(False)
-    net = new_eagle(target, own_head, seed=config.seed).float()
+    net = new_eagle(target, own_head, config.seed) if init is None else load_eagle(init, target)[0]
+    net = net.float()
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
-              "drafter": {"kind": "eagle", "unroll": unroll, "own_head": own_head}}
+              "drafter": {"kind": "eagle", "unroll": unroll, "own_head": net.lm_head is not None},
+              **({} if init is None else {"init_from": str(init)})}
     record = _fit(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored), data, config, record,
                   Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
                   minutes)
@@ -268,18 +272,21 @@ def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: s
                  out: str | Path, *, config: BaselineConfig = BaselineConfig(), heads: int = 4,
                  own_heads: bool = True, tree_budget: int = 24, calibration_sequences: int = 64,
                  checkpoint: str | Path | None = None, resume: bool = False, minutes: float | None = None,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, init: str | Path | None = None) -> dict[str, Any]:
     """Train ``heads`` Medusa heads for the frozen ``target`` on prepared ``data``, measure their rank
     accuracies on ``calibration_sequences`` of ``heldout`` and choose the static tree of
     ``tree_budget`` nodes; write heads, tree and ``training.json`` to ``out``. Returns the record
-    (with ``tree`` and ``accuracies``)."""
+    (with ``tree`` and ``accuracies``). ``init`` warm-starts from saved heads (their count and head
+    choice win) with a fresh optimizer and schedule."""
     if min(heads, tree_budget, calibration_sequences) < 1:
         raise InputError("Medusa training needs heads, tree budget and calibration sequences >= 1")
     data, heldout, out = _open(target, data), _open(target, heldout), Path(out)
     target.requires_grad_(False)
-    net = new_medusa(target, heads, own_heads, seed=config.seed).float()
+    net = new_medusa(target, heads, own_heads, config.seed) if init is None else load_medusa(init, target)[0]
+    net = net.float()
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
-              "drafter": {"kind": "medusa", "heads": heads, "own_heads": own_heads}}
+              "drafter": {"kind": "medusa", "heads": net.heads, "own_heads": net.lm_heads is not None},
+              **({} if init is None else {"init_from": str(init)})}
     record = _fit(net, lambda b, scored: medusa_loss(net, target, b, scored), data, config, record,
                   Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
                   minutes)

@@ -203,7 +203,8 @@ def _save_checkpoint(folder: Path, net: SpecBlock, optimizer: torch.optim.Optimi
 def train_specblock(target: Transformer, data: str | Path | DrafterData, out: str | Path,
                     run_dir: str | Path = RUN_DIR, *, config: TrainConfig = TrainConfig(),
                     drafter: SpecBlockConfig | None = None, resume: bool = False,
-                    minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+                    minutes: float | None = None, progress: bool = True,
+                    init: str | Path | None = None) -> dict[str, Any]:
     """Train a SpecBlock drafter for ``target`` on prepared ``data``; write it to ``out``.
 
     ``run_dir`` holds the latest checkpoint (float32 weights, AdamW state, step); with ``resume``
@@ -211,6 +212,8 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     bfloat16) and ``out/training.json`` (settings, loss curve, final per-(block, slot) accuracy
     among valid rows) are written at the end. Returns that record. ``minutes`` caps this call's wall
     time (a shared machine): the run then stops early, checkpointed, and ``resume`` continues it.
+    ``init`` warm-starts from a saved drafter (its shape; ``drafter`` is then ignored), e.g. the one
+    trained for an earlier version of the target, with a fresh optimizer and schedule.
     """
     data = data if isinstance(data, DrafterData) else open_drafter_data(data)
     if data.meta.target != target_fingerprint(target):
@@ -224,6 +227,9 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
                              "or train into a new folder")
         net = load_specblock(ckpt, target).float().train()
         record, first = saved, saved["step"]
+    elif init is not None:  # drafting's vocabulary cut is chosen again at the end
+        net = with_draft_vocab(load_specblock(init, target), None).float().train()
+        record["init_from"], first = str(init), 0
     else:
         net = SpecBlock.for_target(target, drafter, seed=config.seed).float().train()
         first = 0
@@ -278,7 +284,8 @@ def train_from_corpus(target_dir: str | Path, out: str | Path, run_dir: str | Pa
                       data_dir: str | Path = DATA_DIR, *, sequences: int = 512, seq_len: int = 256,
                       domains: tuple[str, ...] = ("code", "tests", "prose", "text"), top_k: int = 32,
                       config: TrainConfig = TrainConfig(), resume: bool = False,
-                      minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+                      minutes: float | None = None, progress: bool = True,
+                      init: str | Path | None = None) -> dict[str, Any]:
     """The whole recipe from a target folder: ``sequences`` corpus windows, the target's rows for them
     under ``data_dir`` (resumable), then :func:`train_specblock` into ``out``."""
     target = load_model(target_dir)
@@ -286,4 +293,4 @@ def train_from_corpus(target_dir: str | Path, out: str | Path, run_dir: str | Pa
     folder = Path(data_dir) / target_fingerprint(target)[:12]
     data = prepare_drafter_data(target, windows, folder, top_k=top_k, progress=progress)
     return train_specblock(target, data, out, run_dir, config=config, resume=resume, minutes=minutes,
-                           progress=progress)
+                           progress=progress, init=init)

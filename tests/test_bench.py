@@ -14,7 +14,8 @@ from experiments.bench import alpha
 from experiments.cli import main
 
 KEYS = {"drafter", "shape", "verifier", "temperature", "domain", "prompts", "new_tokens", "tau",
-        "tokens_per_second", "speedup", "draft_share", "accepted", "draft_calls", "alpha", "greedy_identical"}
+        "tokens_per_second", "speedup", "draft_share", "draft_ms", "accepted", "draft_calls", "alpha",
+        "greedy_identical"}
 PROMPTS = {"code": ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a,",
                     "for i in range(3):\n    print(i)\nfor i in range(3):\n"],
            "prose": ["The cat sat on the mat. The dog sat on the log. The cat sat on"]}
@@ -126,6 +127,7 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
         if r["alpha"]:
             assert all(a is None or 0 <= a <= 1 for a in r["alpha"]) and len(r["alpha"]) <= 4
         assert r["tau"] >= 1 and 0 <= r["draft_share"] < 1 and r["new_tokens"] > 0
+        assert (r["draft_ms"] == 0) == (r["drafter"] in ("none", "hf-vanilla"))
     assert any("eagle" in note for note in result["notes"])  # no weights: skipped with a note
     assert set(result["agreement"]) == {"code", "prose"}
     assert all(0 <= a["top1"] <= 1 and a["tokens"] > 0 for a in result["agreement"].values())
@@ -231,3 +233,18 @@ def test_missing_peer_or_draft_model_is_skipped_with_a_note(
     result = json.loads(stdout)
     assert {r["drafter"] for r in result["rows"]} == {"none", "ngram"} and result["agreement"] == {}
     assert any("no draft model" in note for note in result["notes"])
+
+
+def test_the_report_sets_specblock_against_eagle() -> None:
+    from experiments.bench_report import markdown
+
+    def row(drafter: str, speedup: float, draft_ms: float, domain: str = "all") -> dict:
+        return {"drafter": drafter, "shape": "tree", "verifier": "greedy", "policy": None, "temperature": 0.0,
+                "domain": domain, "tau": 2.0, "tokens_per_second": 100.0, "speedup": speedup,
+                "draft_share": 0.2, "draft_ms": draft_ms, "draft_calls": 1.0, "alpha": [],
+                "greedy_identical": True}
+
+    rows = [row("specblock", 9.0, 9.0, "code"), row("specblock", 1.1, 1.0), row("eagle", 1.0, 2.0)]
+    text = markdown({"rows": rows}, "t")
+    assert "| 0 | greedy | 1.10 (1.10x / 1.00x) | 0.50 (1.00 / 2.00) |" in text
+    assert "against" not in markdown({"rows": rows[:2]}, "t")  # no EAGLE row: no comparison

@@ -24,7 +24,8 @@ MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 PROMPTS = ("def fib(n):\n", 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n')
 NEW_TOKENS = 24
 CONFIGS = [("ngram", {}), ("draft-model", {}), ("draft-model", {"width": 3, "budget": 12}),
-           ("specblock", {}), ("eagle", {}), ("medusa", {})]
+           ("specblock", {}), ("specblock", {"width": 1, "budget": 4}),
+           ("specblock", {"blocks": 2, "width": 1}), ("eagle", {}), ("medusa", {})]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,10 @@ def test_greedy_output_equals_vanilla_and_trees_carry_confidences(name: str, opt
             conf = tree.confidence
             assert conf.shape == (tree.size,) and float(conf[0]) == 1.0
             assert bool(((conf >= 0) & (conf <= 1)).all())
+            if options.get("width") == 1:  # a chain: no node has two children
+                parents = tree.parents.tolist()[1:]
+                assert len(set(parents)) == len(parents)
+                assert tree.size - 1 <= options.get("budget", tree.size)
             if name == "specblock":
                 assert tree.rank_buckets.tolist()[0] == -1
                 assert set(tree.rank_buckets.tolist()[1:]) <= {0, 1, 2, 3}

@@ -65,6 +65,20 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tokens) -> None:
         assert torch.equal(a, b), name
 
 
+def test_a_continued_run_reads_on_where_the_earlier_run_stopped(tmp_path, tokens) -> None:
+    class Recorded(TokenWindows):
+        def batch(self, position: int, size: int) -> torch.Tensor:
+            self.positions.append(position)
+            return super().batch(position, size)
+
+    windows = Recorded(tokens, TINY.seq_len, TINY.seed)
+    windows.positions = []
+    state = train_loop(_model(), TINY, tmp_path, False, "target", windows, {"code": windows.batch(0, 2)},
+                       data_offset=10)
+    assert windows.positions[1:] == [10 + 2 * i for i in range(4)]  # after the eval batch
+    assert state["position"] == 4 * TINY.batch_size and state["data_offset"] == 10
+
+
 def test_distillation_loss_is_kl_plus_weighted_lm_loss(tmp_path, tokens) -> None:
     student = _model()
     teacher = copy.deepcopy(student).eval()  # identical: the KL term starts at zero

@@ -4,11 +4,14 @@ recipe on a tiny target whose output `make_drafter` loads and decodes with lossl
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from experiments.cli import main
 from real_engine.decode import generate, make_drafter
@@ -40,7 +43,8 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["specblock", "--target", "{tmp}/nowhere"], "no target model"),
     (["eagle", "--sequences", "0"], "--sequences"),
     (["target", "--sequences", "8"], "--sequences"),
-    (["medusa", "--init", "{target}"], "--init continues a target or a draft model"),
+    (["tokenizer", "--init", "{target}"], "--init starts a model from trained weights"),
+    (["medusa", "--init", "{tmp}/nowhere"], "no model in"),
     (["specblock", "--steps", "0"], "--steps"),
     (["eagle", "--lr", "2"], "--lr"),
     (["draft-model", "--size", "16m"], "--size chooses the target's shape"),
@@ -82,6 +86,24 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
     expected = generate(target, prompt, max_new_tokens=10).tokens
     drafter = make_drafter(kind, target, folder=out)
     assert generate(target, prompt, drafter=drafter, max_new_tokens=10).tokens == expected
+
+    # --init warm-starts from a saved drafter: shift its weights, train at a negligible rate, and the
+    # result keeps the shift (a fresh start would not have it).
+    shifted = tmp_path / "shifted"
+    shutil.copytree(out, shifted)
+    with safe_open(str(out / "model.safetensors"), "pt") as saved:
+        state, metadata = {k: saved.get_tensor(k) for k in saved.keys()}, saved.metadata()  # noqa: SIM118
+    save_file({k: v + 0.25 if v.is_floating_point() else v for k, v in state.items()},
+              str(shifted / "model.safetensors"), metadata=metadata)
+    code, stdout, err = run([kind, "--target", str(target_dir), "--out", str(tmp_path / "warm"), "--run-dir",
+                             str(tmp_path / "run2"), "--data-dir", str(data), "--steps", "1", "--lr", "1e-9",
+                             "--sequences", "8", "--threads", "1", "--init", str(shifted), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["init_from"] == str(shifted)
+    warm = load_file(str(tmp_path / "warm" / "model.safetensors"))
+    for name, value in state.items():
+        if value.is_floating_point() and name in warm:
+            assert torch.allclose(warm[name].float(), value.float() + 0.25, atol=0.02), name
 
 
 def test_the_size_choices_are_the_target_recipes() -> None:

@@ -19,7 +19,7 @@ TRAINED = ("specblock", "eagle", "medusa")  # drafters loaded from trained weigh
 USES = {"none": (), "ngram": ("--draft-length", "--ngram-max"),  # the draft options each drafter reads
         "draft-model": ("--draft-length", "--tree-width", "--tree-budget", "--paths", "--min-confidence",
                         "--draft-vocab"),
-        "specblock": ("--drafter-model", "--tree-budget", "--blocks"),
+        "specblock": ("--drafter-model", "--tree-width", "--tree-budget", "--blocks"),
         "eagle": ("--drafter-model", "--draft-length", "--tree-width", "--tree-budget"),
         "medusa": ("--drafter-model", "--draft-length", "--tree-budget")}
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
@@ -124,7 +124,8 @@ class _Stream:
 @click.option("--draft-length", type=int, default=None, show_default="4; trained: as trained",
               help="Draft depth: tokens per chain or path, levels of a tree (EAGLE, Medusa too).")
 @click.option("--tree-width", type=int, default=None, show_default="1; EAGLE: as trained",
-              help="Draft model: >1 drafts a top-k tree this wide per level; EAGLE: its top-k.")
+              help="Draft model: >1 drafts a top-k tree this wide per level; EAGLE: its top-k; SpecBlock: "
+                   "children per node at most (1: a chain).")
 @click.option("--tree-budget", type=int, default=None, show_default="16; trained: as trained",
               help="Most draft nodes kept (the likeliest): draft-model tree, SpecBlock, EAGLE, Medusa.")
 @click.option("--min-confidence", type=click.FloatRange(0, 1), default=None, show_default="0",

@@ -41,8 +41,9 @@ DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/m
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("runs/drafter-data"),
               show_default=True, help="Cache of the target's rows (drafters).")
 @click.option("--init", "init_dir", type=click.Path(path_type=Path), default=None,
-              help="Continue training this model of the same shape (target, draft-model): fresh "
-                   "optimiser and schedule.")
+              help="Start from this model's weights, with a fresh optimiser and schedule: continue a target "
+                   "or draft model of the recipe's shape, or warm-start a drafter of the kind (e.g. the one "
+                   "trained for an earlier version of the target).")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default: the recipe's).")
 @click.option("--batch-size", type=int, default=None, help="Windows per step (default: the recipe's).")
 @click.option("--size", type=click.Choice(("16m", "5m")), default=None,
@@ -64,8 +65,8 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"--batch-size must be at least 1, got {batch_size}: give a size such as 8")
     if size is not None and kind != "target":
         raise InputError("--size chooses the target's shape: drop it for the other kinds")
-    if init_dir is not None and kind not in ("target", "draft-model"):
-        raise InputError("--init continues a target or a draft model: drop it for the drafters")
+    if init_dir is not None and kind == "tokenizer":
+        raise InputError("--init starts a model from trained weights: drop it for the tokenizer")
     if init_dir is not None and not (init_dir / "config.json").exists():
         raise InputError(f"no model in {init_dir}: give a folder with config.json and safetensors weights")
     if threads < 1:
@@ -91,7 +92,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         recipe = DataRecipe(**({"sequences": sequences} if sequences else {}))
         out = out or DEFAULT_OUT[kind]
         log = train_drafter(kind, target_dir, out, run_dir or Path("runs") / kind, data_dir=data_dir,
-                            recipe=recipe, overrides=overrides, resume=resume, minutes=minutes)
+                            recipe=recipe, overrides=overrides, resume=resume, minutes=minutes, init=init_dir)
         result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
         result["out"] = str(out)
     else:

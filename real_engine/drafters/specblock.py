@@ -421,9 +421,10 @@ class SpecBlockDrafter:
         cond = net.condition(self.conds)
         tokens = torch.tensor(self.backlog, device=dev)
         slot_ids = torch.arange(k, device=dev)
-        x = torch.cat((net.inputs(cond, tokens, torch.zeros_like(tokens)),
-                       net.inputs(cond[-1:].expand(width - 1, -1), tokens[-1:].expand(width - 1),
-                                  slot_ids[1:width])))
+        # The prefix rows (slot 0 each, the root's last), then slots 1.. of the root's block: one fusion.
+        x = net.inputs(torch.cat((cond, cond[-1:].expand(width - 1, -1))),
+                       torch.cat((tokens, tokens[-1:].expand(width - 1))),
+                       torch.cat((torch.zeros_like(tokens), slot_ids[1:width])))
         rows = n + width - 1
         mask = torch.ones(rows, length + rows, dtype=torch.bool, device=dev)
         mask[:, length:] = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril()

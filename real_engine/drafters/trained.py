@@ -3,8 +3,8 @@
 ``specblock train <name>`` writes such a folder (``config.json`` and ``model.safetensors``); the
 shipped ones are ``data/models/<name>``. Options left as None keep the folder's deployed shape: its
 ``drafting.json`` (``{"shape": {...}}``, the options below, as ``specblock shapes --apply`` writes the
-fastest one measured on this machine), else the trained settings: SpecBlock's 2 block forwards (M) and
-32 drafted nodes, EAGLE's saved tree shape, Medusa's saved static tree.
+fastest one measured on this machine), else the trained settings: SpecBlock's 2 block forwards (M),
+32 drafted nodes and its buckets' children, EAGLE's saved tree shape, Medusa's saved static tree.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from policies.errors import InputError
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.eagle import eagle_drafter
 from real_engine.drafters.medusa import MedusaDrafter, load_medusa
+from real_engine.drafters.rank import CHILDREN
 from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
 from real_engine.model import Transformer
 
@@ -24,7 +25,7 @@ MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 TRAINED = ("specblock", "eagle", "medusa")
 FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"
-SHAPE_OPTIONS = {"specblock": ("blocks", "budget"), "eagle": ("depth", "width", "budget"),
+SHAPE_OPTIONS = {"specblock": ("blocks", "budget", "width"), "eagle": ("depth", "width", "budget"),
                  "medusa": ("depth", "budget"),
                  "draft-model": ("depth", "width", "budget", "min_confidence", "vocab")}
 # the options each drafter's shape takes; a draft model's drafting.json lies in the draft model's folder
@@ -80,7 +81,8 @@ def load_trained(name: str, target: Transformer, folder: str | Path | None = Non
                  blocks: int | None = None, deployed: bool = True) -> Drafter:
     """The ``name`` drafter trained for ``target`` from ``folder`` (default ``data/models/<name>``).
 
-    SpecBlock takes ``blocks`` (M) and ``budget`` (drafted nodes); EAGLE ``depth``, ``width`` (top-k:
+    SpecBlock takes ``blocks`` (M), ``budget`` (drafted nodes) and ``width`` (children per node at most:
+    1 drafts a chain that still stops where the rank head gives up); EAGLE ``depth``, ``width`` (top-k:
     children per node and frontier width) and ``budget`` (total tokens); Medusa ``budget`` (a static
     tree of that many nodes, re-chosen from the saved calibration accuracies) and ``depth`` (cuts the
     tree). Options left None take the folder's deployed shape (``drafting.json``), or with
@@ -101,7 +103,10 @@ def load_trained(name: str, target: Transformer, folder: str | Path | None = Non
                          "or give the folder of one")
     try:
         if name == "specblock":
-            options = {k: v for k, v in (("blocks", blocks), ("budget", budget)) if v is not None}
+            given = (("blocks", blocks), ("budget", budget))
+            options: dict[str, Any] = {k: v for k, v in given if v is not None}
+            if width is not None:
+                options["children"] = tuple(min(c, width) for c in CHILDREN)
             return SpecBlockDrafter(load_specblock(folder, target), **options)
         if name == "eagle":
             return eagle_drafter(folder, target, depth, width, budget)
