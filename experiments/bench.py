@@ -15,7 +15,7 @@ The ``transformers`` peer
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean
@@ -168,12 +168,14 @@ def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dic
     return prompts
 
 
-def plan(settings: Settings, available: Sequence[str], hf: bool) -> tuple[list[Config], list[str]]:
+def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collection[str] = ()
+         ) -> tuple[list[Config], list[str]]:
     """The configurations to measure at each temperature (vanilla first) and notes on what was left out.
 
     ``available`` names the drafters that can run (trained weights present); at T = 0 every drafter
     uses the greedy verifier, at T > 0 each sampling verifier of ``settings.verifiers`` that fits its
-    draft shape (n-gram drafts chains; SpecBlock, EAGLE and Medusa draft top-k trees).
+    draft shape (n-gram drafts chains; SpecBlock, EAGLE and Medusa draft top-k trees, but the trained
+    drafters named in ``chains`` deploy a chain, which they sample at T > 0).
     """
     configs, notes = [], []
     for drafter in settings.drafters:
@@ -183,7 +185,7 @@ def plan(settings: Settings, available: Sequence[str], hf: bool) -> tuple[list[C
         configs.append(Config("none", None, None, t))
         for drafter in (d for d in settings.drafters if d != "none" and d in available):
             shapes = settings.shapes if drafter == "draft-model" else (
-                ("chain",) if drafter == "ngram" else ("tree",))
+                ("chain",) if drafter == "ngram" or drafter in chains else ("tree",))
             for shape in shapes:
                 fits = ("greedy",) if t == 0 else tuple(v for v in settings.verifiers if v in FITS[shape])
                 configs.extend(Config(drafter, shape, v, t) for v in fits)

@@ -137,9 +137,11 @@ def best_order(parents: list[int], scores: list[float],
 
 
 def best_subtree(parents: list[int], tokens: list[int], scores: list[float], laws: dict[int, torch.Tensor],
-                 budget: int, device: torch.device | str) -> tuple[DraftTree, dict[int, int]]:
+                 budget: int, device: torch.device | str, child_rule: str = "topk"
+                 ) -> tuple[DraftTree, dict[int, int]]:
     """The ``budget`` most likely nodes of a tree grown by ``expand_topk`` (an ancestor-closed set: a
-    child's score never exceeds its parent's) as a top-k ``DraftTree``, renumbered depth first with the
+    child's score never exceeds its parent's) as a ``DraftTree`` (top-k candidates, or ``iid`` for a
+    chain sampled from the laws), renumbered depth first with the
     most likely sibling first (so ``paths()[0]`` is the most likely path); each node's law from
     ``laws`` where it keeps children (zero elsewhere) and its confidence ``exp(score - parent score)``.
     Also returns the old -> new index of the kept nodes."""
@@ -149,7 +151,7 @@ def best_subtree(parents: list[int], tokens: list[int], scores: list[float], law
     confidence = [1.0, *(math.exp(scores[n] - scores[parents[n]]) for n in order[1:])]
     tree = DraftTree(torch.tensor([tokens[n] for n in order], device=device),
                      torch.tensor([index.get(parents[n], -1) for n in order], device=device),
-                     torch.stack([laws[n] if n in laws and children[n] else zero for n in order]), "topk",
+                     torch.stack([laws[n] if n in laws and children[n] else zero for n in order]), child_rule,
                      torch.tensor(confidence, device=device))
     return tree, index
 

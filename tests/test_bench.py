@@ -248,3 +248,15 @@ def test_the_report_sets_specblock_against_eagle() -> None:
     text = markdown({"rows": rows}, "t")
     assert "| 0 | greedy | 1.10 (1.10x / 1.00x) | 0.50 (1.00 / 2.00) |" in text
     assert "against" not in markdown({"rows": rows[:2]}, "t")  # no EAGLE row: no comparison
+
+
+def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperature_one() -> None:
+    from experiments.bench import Settings, plan
+
+    settings = Settings(domains={"code": ["x"]}, drafters=("none", "specblock", "eagle", "medusa"))
+    configs, _ = plan(settings, ["specblock", "eagle", "medusa"], hf=False, chains=["specblock"])
+    sampled = {(c.drafter, c.shape, c.verifier) for c in configs if c.temperature == 1}
+    assert {("specblock", "chain", "block"), ("specblock", "chain", "rrs"), ("eagle", "tree", "rrs"),
+            ("medusa", "tree", "rrs")} == sampled - {("none", None, None)}
+    greedy = {(c.drafter, c.shape, c.verifier) for c in configs if c.temperature == 0}
+    assert ("specblock", "chain", "greedy") in greedy and ("eagle", "tree", "greedy") in greedy

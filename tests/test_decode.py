@@ -218,6 +218,71 @@ def test_sampled_continuations_follow_the_target(name: str, shape: dict, verifie
     assert name == "none" or accepted > 0
 
 
+@pytest.fixture(scope="module")
+def small(build: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Transformer:
+    """A 12-token target: the smallest vocabulary SpecBlock's rank summary takes."""
+    folder = build(tmp_path_factory.mktemp("small"), vocab=12, hidden=32, layers=1, init=0.3, seed=11)
+    return load_model(folder)
+
+
+def sampled_chain(kind: str, target: Transformer) -> object:
+    """A random trained drafter for ``target`` drafting a chain: SpecBlock with every bucket's children
+    capped at 1 (its rank head biased to continue), or EAGLE-style with top-k 1."""
+    from real_engine.drafters.eagle import EagleDrafter, TreeShape, new_eagle
+    from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter
+
+    if kind == "eagle":
+        shape = TreeShape(depth=3, top_k=1, total_tokens=3)
+        return EagleDrafter(new_eagle(target, seed=3).eval(), target, shape)
+    net = SpecBlock.for_target(target, seed=3).eval()
+    with torch.no_grad():
+        net.rank_head.down.bias.copy_(torch.tensor([20.0, 0.0, 0.0, -20.0]))
+    return SpecBlockDrafter(net, blocks=2, budget=6, children=(1, 1, 1, 0))
+
+
+@pytest.mark.parametrize("kind", ["specblock", "eagle"])
+@torch.inference_mode()
+def test_a_trained_drafters_chain_is_sampled_from_its_law_at_temperature_one(kind: str, small: Transformer
+                                                                              ) -> None:
+    """A chain of a trained drafter at T > 0 draws its tokens from ``q`` (child rule iid): the first
+    drafted token's frequencies match ``q``'s row at the root; at T = 0 it is the top-1 chain."""
+    prompt = torch.tensor([1, 3, 0])
+    counts, law = torch.zeros(12), None
+    for seed in range(400):
+        drafter = sampled_chain(kind, small)
+        generator = torch.Generator().manual_seed(seed)
+        drafter.begin(prompt, small(prompt[None, :-1]), Sampling(1.0), generator, 16)
+        tree = drafter.propose(3)
+        assert tree.child_rule == "iid" and tree.parents.tolist() == list(range(-1, tree.size - 1))
+        assert tree.size == 4
+        law = tree.q[0] if law is None else law
+        torch.testing.assert_close(tree.q[0], law)  # the same law every time, only the draw changes
+        counts[tree.tokens[1]] += 1
+    assert pvalue(counts, law) > 1e-4 and int((counts > 0).sum()) > 2
+    drafter = sampled_chain(kind, small)
+    drafter.begin(prompt, small(prompt[None, :-1]), Sampling(), torch.Generator(), 16)
+    tree = drafter.propose(3)
+    assert tree.child_rule == "topk" and int(tree.tokens[1]) == int(law.argmax())
+
+
+@pytest.mark.parametrize(("kind", "verifier"), [("specblock", "block"), ("specblock", "token"),
+                                                ("eagle", "block"), ("eagle", "rrs")])
+def test_trained_drafters_sampled_chains_follow_the_target(kind: str, verifier: str,
+                                                            small: Transformer) -> None:
+    """Through the real loop at temperature 1, the first and the second token's frequencies match the
+    target's exact marginal laws."""
+    prompt, sampling = [1, 3, 0], Sampling(1.0)
+    counts, accepted = torch.zeros(12, 12), 0
+    for seed in range(600):
+        out = generate(small, prompt, drafter=sampled_chain(kind, small), verifier=verifier,
+                       sampling=sampling, max_new_tokens=3, seed=seed)
+        counts[out.tokens[0], out.tokens[1]] += 1
+        accepted += sum(out.stats.accepted)
+    law = pair_law(small, prompt, sampling)
+    assert pvalue(counts.sum(1), law.sum(1)) > 1e-4 and pvalue(counts.sum(0), law.sum(0)) > 1e-4
+    assert accepted > 0
+
+
 @pytest.mark.parametrize("name", ["none", "ngram", "draft-model"])
 def test_stops_at_eos_and_max_new_tokens(name: str, target: Transformer, draft: Transformer,
                                          prompts: list[list[int]], vanilla: list[tuple[int, ...]]) -> None:

@@ -103,3 +103,24 @@ def test_the_draft_model_is_swept_and_deployed_from_its_folder(llama_dir: Path, 
         (folder / "drafting.json").write_text(json.dumps({"shape": {"depth": 2, "min_confidence": bad}}))
         with pytest.raises(InputError, match=r"drafting\.json"):
             make_drafter("draft-model", target, target, folder=folder)
+
+
+def test_a_deployed_specblock_chain_is_sampled_and_block_verified_at_temperature_one(
+        llama_dir: Path, specblock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["generate", "--model", str(llama_dir), "--drafter", "specblock", "--drafter-model",
+            str(specblock_dir), "--prompt", "abcab", "--max-new-tokens", "6", "--temperature", "1", "--json"]
+
+    def verifier(*extra: str) -> str | int:
+        try:
+            main([*base, *extra])
+        except SystemExit as exc:
+            return exc.code
+        return json.loads(capsys.readouterr().out)["verifier"]
+
+    assert verifier() == "rrs"  # the trained top-k tree
+    assert verifier("--verifier", "block") == 2 and "--tree-width 1" in capsys.readouterr().err
+    assert verifier("--tree-width", "1") == "block"  # a chain: sampled, so block verification applies
+    write_shape("specblock", specblock_dir, {"blocks": 1, "width": 1, "budget": 4}, {"speedup": 1.0})
+    assert verifier() == "block" and verifier("--verifier", "token") == "token"
+    drafter = load_trained("specblock", load_model(llama_dir), specblock_dir)
+    assert drafter.children == (1, 1, 1, 0) and drafter.budget == 4

@@ -213,7 +213,9 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     if hf and not transformers_available():
         notes.append("hf-assisted: transformers is not installed, skipped")
         hf = False
-    configs, plan_notes = plan(settings, available, hf)
+    chains = [n for n in ("specblock", "eagle") if n in available  # a deployed chain samples at T > 0
+              and deployed_shape(n, drafters_dir / n).get("width") == 1]
+    configs, plan_notes = plan(settings, available, hf, chains)
     notes.extend(plan_notes)
     peer = HFPeer(model_dir, draft_dir, device) if hf else None
     engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id, draft_dir)

@@ -57,16 +57,25 @@ def _read(path: Path) -> str:
         raise InputError(f"--prompt-file {path} is not UTF-8 text ({exc.reason}): give a text file") from exc
 
 
-def _check_verifier(verifier: str, drafter: str, tree_width: int) -> None:
+def _sampled_chain(drafter: str, tree_width: int | None) -> bool:
+    """Whether the drafter drafts a chain it samples at T > 0: the draft model's (tree width 1), or a
+    SpecBlock or EAGLE chain; a trained drafter's width None is its trained top-k tree."""
+    return tree_width == 1 and drafter in ("draft-model", "specblock", "eagle")
+
+
+def _check_verifier(verifier: str, drafter: str, tree_width: int | None) -> None:
     """gbv needs i.i.d. sampled paths; gbv and seqbv need unmerged paths of equal length; the trained
-    drafters' deterministic top-k trees are verified by rrs (or greedy)."""
-    if drafter in TRAINED and verifier not in ("greedy", "rrs"):
+    drafters' deterministic top-k trees are verified by rrs (or greedy); their sampled chains by any
+    single-draft verifier."""
+    chain = _sampled_chain(drafter, tree_width)
+    if drafter in TRAINED and verifier not in ("greedy", "rrs", *(("token", "block") if chain else ())):
+        chain_hint = "" if drafter == "medusa" else ", or --tree-width 1 (a sampled chain) for token, block"
         raise InputError(f"the {drafter} drafter drafts a deterministic top-k tree: use --verifier rrs "
-                         "(or greedy at temperature 0)")
-    if verifier == "gbv" and (drafter == "ngram" or tree_width > 1):
+                         f"(or greedy at temperature 0){chain_hint}")
+    if verifier == "gbv" and (drafter == "ngram" or (tree_width or 1) > 1):
         raise InputError("gbv verifies i.i.d. sampled paths: use --drafter draft-model with --tree-width 1 "
                          "(and --paths K), or another verifier")
-    if verifier == "seqbv" and drafter == "draft-model" and tree_width > 1:
+    if verifier == "seqbv" and drafter == "draft-model" and (tree_width or 1) > 1:
         raise InputError("seqbv verifies unmerged paths, not a top-k tree: use --paths K instead of "
                          "--tree-width, or --verifier rrs")
 
@@ -79,10 +88,13 @@ def _check_options(drafter: str, given: dict[str, Any]) -> None:
         raise InputError(f"{unused[0]} does not apply to --drafter {drafter} (it takes {takes}): drop it")
 
 
-def _auto_verifier(temperature: float, drafter: str, tree_width: int, paths: int) -> str:
+def _auto_verifier(temperature: float, drafter: str, tree_width: int | None, paths: int) -> str:
+    """Greedy at T = 0; else block verification for a sampled chain (the draft model's, or a SpecBlock or
+    EAGLE chain, tree width 1), SeqBV for paths, RRS for top-k trees (None: the trained drafter's tree)."""
     if temperature == 0:
         return "greedy"
-    return "seqbv" if paths > 1 else "rrs" if tree_width > 1 or drafter in TRAINED else "block"
+    chain = _sampled_chain(drafter, tree_width) or drafter in ("ngram", "none")
+    return "seqbv" if paths > 1 else "block" if chain else "rrs"
 
 
 class _Stream:
@@ -183,12 +195,13 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
 
     sampling = Sampling(temperature, top_k, top_p)
     width = tree_width
-    if drafter == "draft-model" and width is None and paths is None:  # the deployed shape's, if any
-        from real_engine.drafters.trained import deployed_shape
+    if drafter in ("draft-model", "specblock", "eagle") and width is None and paths is None:
+        from real_engine.drafters.trained import deployed_shape, trained_folder  # the deployed shape's width
 
-        width = deployed_shape("draft-model", draft_dir).get("width")
-    verifier = verifier or _auto_verifier(temperature, drafter, width or 1, paths or 1)
-    _check_verifier(verifier, drafter, width or 1)
+        folder = draft_dir if drafter == "draft-model" else trained_folder(drafter, drafter_dir)
+        width = deployed_shape(drafter, folder).get("width", 1 if drafter == "draft-model" else None)
+    verifier = verifier or _auto_verifier(temperature, drafter, width, paths or 1)
+    _check_verifier(verifier, drafter, width)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
     draft = None

@@ -18,7 +18,10 @@ all frontier nodes in one forward under a tree mask over the drafter's cache; fi
 never exceeds its parent's). Candidates are deterministic (child rule ``topk``); ``q`` holds the
 warped draft law at each node whose children were kept (zero elsewhere) and ``confidence`` each
 node's probability under its parent's ranking law (the softmax at temperature 0, else ``q``). One
-drafter forward per depth: the queue with the root's pair, then one per expanded frontier.
+drafter forward per depth: the queue with the root's pair, then one per expanded frontier. A chain
+(``top_k`` 1) at temperature > 0 samples each token from ``q`` instead (child rule ``iid``), so that
+token-level and block verification apply (their acceptance, ``1 - TV(p, q)`` per position, beats a
+deterministic candidate's ``p(x)``).
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ class EagleDrafter:
         slots = self.shape.top_k * (self.shape.depth - 1)
         self.cache = KVCache(1, 1, a.num_key_value_heads, a.head_dim, max_length + slots + 1, w.dtype,
                              w.device)
-        self.sampling = sampling
+        self.sampling, self.generator = sampling, generator
         self._queue_cond = target.features[0]
         self._queue_tokens = prompt[1:].tolist()
         self.root = int(prompt[-1])
@@ -217,13 +220,18 @@ class EagleDrafter:
 
     def _grow(self, root_hidden: torch.Tensor, root_logits: torch.Tensor, depth: int) -> DraftTree:
         k, base = self.shape.top_k, self._base
+        sampled = k == 1 and not self.sampling.greedy  # a sampled chain (module doc)
         parents, tokens, scores = [-1], [self.root], [0.0]
         hiddens = {0: root_hidden}
         laws, ranks = {0: warp(root_logits, self.sampling)}, {0: self._rank(root_logits)}
         slots: dict[int, list[int]] = {0: []}  # node -> cache indices of its forwarded ancestry
         frontier = [0]
         for d in range(1, depth + 1):
-            probs, ids = torch.stack([ranks[n] for n in frontier]).topk(min(k, ranks[0].numel()), dim=-1)
+            if sampled:
+                ids = torch.multinomial(laws[frontier[0]], 1, generator=self.generator)[None]
+                probs = laws[frontier[0]][ids]
+            else:
+                probs, ids = torch.stack([ranks[n] for n in frontier]).topk(min(k, ranks[0].numel()), dim=-1)
             created = expand_topk(frontier, probs, ids, parents, tokens, scores)
             if d == depth or not created:
                 break
@@ -239,7 +247,8 @@ class EagleDrafter:
             hidden, logits = self._run(cond, [tokens[n] for n in frontier], positions, mask.to(self.device))
             for node, h, row in zip(frontier, hidden, logits, strict=True):
                 hiddens[node], laws[node], ranks[node] = h, warp(row, self.sampling), self._rank(row)
-        return best_subtree(parents, tokens, scores, laws, self.shape.total_tokens, self.device)[0]
+        return best_subtree(parents, tokens, scores, laws, self.shape.total_tokens, self.device,
+                            "iid" if sampled else "topk")[0]
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Drop the draft's cache entries; queue the accepted positions with the target's features."""

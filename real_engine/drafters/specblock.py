@@ -25,9 +25,13 @@ and to its own slots ``0..k``; never to another branch.
 **Drafting** (:class:`SpecBlockDrafter`): block 1, then ``blocks - 1`` rounds in which every chosen
 start node (see :class:`~real_engine.drafters.rank.BucketTree`) gets a block, all in ONE forward;
 the tree keeps the ``budget`` most likely nodes, child rule ``topk``, and carries each node's confidence
-and predicted rank bucket (``BucketTree.build``). After verification the accepted
-tokens become prefix rows of the next block-1 forward, conditioned on the target's features, which
-the verifier's forward has just produced.
+and predicted rank bucket (``BucketTree.build``). A chain (every bucket's children capped at 1) at
+temperature > 0 samples each slot's token from its warped law instead (child rule ``iid``), so that
+token-level and block verification apply: their acceptance, ``1 - TV(p, q)`` per position, beats a
+deterministic candidate's ``p(x)``. Whether a slot is drafted reads only the drafter's own states (the
+rank head's give-up bucket), never the token it would sample, so the draft stays a draw from ``q``.
+After verification the accepted tokens become prefix rows of the next block-1 forward, conditioned on
+the target's features, which the verifier's forward has just produced.
 """
 
 from __future__ import annotations
@@ -366,7 +370,8 @@ class SpecBlockDrafter:
         if max_length > c.max_position_embeddings:
             raise InputError(f"the drafter's context is {c.max_position_embeddings} positions but "
                              f"{max_length} are needed: shorten the prompt or max new tokens")
-        self.sampling = sampling
+        self.sampling, self.generator = sampling, generator
+        self.sampled = not sampling.greedy and max(self.children) == 1  # a sampled chain (module doc)
         extra = self.k + (self.blocks - 1) * self.starts * self.k
         self.cache = KVCache(c.num_layers, 1, c.num_kv_heads, c.head_dim, max_length + extra,
                              self.net.lm_head.weight.dtype, self.device)
@@ -387,15 +392,20 @@ class SpecBlockDrafter:
     def _heads(self, hidden: torch.Tensor
                ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[list[float]], list[list[int]]]:
         """Laws over the drafting vocabulary (the warped ``q`` and the confidence law: the plain softmax
-        at temperature 0, else ``q``), buckets and best tokens of slot rows (one host sync)."""
+        at temperature 0, else ``q``), buckets and the candidate tokens of slot rows with their
+        log-probabilities: the best ones, or one draw from ``q`` for a sampled chain (one host sync)."""
         start = clock(self.device)
         logits, buckets = self.net.draft_heads(hidden)
         logp = logits.float().log_softmax(-1)
-        top = logp.topk(min(max(self.children), logits.shape[-1]), dim=-1)
         laws = warp(logits, self.sampling)
+        if self.sampled:
+            picked = torch.multinomial(laws, 1, generator=self.generator)
+            top = logp.gather(-1, picked), picked
+        else:
+            top = logp.topk(min(max(self.children), logits.shape[-1]), dim=-1)
         own = logp.exp() if self.sampling.greedy else laws
-        ids = top.indices if not self.net.config.draft_vocab else self.net.draft_ids[top.indices]
-        out = (laws, own), buckets.argmax(-1).tolist(), top.values.tolist(), ids.tolist()
+        ids = top[1] if not self.net.config.draft_vocab else self.net.draft_ids[top[1]]
+        out = (laws, own), buckets.argmax(-1).tolist(), top[0].tolist(), ids.tolist()
         self.model_seconds += clock(self.device) - start
         return out
 
@@ -452,7 +462,7 @@ class SpecBlockDrafter:
             self.shapes.append({"starts": mean_starts, "blocks": 1 + len(counts)})
         laws = self._full(torch.cat([q for q, _ in all_laws]))
         own = self._full(torch.cat([c for _, c in all_laws])) if self.sampling.greedy else None
-        draft = tree.build(self.budget, laws, confidence_laws=own)
+        draft = tree.build(self.budget, laws, "iid" if self.sampled else "topk", confidence_laws=own)
         self._tokens = draft.tokens.tolist()
         self.backlog, self.conds = [], self.conds[:0]
         return draft
