@@ -45,6 +45,8 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["target", "--sequences", "8"], "--sequences"),
     (["tokenizer", "--init", "{target}"], "--init starts a model from trained weights"),
     (["medusa", "--init", "{tmp}/nowhere"], "no model in"),
+    (["eagle", "--init", "{target}"], "no valid EAGLE config.json"),  # a target is no EAGLE drafter
+    (["specblock", "--init", "{target}"], "is not a specblock-v2 drafter config"),
     (["specblock", "--steps", "0"], "--steps"),
     (["eagle", "--lr", "2"], "--lr"),
     (["draft-model", "--size", "16m"], "--size chooses the target's shape"),
@@ -54,10 +56,11 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_di
     args = [a.format(tmp=tmp_path, target=target_dir) for a in args]
     if "--target" not in args:
         args += ["--target", str(target_dir)]
+    args += ["--data-dir", str(tmp_path / "data")]
     code, out, err = run([*args, "--out", str(tmp_path / "out"), "--run-dir", str(tmp_path / "run")], capsys)
     assert (code, out) == (2, "")
     assert len(err.strip().splitlines()) == 1 and needle in err
-    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+    assert not any((tmp_path / name).exists() for name in ("out", "run", "data"))  # nothing computed
 
 
 @pytest.mark.parametrize("kind", ["specblock", "eagle", "medusa"])
