@@ -39,6 +39,7 @@ class DataMeta:
     chunk_size: int
     target: str  # fingerprint of the target (config and weights)
     tokens_sha256: str  # of the token sequences
+    on_policy: float = 0.0  # the share of them that the target continued itself (``training_windows``)
 
     @property
     def chunks(self) -> int:
@@ -77,6 +78,34 @@ def corpus_windows(domains: Sequence[str], seq_len: int, count: int, seed: int =
     return windows[order.sort().values]
 
 
+def training_windows(target: Transformer, domains: Sequence[str], seq_len: int, count: int, seed: int,
+                     on_policy: float, data_dir: str | Path, prefix: int = 64) -> tuple[torch.Tensor, Path]:
+    """The drafters' training windows and the folder that caches the target's rows for them.
+
+    ``corpus_windows``, of which a share ``on_policy`` (rows spread evenly over the domains) is replaced
+    by the target's own continuation of the window's first ``prefix`` tokens, alternately greedy and
+    sampled (``real_engine.train.rollout``): on-policy data, as the draft model's ``--on-policy``.
+    """
+    from real_engine.train import rollout
+
+    if not 0.0 <= on_policy <= 1.0:
+        raise InputError(f"an on-policy share of {on_policy}: give a fraction in [0, 1]")
+    windows = corpus_windows(domains, seq_len, count, seed)
+    folder = Path(data_dir) / target_fingerprint(target)[:12]
+    if not on_policy:
+        return windows, folder
+    if not 1 <= prefix < seq_len:
+        raise InputError(f"a rollout prompt of {prefix} tokens: give 1 to {seq_len - 1}")
+    index = torch.arange(count)
+    rows = index[((index + 1) * on_policy).floor() > (index * on_policy).floor()]
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(0, len(rows), 16):
+        part = rows[i:i + 16]
+        sampled = torch.arange(i, i + len(part)) % 2 == 1
+        windows[part] = rollout(target, windows[part, :prefix], seq_len, sampled, gen)
+    return windows, folder.with_name(f"{folder.name}-onpolicy{on_policy:g}")
+
+
 @torch.inference_mode()
 def target_rows(target: Transformer, tokens: torch.Tensor, top_k: int) -> dict[str, torch.Tensor]:
     """The stored fields for a batch of sequences ([B, T]), on the CPU."""
@@ -100,8 +129,10 @@ def progress_bar(enabled: bool) -> Any:
 
 
 def prepare_drafter_data(target: Transformer, sequences: torch.Tensor, folder: str | Path, *, top_k: int = 32,
-                         chunk_size: int = 32, batch_size: int = 8, progress: bool = True) -> DrafterData:
-    """Run ``target`` over ``sequences`` ([N, T] long) and cache its rows under ``folder`` (resumable).
+                         chunk_size: int = 32, batch_size: int = 8, progress: bool = True,
+                         on_policy: float = 0.0) -> DrafterData:
+    """Run ``target`` over ``sequences`` ([N, T] long) and cache its rows under ``folder`` (resumable);
+    ``on_policy`` records the share of the sequences that the target continued itself.
 
     A folder prepared with another target, other sequences or other settings is refused rather than
     mixed: give a new folder.
@@ -114,7 +145,7 @@ def prepare_drafter_data(target: Transformer, sequences: torch.Tensor, folder: s
     folder = Path(folder)
     tokens_sha = hashlib.sha256(sequences.to(torch.int64).numpy().tobytes()).hexdigest()
     meta = DataMeta(sequences.shape[0], sequences.shape[1], top_k, chunk_size, target_fingerprint(target),
-                    tokens_sha)
+                    tokens_sha, on_policy)
     if (folder / "meta.json").exists():
         old = open_drafter_data(folder).meta
         if old != meta:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from policies.errors import InputError
-from real_engine.drafter_data import DrafterData, corpus_windows, prepare_drafter_data, target_fingerprint
+from real_engine.drafter_data import DrafterData, prepare_drafter_data, target_fingerprint, training_windows
 from real_engine.model import Transformer, load_model
 from real_engine.train_baselines import BaselineConfig, train_eagle, train_medusa
 from real_engine.train_specblock import TrainConfig, train_from_corpus
@@ -43,22 +43,26 @@ class DataRecipe:
     seq_len: int = 256
     top_k: int = 32
     heldout: int = 32  # Medusa's calibration windows, spread over the domains
+    on_policy: float = 0.0  # share of the training windows that the target continues itself
 
 
 def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split: str = "train", seed: int = 0,
                  progress: bool = True) -> DrafterData:
     """The target's rows for the recipe's training windows (``split="train"``, drawn with ``seed``) or
     its held-out ones, cached under ``data_dir`` (the folder ``train_from_corpus`` uses)."""
-    folder = Path(data_dir) / target_fingerprint(target)[:12]
     if split == "train":
-        windows = corpus_windows(DOMAINS, recipe.seq_len, recipe.sequences, seed)
+        windows, folder = training_windows(target, DOMAINS, recipe.seq_len, recipe.sequences, seed,
+                                           recipe.on_policy, data_dir)
     else:
         from real_engine.train import heldout_windows
 
+        folder = Path(data_dir) / target_fingerprint(target)[:12]
         per_domain = heldout_windows(recipe.seq_len - 1, -(-recipe.heldout // len(DOMAINS)))
         windows = torch.cat([per_domain[d] for d in DOMAINS])[:recipe.heldout]
         folder = folder.with_name(f"{folder.name}-heldout")
-    return prepare_drafter_data(target, windows, folder, top_k=recipe.top_k, progress=progress)
+    on_policy = recipe.on_policy if split == "train" else 0.0
+    return prepare_drafter_data(target, windows, folder, top_k=recipe.top_k, progress=progress,
+                                on_policy=on_policy)
 
 
 def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: str | Path, *,
@@ -78,7 +82,8 @@ def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: s
     if kind == "specblock":
         return train_from_corpus(target_dir, out, run_dir, data_dir, sequences=recipe.sequences,
                                  seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
-                                 resume=resume, minutes=minutes, progress=progress, init=init)
+                                 resume=resume, minutes=minutes, progress=progress, init=init,
+                                 on_policy=recipe.on_policy)
     target = load_model(target_dir)
     data = prepare_data(target, recipe, Path(data_dir), seed=config.seed, progress=progress)
     if kind == "eagle":

@@ -61,6 +61,7 @@ class TrainConfig:
     final_eval_windows: int = 48  # held-out windows per domain for the reported figures
     kl_weight: float = 1.0  # draft model only: weight of KL(target || draft)
     lm_weight: float = 0.2  # draft model only: weight of the next-token loss
+    on_policy: float = 0.0  # draft model only: share of each batch that the target continues itself
     bf16_autocast: bool = True  # forward passes under CPU bf16 autocast (fp32 weights and optimiser)
 
     def model_args(self, vocab_size: int, eos_id: int) -> ModelArgs:
@@ -141,6 +142,54 @@ class TokenWindows:
             start = int(self._order[index]) * self.seq_len
             rows.append(self.tokens[start:start + self.seq_len + 1])
         return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+class Rollouts:
+    """Corpus windows of which the first ``share`` of each batch is continued by ``target`` itself after a
+    ``prefix``-token corpus prompt: half of those rows greedily, half sampled at temperature 1.
+
+    On-policy distillation data (DistillSpec, Zhou et al. 2024): speculative decoding verifies drafts
+    against the target's own continuations, whose statistics (repeats included) corpus text lacks. A
+    batch depends only on its position and the seed, so a resumed run draws the same rows.
+    """
+
+    def __init__(self, windows: TokenWindows, target: Transformer, share: float, prefix: int = 64) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise InputError(f"an on-policy share of {share}: give a fraction in [0, 1]")
+        if not 1 <= prefix < windows.seq_len:
+            raise InputError(f"a rollout prompt of {prefix} tokens: give 1 to {windows.seq_len - 1}")
+        self.windows, self.target, self.share, self.prefix = windows, target, share, prefix
+        self.seq_len = windows.seq_len
+
+    def batch(self, position: int, size: int) -> torch.Tensor:
+        """``TokenWindows.batch`` with its first ``round(share * size)`` rows replaced by rollouts."""
+        x = self.windows.batch(position, size)
+        n = round(self.share * size)
+        if n:
+            gen = torch.Generator().manual_seed(self.windows.seed * 1_000_003 + position)
+            sampled = torch.arange(n) >= (n + 1) // 2
+            x[:n] = rollout(self.target, x[:n, :self.prefix], self.seq_len + 1, sampled, gen)
+        return x
+
+
+@torch.inference_mode()
+def rollout(target: Transformer, prompts: torch.Tensor, total: int, sampled: torch.Tensor,
+            gen: torch.Generator) -> torch.Tensor:
+    """Continue ``prompts`` ([B, P]) to ``total`` tokens with ``target`` and a batched KV cache: rows where
+    ``sampled`` ([B] bool) is True draw from its softmax, the others take its argmax."""
+    b, start = prompts.shape
+    cache = target.new_cache(total, batch=b)
+    out = torch.empty(b, total, dtype=torch.long)
+    out[:, :start] = prompts
+    logits = target(prompts, cache=cache).logits[:, -1].float()
+    cache.commit()
+    for i in range(start, total):
+        draw = torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
+        out[:, i] = torch.where(sampled, draw, logits.argmax(-1))
+        if i + 1 < total:
+            logits = target(out[:, i:i + 1], cache=cache).logits[:, -1].float()
+            cache.commit()
+    return out
 
 
 def heldout_windows(seq_len: int, max_windows: int | None) -> dict[str, torch.Tensor]:
@@ -322,7 +371,7 @@ def corpus_data(cfg: TrainConfig) -> tuple[TokenWindows, dict[str, torch.Tensor]
 
 
 def train_loop(model: Transformer, cfg: TrainConfig, run_dir: Path, resume: bool, kind: str,
-               windows: TokenWindows, evals: dict[str, torch.Tensor],
+               windows: TokenWindows | Rollouts, evals: dict[str, torch.Tensor],
                teacher: Transformer | None = None, data_offset: int = 0) -> dict[str, Any]:
     """The shared loop, checkpointing into ``run_dir``; returns the loop state (step, curves, ...).
 
@@ -459,7 +508,8 @@ def train_target(out: Path, run_dir: Path, cfg: TrainConfig = TARGET, resume: bo
 def train_draft_model(out: Path, run_dir: Path, target_dir: Path, cfg: TrainConfig = DRAFT_MODEL,
                       resume: bool = False, init: Path | None = None) -> dict[str, Any]:
     """Distil the shipped target in ``target_dir`` into a small draft model (from scratch, or continuing
-    the draft model in ``init``) and ship it to ``out``."""
+    the draft model in ``init``) and ship it to ``out``. With ``cfg.on_policy`` that share of every batch
+    is the target's own continuation of a corpus prompt (``Rollouts``)."""
     teacher = load_model(target_dir)
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -470,7 +520,9 @@ def train_draft_model(out: Path, run_dir: Path, target_dir: Path, cfg: TrainConf
     model = Transformer(cfg.model_args(teacher.args.vocab_size, teacher.args.eos_token_id))
     init_weights(model, cfg.seed)
     extra = _continue_from(model, init)
-    state = train_loop(model, cfg, run_dir, resume, "draft-model", *corpus_data(cfg), teacher=teacher,
+    windows, evals = corpus_data(cfg)
+    data = Rollouts(windows, teacher, cfg.on_policy) if cfg.on_policy else windows
+    state = train_loop(model, cfg, run_dir, resume, "draft-model", data, evals, teacher=teacher,
                        data_offset=extra.get("earlier_tokens_seen", 0) // cfg.seq_len)
     agreement = top1_agreement(model, teacher, heldout_windows(cfg.seq_len, cfg.final_eval_windows))
     extra |= {"target": str(target_dir), "top1_agreement_with_target": agreement,

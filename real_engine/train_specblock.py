@@ -42,12 +42,12 @@ from policies.errors import InputError
 from policies.io import atomic_write, write_json
 from real_engine.drafter_data import (
     DrafterData,
-    corpus_windows,
     frequent_targets,
     open_drafter_data,
     prepare_drafter_data,
     progress_bar,
     target_fingerprint,
+    training_windows,
 )
 from real_engine.drafters.rank import bucket_of, rank_of
 from real_engine.drafters.specblock import (
@@ -285,12 +285,12 @@ def train_from_corpus(target_dir: str | Path, out: str | Path, run_dir: str | Pa
                       domains: tuple[str, ...] = ("code", "tests", "prose", "text"), top_k: int = 32,
                       config: TrainConfig = TrainConfig(), resume: bool = False,
                       minutes: float | None = None, progress: bool = True,
-                      init: str | Path | None = None) -> dict[str, Any]:
-    """The whole recipe from a target folder: ``sequences`` corpus windows, the target's rows for them
-    under ``data_dir`` (resumable), then :func:`train_specblock` into ``out``."""
+                      init: str | Path | None = None, on_policy: float = 0.0) -> dict[str, Any]:
+    """The whole recipe from a target folder: ``sequences`` windows (corpus, with a share ``on_policy`` of
+    the target's own continuations), the target's rows for them under ``data_dir`` (resumable), then
+    :func:`train_specblock` into ``out``."""
     target = load_model(target_dir)
-    windows = corpus_windows(domains, seq_len, sequences, config.seed)
-    folder = Path(data_dir) / target_fingerprint(target)[:12]
-    data = prepare_drafter_data(target, windows, folder, top_k=top_k, progress=progress)
+    windows, folder = training_windows(target, domains, seq_len, sequences, config.seed, on_policy, data_dir)
+    data = prepare_drafter_data(target, windows, folder, top_k=top_k, progress=progress, on_policy=on_policy)
     return train_specblock(target, data, out, run_dir, config=config, resume=resume, minutes=minutes,
                            progress=progress, init=init)

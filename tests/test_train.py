@@ -9,8 +9,18 @@ import numpy as np
 import pytest
 import torch
 
+from policies.errors import InputError
 from real_engine.model import Transformer
-from real_engine.train import TARGETS, TokenWindows, TrainConfig, init_weights, learning_rate, train_loop
+from real_engine.train import (
+    TARGETS,
+    Rollouts,
+    TokenWindows,
+    TrainConfig,
+    init_weights,
+    learning_rate,
+    rollout,
+    train_loop,
+)
 
 VOCAB = 64
 TINY = TrainConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
@@ -44,6 +54,54 @@ def test_windows_cover_each_epoch_once_in_a_seeded_order(tokens) -> None:
     assert torch.equal(epoch, TokenWindows(tokens, 16, seed=3).batch(0, windows.count))
     assert not torch.equal(epoch, TokenWindows(tokens, 16, seed=4).batch(0, windows.count))
     assert not torch.equal(windows.batch(windows.count, 4), epoch[:4])  # a new epoch is reshuffled
+
+
+def _greedy(model: Transformer, prompt: torch.Tensor, total: int) -> torch.Tensor:
+    """Greedy continuation by full forwards without a cache: the reference for ``Rollouts``."""
+    out = prompt.clone()
+    while out.numel() < total:
+        out = torch.cat((out, model(out[None]).logits[0, -1].argmax()[None]))
+    return out
+
+
+@torch.inference_mode()
+def test_rollouts_continue_the_first_rows_with_the_target(tokens) -> None:
+    """Of a batch of 8 at share 0.5, rows 0-1 are the target's greedy continuations of their corpus
+    prompt, rows 2-3 sampled ones (same prompt, other tokens), rows 4-7 the corpus windows untouched;
+    a position always gives the same batch (resume draws the same rows)."""
+    target = _model().eval()
+    windows = TokenWindows(tokens, TINY.seq_len, TINY.seed)
+    rollouts = Rollouts(windows, target, 0.5, prefix=4)
+    batch, corpus = rollouts.batch(6, 8), windows.batch(6, 8)
+    assert torch.equal(batch[:, :4], corpus[:, :4]) and torch.equal(batch[4:], corpus[4:])
+    for i in (0, 1):
+        assert torch.equal(batch[i], _greedy(target, corpus[i, :4], TINY.seq_len + 1))
+    for i in (2, 3):
+        assert not torch.equal(batch[i], _greedy(target, corpus[i, :4], TINY.seq_len + 1))
+    assert torch.equal(batch, rollouts.batch(6, 8))
+    assert torch.equal(Rollouts(windows, target, 0.0, prefix=4).batch(6, 8), corpus)
+
+
+@torch.inference_mode()
+def test_sampled_rollouts_draw_from_the_targets_softmax(tokens) -> None:
+    """The first sampled token of 600 rollouts of one prompt: its frequencies match the target's softmax
+    (chi-square below the 0.999 quantile for 63 degrees of freedom, about 105). The final norm is scaled
+    up so that the softmax is far from uniform and a wrong law shows."""
+    target = _model().eval()
+    target.model.norm.weight.mul_(5)
+    windows = TokenWindows(tokens, TINY.seq_len, TINY.seed)
+    prompt = windows.batch(0, 1)[:, :4].expand(600, 4)
+    drawn = rollout(target, prompt, 6, torch.ones(600, dtype=torch.bool), torch.Generator().manual_seed(0))
+    p = target(prompt[:1]).logits[0, -1].softmax(-1)
+    assert float(p.max()) > 3 / VOCAB
+    counts = torch.bincount(drawn[:, 4], minlength=VOCAB).float()
+    assert float(((counts - 600 * p) ** 2 / (600 * p)).sum()) < 105
+
+
+@pytest.mark.parametrize(("share", "prefix"), [(1.5, 4), (0.5, 0), (0.5, 16)])
+def test_rollouts_reject_a_bad_share_or_prompt(tokens, share: float, prefix: int) -> None:
+    with pytest.raises(InputError):
+        Rollouts(TokenWindows(tokens, TINY.seq_len, TINY.seed), _model(), share, prefix)
 
 
 def test_learning_rate_warms_up_then_decays() -> None:
@@ -134,3 +192,21 @@ def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_pat
     assert sorted(ids) == list(range(VOCAB))
     assert ids[:5] == [0, 3, 5, 7, 9] and ids[5:8] == [1, 2, 4]  # by top count, corpus count, then id
     assert load_vocab(tmp_path, 2).tolist() == [0, 3]
+
+
+@torch.inference_mode()
+def test_drafter_windows_with_an_on_policy_share(tokens, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """At share 0.5 the odd windows become the target's continuations of their first 4 tokens (greedy,
+    then sampled, alternately), the even ones stay corpus windows, and the rows are cached apart."""
+    import real_engine.train
+    from real_engine.drafter_data import corpus_windows, training_windows
+
+    monkeypatch.setattr(real_engine.train, "token_stream", lambda domain, split: tokens)
+    target = _model().eval()
+    corpus = corpus_windows(["code"], 16, 8, seed=0)
+    windows, folder = training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=4)
+    assert torch.equal(windows[::2], corpus[::2]) and torch.equal(windows[1::2, :4], corpus[1::2, :4])
+    assert torch.equal(windows[1], _greedy(target, corpus[1, :4], 16))
+    assert not torch.equal(windows[3], _greedy(target, corpus[3, :4], 16))
+    plain, plain_folder = training_windows(target, ["code"], 16, 8, 0, 0.0, tmp_path, prefix=4)
+    assert torch.equal(plain, corpus) and folder == plain_folder.with_name(plain_folder.name + "-onpolicy0.5")

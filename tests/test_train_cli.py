@@ -50,6 +50,9 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["specblock", "--steps", "0"], "--steps"),
     (["eagle", "--lr", "2"], "--lr"),
     (["draft-model", "--size", "16m"], "--size chooses the target's shape"),
+    (["draft-model", "--on-policy", "1.5"], "--on-policy 1.5: give a share in [0, 1]"),
+    (["target", "--on-policy", "0.5"], "for the draft model or a drafter"),
+    (["eagle", "--on-policy", "-0.1"], "--on-policy -0.1: give a share in [0, 1]"),
 ])
 def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_dir: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,3 +120,20 @@ def test_the_size_choices_are_the_target_recipes() -> None:
     assert tuple(size.type.choices) == tuple(TARGETS) and size.default is None
     assert TARGETS[size.type.choices[0]] is TARGET  # the first choice names the default recipe
 
+
+
+def test_on_policy_drafter_data_is_cached_apart(target_dir: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`--on-policy 0.5` reaches the drafter's data recipe: its rows live in their own folder."""
+    import real_engine.train
+
+    monkeypatch.setattr(real_engine.train, "token_stream",
+                        lambda domain, split: np.random.default_rng(len(domain)).integers(1, VOCAB, 4096))
+    data = tmp_path / "data"
+    code, stdout, err = run(["eagle", "--target", str(target_dir), "--out", str(tmp_path / "out"),
+                             "--run-dir", str(tmp_path / "run"), "--data-dir", str(data), "--steps", "1",
+                             "--sequences", "4", "--on-policy", "0.5", "--threads", "1", "--json"], capsys)
+    assert code == 0, err
+    assert [p.name.split("-", 1)[1] for p in data.iterdir()] == ["onpolicy0.5"]
+    assert json.loads(stdout)["data"]["on_policy"] == 0.5

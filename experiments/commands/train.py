@@ -46,6 +46,10 @@ DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/m
                    "trained for an earlier version of the target).")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default: the recipe's).")
 @click.option("--batch-size", type=int, default=None, help="Windows per step (default: the recipe's).")
+@click.option("--on-policy", type=float, default=None,
+              help="On-policy data: the share of the training windows that the target continues itself after "
+                   "their first 64 tokens, half greedily, half sampled (draft model and drafters; default 0: "
+                   "corpus text only).")
 @click.option("--size", type=click.Choice(("16m", "5m")), default=None,
               help="The target's shape (target): 16m, the shipped one (384 x 8 layers, the default), or "
                    "5m (256 x 4 layers).")
@@ -53,7 +57,8 @@ DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/m
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, minutes: float | None,
             steps: int | None, target_dir: Path, sequences: int | None, data_dir: Path, init_dir: Path | None,
-            lr: float | None, batch_size: int | None, size: str | None, threads: int, as_json: bool) -> None:
+            lr: float | None, batch_size: int | None, on_policy: float | None, size: str | None, threads: int,
+            as_json: bool) -> None:
     """Build the tokenizer data, or train the target, the draft model or a feature drafter."""
     if minutes is not None and minutes <= 0:
         raise InputError(f"--minutes must be positive, got {minutes}: give a budget such as 60")
@@ -63,6 +68,8 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"--lr must be in (0, 1), got {lr}: give a rate such as 1e-3")
     if batch_size is not None and batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}: give a size such as 8")
+    if on_policy is not None and (kind in ("tokenizer", "target") or not 0 <= on_policy <= 1):
+        raise InputError(f"--on-policy {on_policy}: give a share in [0, 1], for the draft model or a drafter")
     if size is not None and kind != "target":
         raise InputError("--size chooses the target's shape: drop it for the other kinds")
     if init_dir is not None and kind == "tokenizer":
@@ -89,7 +96,8 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
 
         given = (("steps", steps), ("lr", lr), ("batch_size", batch_size))
         overrides = {k: v for k, v in given if v is not None}
-        recipe = DataRecipe(**({"sequences": sequences} if sequences else {}))
+        recipe = DataRecipe(**{k: v for k, v in (("sequences", sequences), ("on_policy", on_policy))
+                                if v is not None})
         out = out or DEFAULT_OUT[kind]
         log = train_drafter(kind, target_dir, out, run_dir or Path("runs") / kind, data_dir=data_dir,
                             recipe=recipe, overrides=overrides, resume=resume, minutes=minutes, init=init_dir)
@@ -98,7 +106,8 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
     else:
         base = train.TARGETS[size or "16m"] if kind == "target" else train.DRAFT_MODEL
         overrides = {k: v for k, v in (("minutes", minutes), ("steps", steps), ("lr", lr),
-                                       ("batch_size", batch_size)) if v is not None}
+                                       ("batch_size", batch_size), ("on_policy", on_policy))
+                     if v is not None}
         cfg = dataclasses.replace(base, **overrides)
         out = out or DEFAULT_OUT[kind]
         run_dir = run_dir or Path("runs") / kind
