@@ -84,7 +84,9 @@ def training_windows(target: Transformer, domains: Sequence[str], seq_len: int, 
 
     ``corpus_windows``, of which a share ``on_policy`` (rows spread evenly over the domains) is replaced
     by the target's own continuation of the window's first ``prefix`` tokens, alternately greedy and
-    sampled (``real_engine.train.rollout``): on-policy data, as the draft model's ``--on-policy``.
+    sampled (``real_engine.train.rollout``): on-policy data, as the draft model's ``--on-policy``. The
+    continuations are kept in the folder (``windows.safetensors``, keyed by the corpus windows, the
+    seed and the prompt length), so that a resumed run or another drafter does not generate them again.
     """
     from real_engine.train import rollout
 
@@ -96,6 +98,16 @@ def training_windows(target: Transformer, domains: Sequence[str], seq_len: int, 
         return windows, folder
     if not 1 <= prefix < seq_len:
         raise InputError(f"a rollout prompt of {prefix} tokens: give 1 to {seq_len - 1}")
+    folder = folder.with_name(f"{folder.name}-onpolicy{on_policy:g}")
+    key = {"corpus_windows_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest(), "seed": str(seed),
+           "prefix": str(prefix)}
+    kept = folder / "windows.safetensors"
+    try:
+        with safe_open(str(kept), "pt") as f:
+            if f.metadata() == key:
+                return f.get_tensor("windows"), folder
+    except (SafetensorError, OSError):  # absent or unreadable: generate (and rewrite) them
+        pass
     index = torch.arange(count)
     rows = index[((index + 1) * on_policy).floor() > (index * on_policy).floor()]
     gen = torch.Generator().manual_seed(seed)
@@ -103,7 +115,9 @@ def training_windows(target: Transformer, domains: Sequence[str], seq_len: int, 
         part = rows[i:i + 16]
         sampled = torch.arange(i, i + len(part)) % 2 == 1
         windows[part] = rollout(target, windows[part, :prefix], seq_len, sampled, gen)
-    return windows, folder.with_name(f"{folder.name}-onpolicy{on_policy:g}")
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(kept, lambda tmp: save_file({"windows": windows}, tmp, metadata=key))
+    return windows, folder
 
 
 @torch.inference_mode()

@@ -197,7 +197,8 @@ def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_pat
 @torch.inference_mode()
 def test_drafter_windows_with_an_on_policy_share(tokens, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """At share 0.5 the odd windows become the target's continuations of their first 4 tokens (greedy,
-    then sampled, alternately), the even ones stay corpus windows, and the rows are cached apart."""
+    then sampled, alternately), the even ones stay corpus windows, and the rows are cached apart; the
+    continuations are kept and read back for the same corpus windows, seed and prompt length only."""
     import real_engine.train
     from real_engine.drafter_data import corpus_windows, training_windows
 
@@ -210,3 +211,15 @@ def test_drafter_windows_with_an_on_policy_share(tokens, monkeypatch: pytest.Mon
     assert not torch.equal(windows[3], _greedy(target, corpus[3, :4], 16))
     plain, plain_folder = training_windows(target, ["code"], 16, 8, 0, 0.0, tmp_path, prefix=4)
     assert torch.equal(plain, corpus) and folder == plain_folder.with_name(plain_folder.name + "-onpolicy0.5")
+
+    def no_rollouts(*args: object) -> None:
+        raise AssertionError("the kept continuations were generated again")
+
+    monkeypatch.setattr(real_engine.train, "rollout", no_rollouts)  # kept: read back, not regenerated
+    again, _ = training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=4)
+    assert torch.equal(again, windows)
+    with pytest.raises(AssertionError, match="generated again"):  # another prompt length: not reused
+        training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=5)
+    (folder / "windows.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(AssertionError, match="generated again"):  # unreadable: generated again
+        training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=4)
