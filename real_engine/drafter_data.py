@@ -88,16 +88,13 @@ def training_windows(target: Transformer, domains: Sequence[str], seq_len: int, 
     continuations are kept in the folder (``windows.safetensors``, keyed by the corpus windows, the
     seed and the prompt length), so that a resumed run or another drafter does not generate them again.
     """
-    from real_engine.train import rollout
+    from real_engine.train import check_on_policy, rollout
 
-    if not 0.0 <= on_policy <= 1.0:
-        raise InputError(f"an on-policy share of {on_policy}: give a fraction in [0, 1]")
+    check_on_policy(on_policy, prefix, seq_len)
     windows = corpus_windows(domains, seq_len, count, seed)
     folder = Path(data_dir) / target_fingerprint(target)[:12]
     if not on_policy:
         return windows, folder
-    if not 1 <= prefix < seq_len:
-        raise InputError(f"a rollout prompt of {prefix} tokens: give 1 to {seq_len - 1}")
     folder = folder.with_name(f"{folder.name}-onpolicy{on_policy:g}")
     key = {"corpus_windows_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest(), "seed": str(seed),
            "prefix": str(prefix)}

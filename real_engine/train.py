@@ -144,6 +144,14 @@ class TokenWindows:
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
+def check_on_policy(share: float, prefix: int, seq_len: int) -> None:
+    """Refuse an on-policy share outside [0, 1] or a rollout prompt that leaves no token to generate."""
+    if not 0.0 <= share <= 1.0:
+        raise InputError(f"an on-policy share of {share}: give a fraction in [0, 1]")
+    if not 1 <= prefix < seq_len:
+        raise InputError(f"a rollout prompt of {prefix} tokens: give 1 to {seq_len - 1}")
+
+
 class Rollouts:
     """Corpus windows of which the first ``share`` of each batch is continued by ``target`` itself after a
     ``prefix``-token corpus prompt: half of those rows greedily, half sampled at temperature 1.
@@ -154,10 +162,7 @@ class Rollouts:
     """
 
     def __init__(self, windows: TokenWindows, target: Transformer, share: float, prefix: int = 64) -> None:
-        if not 0.0 <= share <= 1.0:
-            raise InputError(f"an on-policy share of {share}: give a fraction in [0, 1]")
-        if not 1 <= prefix < windows.seq_len:
-            raise InputError(f"a rollout prompt of {prefix} tokens: give 1 to {windows.seq_len - 1}")
+        check_on_policy(share, prefix, windows.seq_len)
         self.windows, self.target, self.share, self.prefix = windows, target, share, prefix
         self.seq_len = windows.seq_len
 
