@@ -25,6 +25,8 @@ from real_engine.kv_cache import KVCache
 from real_engine.packed import Fused, Linear, use_half
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SHARD_BYTES = 20 * 2**20  # the largest weights file save_model writes: every shipped file stays under 30 MiB
+INDEX = "model.safetensors.index.json"  # a sharded checkpoint's weight map, as transformers writes it
 
 
 @dataclass(frozen=True)
@@ -303,11 +305,11 @@ class Transformer(nn.Module):
 
 
 def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    index = folder / "model.safetensors.index.json"
+    index = folder / INDEX
     if index.exists():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as exc:
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as exc:
             raise InputError(f"{index} is not a valid safetensors index: re-save the checkpoint") from exc
     else:
         shards = ["model.safetensors"]
@@ -352,14 +354,38 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     return use_half(model, state).to(device=device, dtype=dtype).eval()
 
 
-def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Save in Hugging Face layout (``config.json`` + ``model.safetensors``)."""
+def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+               max_shard_bytes: int = SHARD_BYTES) -> Path:
+    """Save in Hugging Face layout: ``config.json`` and ``model.safetensors``, or, past
+    ``max_shard_bytes``, shards ``model-0000i-of-0000n.safetensors`` with the index ``transformers``
+    writes (``max_shard_size``), so that no weights file outgrows what a repository should hold."""
     from policies.io import atomic_write, write_json
 
     folder = Path(folder)
     state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.args.tie_word_embeddings:
         state.pop("lm_head.weight")
-    atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():  # in module order; a tensor larger than a shard gets its own
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    for name, shard in zip(names, shards, strict=True):
+        atomic_write(folder / name, lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}))
+    if len(shards) > 1:
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        write_json(folder / INDEX, {"metadata": {"total_size": total},
+                                    "weight_map": {k: n for n, shard in zip(names, shards, strict=True)
+                                                   for k in shard}})
+    stale = [folder / INDEX] if len(shards) == 1 else [folder / "model.safetensors"]
+    stale += [p for p in folder.glob("model-*-of-*.safetensors") if p.name not in names]
+    for path in stale:  # a previous save's files would shadow these (transformers reads a single file first)
+        path.unlink(missing_ok=True)
     write_json(folder / "config.json", model.args.to_hf())
     return folder

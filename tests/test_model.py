@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -60,6 +61,33 @@ def test_saved_model_loads_in_transformers(checkpoint: str, request: pytest.Fixt
         ours.args.tie_word_embeddings
     tokens = random_tokens(20, seed=2)
     torch.testing.assert_close(ours(tokens[None]).logits, ref(tokens[None]).logits, atol=1e-4, rtol=0)
+
+
+@torch.inference_mode()
+def test_sharded_save_loads_here_and_in_transformers(llama_dir: Path, tmp_path: Path) -> None:
+    """Past ``max_shard_bytes`` the weights go to shards with transformers' index; saving again unsharded
+    removes them, so no stale file shadows the new weights."""
+    ours = load_model(llama_dir)
+    biggest = max(t.numel() * 4 for t in ours.state_dict().values())
+    save_model(ours, tmp_path, dtype=torch.float32, max_shard_bytes=biggest)
+    shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert len(shards) > 2 and "model.safetensors" not in shards
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    assert max((tmp_path / s).stat().st_size for s in shards) < 2 * biggest
+    tokens = random_tokens(20, seed=2)
+    expected = ours(tokens[None]).logits
+    torch.testing.assert_close(load_model(tmp_path)(tokens[None]).logits, expected, atol=0, rtol=0)
+    torch.testing.assert_close(reference(tmp_path)(tokens[None]).logits, expected, atol=1e-4, rtol=0)
+    save_model(ours, tmp_path, dtype=torch.float32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_bad_shard_index_is_an_input_error(llama_dir: Path, tmp_path: Path) -> None:
+    save_model(load_model(llama_dir), tmp_path, dtype=torch.float32, max_shard_bytes=1)
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ["model.safetensors"]}')
+    with pytest.raises(InputError, match="not a valid safetensors index"):
+        load_model(tmp_path)
 
 
 def path_to(parents: list[int], node: int) -> list[int]:

@@ -31,8 +31,11 @@ def test_engine_and_transformers_agree(name: str) -> None:
     from transformers import AutoModelForCausalLM
 
     folder = _folder(name)
-    with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        assert {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict) == {"BF16"}
+    files = sorted(folder.glob("*.safetensors"))
+    assert files and all(path.stat().st_size < 30 * 2**20 for path in files)  # sharded past 20 MiB
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (not a dict)
     ids = torch.tensor([Tokenizer.from_file(str(folder / "tokenizer.json")).encode(CODE).ids])
     ours = load_model(folder).eval()
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
