@@ -37,7 +37,8 @@ SHAPES = ("chain", "tree", "paths")
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 # The sampling verifiers that fit each kind of draft (T > 0): single-path verifiers on chains, rrs on
 # top-k trees, the multi-path ones on K i.i.d. sampled paths.
-FITS = {"chain": ("token", "block", "rrs"), "tree": ("rrs",), "paths": ("rrs", "gbv", "seqbv")}
+FITS = {"chain": ("token", "block", "rrs"), "tree": ("rrs",), "paths": ("rrs", "gbv", "seqbv"),
+        "trained": ("rrs",)}  # a trained drafter's training shape: a top-k tree for all three
 WARMUP_TOKENS = 8
 TEXT_EVERY, TEXT_DEPTH = 16, 8  # real-text acceptance: a draft after every 16th prompt token, 8 deep at most
 
@@ -77,6 +78,9 @@ class Settings:
     chain: dict[str, float] | None = None
     policies: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, policy file content) of length policies
     profile: str | None = None  # the cost profile the policies' features come from
+    # also run the trained drafters at the shape they were trained with (shape "trained": SpecBlock's 2
+    # blocks, EAGLE's saved tree, Medusa's static tree), the deep trees of the papers, beside the deployed one
+    trained_shapes: bool = False
 
 
 @dataclass
@@ -175,7 +179,8 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
     ``available`` names the drafters that can run (trained weights present); at T = 0 every drafter
     uses the greedy verifier, at T > 0 each sampling verifier of ``settings.verifiers`` that fits its
     draft shape (n-gram drafts chains; SpecBlock, EAGLE and Medusa draft top-k trees, but the trained
-    drafters named in ``chains`` deploy a chain, which they sample at T > 0).
+    drafters named in ``chains`` deploy a chain, which they sample at T > 0; with
+    ``settings.trained_shapes`` they also run at their training shape, a top-k tree).
     """
     configs, notes = [], []
     for drafter in settings.drafters:
@@ -186,6 +191,8 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
         for drafter in (d for d in settings.drafters if d != "none" and d in available):
             shapes = settings.shapes if drafter == "draft-model" else (
                 ("chain",) if drafter == "ngram" or drafter in chains else ("tree",))
+            if drafter in TRAINED_DRAFTERS and settings.trained_shapes:
+                shapes = (*shapes, "trained")
             for shape in shapes:
                 fits = ("greedy",) if t == 0 else tuple(v for v in settings.verifiers if v in FITS[shape])
                 configs.extend(Config(drafter, shape, v, t) for v in fits)
@@ -306,7 +313,8 @@ def text_acceptance(engine: Engine, configs: Sequence[Config], prompts: dict[str
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for config in configs:
         if (config.drafter == "none" or config.drafter.startswith("hf-") or config.temperature != 0
-                or config.verifier != "greedy" or config.policy or config.label in out):
+                or config.verifier != "greedy" or config.policy or config.label in out
+                or config.shape == "trained"):  # the deployed shape's row already drafts at this one
             continue
         deep = replace(config, shape="trained") if config.drafter in TRAINED_DRAFTERS else config
         firsts = {domain: [engine.run(deep, ids[:t], seed, TEXT_DEPTH + 1)

@@ -20,23 +20,26 @@ def _num(x: float | None, digits: int = 2) -> str:
 
 def _versus(rows: Sequence[dict[str, Any]], ours: str = "specblock", theirs: str = "eagle") -> list[str]:
     """SpecBlock against EAGLE-style over all domains, per temperature and verifier, as the paper states
-    its claim: the ratio of their speedups and of their drafting times per iteration."""
+    its claim: the ratio of their speedups and of their drafting times per iteration; at their deployed
+    shapes, and at their training shapes (the papers' deep trees) where the bench ran those."""
     best = {}
     for r in rows:
         if r["domain"] == "all" and not r.get("policy") and r["drafter"] in (ours, theirs):
-            best.setdefault((r["temperature"], r["verifier"], r["drafter"]), r)
-    pairs = [(t, v) for (t, v, d) in best if d == ours and (t, v, theirs) in best]
+            shapes = "trained" if r["shape"] == "trained" else "deployed"
+            best.setdefault((shapes, r["temperature"], r["verifier"], r["drafter"]), r)
+    pairs = [(s, t, v) for (s, t, v, d) in best if d == ours and (s, t, v, theirs) in best]
     if not pairs:
         return []
     lines = [f"## {ours} against {theirs} (all domains)", "",
              "The paper reports 1.08 to 1.13 times EAGLE-3's speedup at 0.44 to 0.52 of its drafting "
              "time.", "",
-             "| T | verifier | speedup ratio | drafting time ratio (ms/iter) | tau | drafter calls/iter |",
-             "|---|---|---|---|---|---|"]
-    for t, v in pairs:
-        a, b = best[(t, v, ours)], best[(t, v, theirs)]
+             "| shapes | T | verifier | speedup ratio | drafting time ratio (ms/iter) | tau "
+             "| drafter calls/iter |",
+             "|---|---|---|---|---|---|---|"]
+    for s, t, v in sorted(pairs, key=lambda p: (p[0] == "trained", p[1], p[2])):
+        a, b = best[(s, t, v, ours)], best[(s, t, v, theirs)]
         time_ratio = a["draft_ms"] / b["draft_ms"] if b.get("draft_ms") and "draft_ms" in a else None
-        lines.append(f"| {t:g} | {v} | {a['speedup'] / b['speedup']:.2f} ({a['speedup']:.2f}x / "
+        lines.append(f"| {s} | {t:g} | {v} | {a['speedup'] / b['speedup']:.2f} ({a['speedup']:.2f}x / "
                      f"{b['speedup']:.2f}x) | {_num(time_ratio)} ({_num(a.get('draft_ms'))} / "
                      f"{_num(b.get('draft_ms'))}) | {a['tau']:.2f} / {b['tau']:.2f} | "
                      f"{_num(a['draft_calls'])} / {_num(b['draft_calls'])} |")

@@ -102,7 +102,7 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir",
                              str(prompts_dir), "--drafters-dir", str(medusa_dir), "--prompts", "2",
                              "--max-new-tokens", "8", "--drafters", "none,ngram,draft-model,medusa,eagle",
-                             "--out", str(out), "--tag", "tiny", "--json"], capsys)
+                             "--out", str(out), "--tag", "tiny", "--trained-shapes", "--json"], capsys)
     assert code == 0, err
     result = json.loads(stdout)
     rows = result["rows"]
@@ -117,7 +117,9 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     assert all(r["greedy_identical"] is None for r in rows if r["temperature"] == 1)
     sampled = {(r["drafter"], r["shape"], r["verifier"]) for r in rows if r["temperature"] == 1}
     assert {("draft-model", "chain", "block"), ("draft-model", "chain", "rrs"),
-            ("draft-model", "tree", "rrs"), ("ngram", "chain", "block"), ("medusa", "tree", "rrs")} <= sampled
+            ("draft-model", "tree", "rrs"), ("ngram", "chain", "block"), ("medusa", "tree", "rrs"),
+            ("medusa", "trained", "rrs")} <= sampled
+    assert ("medusa", "trained", "greedy") in {(r["drafter"], r["shape"], r["verifier"]) for r in greedy}
     assert not any(v == "greedy" for _, _, v in sampled)
     for r in rows:
         if r["drafter"] in ("none", "ngram"):
@@ -133,6 +135,7 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     assert all(0 <= a["top1"] <= 1 and a["tokens"] > 0 for a in result["agreement"].values())
     on_text = result["text_acceptance"]
     assert {"ngram/chain/greedy", "draft-model/chain/greedy", "medusa/tree/greedy"} <= set(on_text)
+    assert "medusa/trained/greedy" not in on_text  # the deployed row already drafts at the trained shape
     assert all(set(per) == {"code", "prose", "all"} and per["all"]["drafts"] > 0 for per in on_text.values())
     if importlib.util.find_spec("transformers") is not None:
         hf = [r for r in rows if r["drafter"] == "hf-assisted"]
@@ -238,16 +241,21 @@ def test_missing_peer_or_draft_model_is_skipped_with_a_note(
 def test_the_report_sets_specblock_against_eagle() -> None:
     from experiments.bench_report import markdown
 
-    def row(drafter: str, speedup: float, draft_ms: float, domain: str = "all") -> dict:
-        return {"drafter": drafter, "shape": "tree", "verifier": "greedy", "policy": None, "temperature": 0.0,
+    def row(drafter: str, speedup: float, draft_ms: float, domain: str = "all", shape: str = "tree") -> dict:
+        return {"drafter": drafter, "shape": shape, "verifier": "greedy", "policy": None, "temperature": 0.0,
                 "domain": domain, "tau": 2.0, "tokens_per_second": 100.0, "speedup": speedup,
                 "draft_share": 0.2, "draft_ms": draft_ms, "draft_calls": 1.0, "alpha": [],
                 "greedy_identical": True}
 
     rows = [row("specblock", 9.0, 9.0, "code"), row("specblock", 1.1, 1.0), row("eagle", 1.0, 2.0)]
     text = markdown({"rows": rows}, "t")
-    assert "| 0 | greedy | 1.10 (1.10x / 1.00x) | 0.50 (1.00 / 2.00) |" in text
+    assert "| deployed | 0 | greedy | 1.10 (1.10x / 1.00x) | 0.50 (1.00 / 2.00) |" in text
     assert "against" not in markdown({"rows": rows[:2]}, "t")  # no EAGLE row: no comparison
+    # training shapes pair with training shapes, after the deployed ones
+    rows += [row("eagle", 0.5, 8.0, shape="trained"), row("specblock", 0.6, 4.0, shape="trained")]
+    text = markdown({"rows": rows}, "t")
+    deployed = text.index("| deployed | 0 | greedy | 1.10 (1.10x / 1.00x) | 0.50 (1.00 / 2.00) |")
+    assert text.index("| trained | 0 | greedy | 1.20 (0.60x / 0.50x) | 0.50 (4.00 / 8.00) |") > deployed
 
 
 def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperature_one() -> None:
@@ -260,3 +268,15 @@ def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperatu
             ("medusa", "tree", "rrs")} == sampled - {("none", None, None)}
     greedy = {(c.drafter, c.shape, c.verifier) for c in configs if c.temperature == 0}
     assert ("specblock", "chain", "greedy") in greedy and ("eagle", "tree", "greedy") in greedy
+    assert not any(c.shape == "trained" for c in configs)
+
+
+def test_trained_shapes_add_the_training_shape_beside_the_deployed_one() -> None:
+    from experiments.bench import Settings, plan
+
+    settings = Settings(domains={"code": ["x"]}, drafters=("none", "ngram", "specblock", "eagle"),
+                        trained_shapes=True)
+    configs, _ = plan(settings, ["ngram", "specblock", "eagle"], hf=False, chains=["specblock"])
+    trained = {(c.drafter, c.verifier, c.temperature) for c in configs if c.shape == "trained"}
+    assert trained == {(d, v, t) for d in ("specblock", "eagle") for v, t in (("greedy", 0.0), ("rrs", 1.0))}
+    assert ("specblock", "chain", "greedy") in {(c.drafter, c.shape, c.verifier) for c in configs}

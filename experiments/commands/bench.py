@@ -77,6 +77,10 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--prompts", "count", type=int, default=8, show_default=True, help="Prompts per domain.")
 @click.option("--shapes", default="chain,tree", show_default=True,
               help="Draft-model shapes: chain, tree (top-k), paths (K sampled paths).")
+@click.option("--trained-shapes", is_flag=True,
+              help="Also run specblock, eagle and medusa at the shape they were trained with (SpecBlock's 2 "
+                   "blocks, EAGLE's saved tree, Medusa's static tree: the papers' deep trees), beside the "
+                   "deployed one.")
 @click.option("--hf/--no-hf", default=True, show_default=True,
               help="Also measure transformers' assisted generation (skipped with a note if unavailable).")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=MODELS / "target",
@@ -111,7 +115,8 @@ def _model(path: Path, flag: str, train: str) -> Path:
               help="The cost profile the policies see (the one they were tuned on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
 def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
-            hf: bool, model_dir: Path, draft_dir: Path, drafters_dir: Path, prompts_dir: Path,
+            trained_shapes: bool, hf: bool, model_dir: Path, draft_dir: Path, drafters_dir: Path,
+            prompts_dir: Path,
             max_new_tokens: int, seed: int, draft_length: int, tree_width: int, tree_budget: int,
             threads: int | None, device: str | None, tag: str | None, out: Path,
             policy_files: tuple[Path, ...],
@@ -142,7 +147,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
         budget=tree_budget, chain=chain, policies=_policies(policy_files),
-        profile=str(profile_path))
+        profile=str(profile_path), trained_shapes=trained_shapes)
     _model(model_dir, "--model", "target")
     notes: list[str] = []
     has_draft = (draft_dir / "config.json").is_file()
