@@ -116,11 +116,9 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
 def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
             trained_shapes: bool, hf: bool, model_dir: Path, draft_dir: Path, drafters_dir: Path,
-            prompts_dir: Path,
-            max_new_tokens: int, seed: int, draft_length: int, tree_width: int, tree_budget: int,
-            threads: int | None, device: str | None, tag: str | None, out: Path,
-            policy_files: tuple[Path, ...],
-            profile_path: Path, as_json: bool) -> None:
+            prompts_dir: Path, max_new_tokens: int, seed: int, draft_length: int, tree_width: int,
+            tree_budget: int, threads: int | None, device: str | None, tag: str | None, out: Path,
+            policy_files: tuple[Path, ...], profile_path: Path, as_json: bool) -> None:
     """Benchmark vanilla and speculative decoding per domain, drafter, verifier and temperature.
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
