@@ -75,16 +75,16 @@ def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: s
     if kind not in KINDS:
         raise InputError(f"unknown drafter kind {kind!r}: use one of {', '.join(KINDS)}")
     config = dataclasses.replace(RECIPES[kind], **(overrides or {}))
+    target = load_model(target_dir)
     if init is not None:  # a wrong warm start fails before minutes of the target's rows are computed
         from real_engine.drafters.trained import load_trained
 
-        load_trained(kind, load_model(target_dir), init, deployed=False)
+        load_trained(kind, target, init, deployed=False)
     if kind == "specblock":
-        return train_from_corpus(target_dir, out, run_dir, data_dir, sequences=recipe.sequences,
+        return train_from_corpus(target, out, run_dir, data_dir, sequences=recipe.sequences,
                                  seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
                                  resume=resume, minutes=minutes, progress=progress, init=init,
                                  on_policy=recipe.on_policy)
-    target = load_model(target_dir)
     data = prepare_data(target, recipe, Path(data_dir), seed=config.seed, progress=progress)
     if kind == "eagle":
         return train_eagle(target, data, out, config=config, unroll=EAGLE_UNROLL, checkpoint=run_dir,

@@ -58,7 +58,7 @@ from real_engine.drafters.specblock import (
     unroll,
     with_draft_vocab,
 )
-from real_engine.model import Transformer, load_model
+from real_engine.model import Transformer
 
 RUN_DIR = Path("runs") / "specblock"
 DATA_DIR = Path("runs") / "specblock-data"
@@ -280,16 +280,15 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     return record
 
 
-def train_from_corpus(target_dir: str | Path, out: str | Path, run_dir: str | Path = RUN_DIR,
+def train_from_corpus(target: Transformer, out: str | Path, run_dir: str | Path = RUN_DIR,
                       data_dir: str | Path = DATA_DIR, *, sequences: int = 512, seq_len: int = 256,
                       domains: tuple[str, ...] = ("code", "tests", "prose", "text"), top_k: int = 32,
                       config: TrainConfig = TrainConfig(), resume: bool = False,
                       minutes: float | None = None, progress: bool = True,
                       init: str | Path | None = None, on_policy: float = 0.0) -> dict[str, Any]:
-    """The whole recipe from a target folder: ``sequences`` windows (corpus, with a share ``on_policy`` of
+    """The whole recipe for a loaded target: ``sequences`` windows (corpus, with a share ``on_policy`` of
     the target's own continuations), the target's rows for them under ``data_dir`` (resumable), then
     :func:`train_specblock` into ``out``."""
-    target = load_model(target_dir)
     windows, folder = training_windows(target, domains, seq_len, sequences, config.seed, on_policy, data_dir)
     data = prepare_drafter_data(target, windows, folder, top_k=top_k, progress=progress, on_policy=on_policy)
     return train_specblock(target, data, out, run_dir, config=config, resume=resume, minutes=minutes,
