@@ -88,21 +88,22 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                  folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
                  budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
                  blocks: int | None = None, min_confidence: float | None = None, vocab: int | None = None,
-                 deployed: bool = True) -> Drafter | None:
+                 staged: int | None = None, deployed: bool = True) -> Drafter | None:
     """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
 
     ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
     with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
     sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep, a chain stopping early
     where its law's top probability falls below ``min_confidence`` (0: never), drafting only the ``vocab``
-    most frequent tokens of its folder's token order when given; given the draft model's ``folder``,
+    most frequent tokens of its folder's token order when given, a chain guessing ahead by n-gram lookup
+    within ``staged`` forwards when given (``DraftModelDrafter``); given the draft model's ``folder``,
     options left None take its deployed shape (``drafting.json``). ``specblock``,
     ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
     their deployed shape (``deployed=False``: their trained settings) where an option is None
     (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
     """
     options = {"depth": depth, "width": width, "budget": budget, "paths": paths, "max_ngram": max_ngram,
-               "blocks": blocks, "vocab": vocab}
+               "blocks": blocks, "vocab": vocab, "staged": staged}
     low = next((f"{k}={v}" for k, v in options.items() if v is not None and v < 1), None)
     if low is not None:
         raise InputError(f"drafter option {low} is below 1: give a positive value")
@@ -121,10 +122,12 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                              "tokenizer")
         if deployed and folder is not None and paths is None:
             saved = deployed_shape(name, folder)
+            if (width or 1) > 1:  # a tree asked for: a deployed chain's options do not apply to it
+                saved = {k: v for k, v in saved.items() if k not in ("min_confidence", "staged")}
             given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence,
-                     "vocab": vocab}
-            depth, width, budget, min_confidence, vocab = (saved.get(k) if v is None else v
-                                                           for k, v in given.items())
+                     "vocab": vocab, "staged": staged}
+            depth, width, budget, min_confidence, vocab, staged = (saved.get(k) if v is None else v
+                                                                   for k, v in given.items())
         width, paths = width or 1, paths or 1
         if width > 1 and paths > 1:
             raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
@@ -134,7 +137,7 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                              "order): pass the folder, or drop the vocab option")
         ids = None if vocab is None else load_vocab(folder, int(vocab))
         return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0,
-                                 ids)
+                                 ids, staged or 0)
     if name in TRAINED:
         return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks,
                             deployed=deployed)

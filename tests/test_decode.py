@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -13,7 +14,7 @@ from scipy.stats import chisquare
 from policies.errors import InputError
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
-from real_engine.drafters.ngram import NgramDrafter
+from real_engine.drafters.ngram import NgramIndex
 from real_engine.model import ModelArgs, Output, Transformer, load_model
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
@@ -24,7 +25,9 @@ SINGLE = ("greedy", "token", "block", "rrs")
 CONFIGS = [("ngram", {}, (*SINGLE, "seqbv")), ("draft-model", {"depth": 3}, ALL),
            ("draft-model", {"width": 3, "budget": 8, "depth": 3}, SINGLE),
            ("draft-model", {"paths": 2, "depth": 3}, ALL),
-           ("draft-model", {"depth": 5, "min_confidence": 0.3}, SINGLE)]
+           ("draft-model", {"depth": 5, "min_confidence": 0.3}, SINGLE),
+           ("draft-model", {"depth": 5, "staged": 1}, SINGLE),
+           ("draft-model", {"depth": 4, "staged": 4}, SINGLE)]
 NEW_TOKENS = 10
 
 
@@ -138,7 +141,8 @@ def ancestry(tree: DraftTree, node: int) -> list[int]:
     return path[::-1]
 
 
-@pytest.mark.parametrize("shape", [{}, {"width": 3, "budget": 12}, {"paths": 3}])
+@pytest.mark.parametrize("shape", [{}, {"width": 3, "budget": 12}, {"paths": 3}, {"staged": 1},
+                                   {"staged": 3}])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @torch.inference_mode()
 def test_draft_model_laws_equal_a_fresh_forward(shape: dict, temperature: float, target: Transformer,
@@ -162,7 +166,65 @@ def test_draft_model_laws_equal_a_fresh_forward(shape: dict, temperature: float,
             law = logits.softmax(-1) if topk_ranking else warp(logits, sampling)
             torch.testing.assert_close(tree.q[node], law, atol=1e-5, rtol=0)
             checked += 1
-    assert checked > 2 * len(recorder.proposals)
+    if shape.get("staged") == 1:  # chains end where the guesses fail: at the root, at least
+        assert checked >= len(recorder.proposals)
+    else:
+        assert checked > 2 * len(recorder.proposals)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_staged_chain_is_the_plain_chain_in_fewer_forwards(temperature: float, target: Transformer,
+                                                             draft: Transformer) -> None:
+    """Guessing ahead within as many forwards as the depth changes no draft and no output, only the
+    number of draft-model forwards; with one forward the chain follows the n-gram guesses and ends at the
+    draft model's first token off them."""
+    sampling = Sampling(temperature)
+    verifier = "greedy" if sampling.greedy else "block"
+    runs = {}
+    calls = [0]
+    hook = draft.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        for staged in (0, 4, 1):
+            recorder = Recorder(make_drafter("draft-model", target, draft, depth=4, staged=staged or None))
+            calls[0] = 0
+            out = generate(target, [5, 6, 7, 8] * 3, drafter=recorder, verifier=verifier, sampling=sampling,
+                           max_new_tokens=40, seed=1)
+            runs[staged] = (recorder.proposals, calls[0], out.tokens)
+    finally:
+        hook.remove()
+    (plain, plain_calls, tokens), (same, same_calls, same_tokens) = runs[0], runs[4]
+    assert same_tokens == tokens and len(same) == len(plain)
+    for (_, a), (_, b) in zip(plain, same, strict=True):
+        assert torch.equal(a.tokens, b.tokens)
+        torch.testing.assert_close(a.q, b.q, atol=1e-5, rtol=0)
+    # fewer forwards where a guess held (at T = 1 the guesses fail more)
+    assert same_calls < plain_calls if sampling.greedy else same_calls <= plain_calls
+    capped, capped_calls, _ = runs[1]
+    assert capped_calls == sum(tree.size > 1 for _, tree in capped)  # one forward per proposal
+    lengths = set()
+    for context, tree in capped:
+        index = NgramIndex()
+        index.extend(context)
+        guesses, drafted = index.lookup(3), tree.tokens[1:].tolist()
+        n = len(drafted)
+        if n == 0:  # the last step: no token left to draft
+            continue
+        assert drafted[:n - 1] == guesses[:n - 1]
+        assert n == 4 or n - 1 == len(guesses) or drafted[n - 1] != guesses[n - 1]
+        lengths.add(n)
+    assert 1 in lengths and max(lengths) > 1  # guesses failed at the root in some chains, held in others
+
+
+def test_staged_drafting_takes_a_chain_and_a_deployed_one_keeps_to_chains(target: Transformer,
+                                                                         draft: Transformer,
+                                                                         tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="takes a chain"):
+        make_drafter("draft-model", target, draft, width=2, staged=1)
+    (tmp_path / "drafting.json").write_text(json.dumps({"shape": {"depth": 6, "width": 1, "staged": 1}}))
+    chain = make_drafter("draft-model", target, draft, folder=tmp_path)
+    assert (chain.shape, chain.depth, chain.staged) == ("chain", 6, 1)
+    tree = make_drafter("draft-model", target, draft, folder=tmp_path, width=3)  # the user's tree, unstaged
+    assert (tree.shape, tree.staged) == ("tree", 0)
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +257,7 @@ def pvalue(counts: torch.Tensor, law: torch.Tensor) -> float:
 STATISTICAL = [("none", {}, "token", 1.0), ("draft-model", {}, "token", 1.0),
                ("draft-model", {}, "block", 0.9), ("draft-model", {}, "rrs", 1.0),
                ("draft-model", {"width": 2, "budget": 4}, "rrs", 1.0),
+               ("draft-model", {"staged": 1}, "block", 0.9),
                ("draft-model", {"paths": 3}, "gbv", 1.0), ("draft-model", {"paths": 3}, "seqbv", 0.9)]
 
 
@@ -298,14 +361,38 @@ def test_stops_at_eos_and_max_new_tokens(name: str, target: Transformer, draft: 
         assert out.tokens == expected[:limit] == tuple(streamed)
 
 
+def _index(tokens: list[int], max_ngram: int = 3, min_ngram: int = 1) -> NgramIndex:
+    index = NgramIndex(max_ngram, min_ngram)
+    index.extend(tokens)
+    return index
+
+
 def test_ngram_lookup_takes_the_latest_longest_match() -> None:
-    drafter = NgramDrafter(depth=3, max_ngram=3)
-    drafter.tokens = [1, 2, 3, 4, 1, 2, 5, 6, 9, 1, 2]
-    assert drafter.lookup(3) == [5, 6, 9]  # [1, 2] last occurred at 4; no earlier [9, 1, 2]
-    drafter.tokens = [5, 2, 8, 6, 1, 2, 8, 4, 3, 2, 8, 9, 1, 2, 8]
-    assert drafter.lookup(2) == [4, 3]  # the trigram [1, 2, 8] at 4 beats the later bigram [2, 8] at 9
-    drafter.tokens = [1, 2, 3]
-    assert drafter.lookup(3) == []
+    assert _index([1, 2, 3, 4, 1, 2, 5, 6, 9, 1, 2]).lookup(3) == [5, 6, 9]  # [1, 2] last at 4; no [9, 1, 2]
+    # the trigram [1, 2, 8] at 4 beats the later bigram [2, 8] at 9
+    assert _index([5, 2, 8, 6, 1, 2, 8, 4, 3, 2, 8, 9, 1, 2, 8]).lookup(2) == [4, 3]
+    assert _index([1, 2, 3]).lookup(3) == []
+    assert _index([1, 2, 3, 1, 2]).lookup(3, tail=[3]) == [1, 2]  # a draft's tokens extend the n-gram
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ngram_index_matches_a_scan_of_the_whole_context(seed: int) -> None:
+    """The incremental index answers as a scan for the latest earlier occurrence does, as it grows."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 4, 120).tolist()
+    max_ngram, min_ngram = 3, 1 + seed % 2
+    index = NgramIndex(max_ngram, min_ngram)
+    for i, token in enumerate(tokens):
+        index.extend([token])
+        tail = tokens[i + 1:i + 1 + seed]  # tokens beyond the index, as a draft's
+        context = tokens[:i + 1] + tail
+        expected: list[int] = []
+        for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+            hits = [s for s in range(i + 1 - n) if context[s:s + n] == context[-n:]]
+            if hits:
+                expected = tokens[:i + 1][hits[-1] + n:hits[-1] + n + 3]
+                break
+        assert index.lookup(3, tail) == expected
 
 
 def test_warp() -> None:

@@ -101,7 +101,11 @@ def broken_copies(llama_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     (["--drafter", "draft-model", "--draft-model", "{draft}", "--tree-width", "2", "--verifier", "seqbv"],
      "not a top-k tree"),
     (["--drafter", "draft-model", "--draft-model", "{draft}", "--tree-width", "2", "--min-confidence", "0.5"],
-     "stops a chain early"),
+     "--min-confidence shapes a chain"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--paths", "2", "--staged", "1"],
+     "--staged shapes a chain"),
+    (["--drafter", "ngram", "--staged", "1"], "--staged does not apply"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--staged", "0"], "staged=0 is below 1"),
     (["--drafter", "ngram", "--min-confidence", "0.5"], "--min-confidence does not apply"),
     (["--drafter", "draft-model", "--draft-model", "{draft}", "--min-confidence", "1.5"], "--min-confidence"),
 ])

@@ -207,3 +207,26 @@ def test_a_chain_stopped_by_its_laws_top_probability_is_lossless(verifier: str, 
             law[out] += prob * w
     assert exact.law_error(dict(law), inst) < 1e-9
     assert len(lengths) > 1  # the stop cut drafts at different depths
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_chain_cut_at_its_first_token_off_the_guesses_is_lossless(verifier: str, seed: int) -> None:
+    """A staged chain with one forward (``DraftModelDrafter(staged=1)``) drafts on while each sampled token
+    equals the n-gram guess for its position: the stop depends on the drafted prefix, not on the target,
+    so the sampled chain stays lossless."""
+    inst = random_instance(3, 3, np.random.default_rng(seed), "mix")
+    guesses = [int(np.argmax(inst.q(()))), 1, 0]
+    law: dict = defaultdict(float)
+    lengths = set()
+    rows = exact._Rows(inst)
+    for prob, paths in exact.draft_law(inst, 1, "iid"):
+        tree, p = exact.draft_tree(inst, paths, "iid", rows)
+        drafted = tree.tokens[1:].tolist()
+        n = next((d for d in range(1, len(drafted)) if drafted[d - 1] != guesses[d - 1]), len(drafted))
+        lengths.add(n)
+        pruned, keep = subtree(tree, list(range(1, n + 1)))
+        for out, w in exact.tree_output_law(verifier, pruned, p[keep]).items():
+            law[out] += prob * w
+    assert exact.law_error(dict(law), inst) < 1e-9
+    assert lengths == {1, 2, 3}

@@ -138,7 +138,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
 
         deployed = deployed_shape("draft-model", draft_dir)
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
-            chain = {k: v for k, v in deployed.items() if k in ("depth", "min_confidence", "vocab")}
+            chain = {k: v for k, v in deployed.items() if k in ("depth", "min_confidence", "vocab", "staged")}
     settings = Settings(
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),

@@ -4,21 +4,49 @@ For ``n`` from ``max_ngram`` down to ``min_ngram``, find the latest earlier occu
 context's last ``n`` tokens and propose the tokens that followed it (as ``transformers``'
 ``prompt_lookup_num_tokens`` and vLLM's n-gram proposer do). The draft is deterministic, so ``q``
 is a point mass on each drafted token and the child rule is ``topk``; there is no model to run.
+``NgramIndex`` keeps, per n-gram, where it last continued, so a lookup costs the same at any context
+length; the draft model's staged chains read their guesses from it too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from numpy.lib.stride_tricks import sliding_window_view
 
 from policies.errors import InputError
 from real_engine.model import Output
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
+
+
+class NgramIndex:
+    """A growing token sequence with, for each n-gram of 1 to ``max_ngram`` tokens, the position after its
+    latest occurrence that some token followed."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self._after: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens``; each one becomes the continuation of the n-grams that end just before it."""
+        for token in tokens:
+            i = len(self.tokens)
+            for n in range(self.min_ngram, min(self.max_ngram, i) + 1):
+                self._after[n][tuple(self.tokens[i - n:i])] = i
+            self.tokens.append(int(token))
+
+    def lookup(self, k: int, tail: Sequence[int] = ()) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching n-gram
+        that ends the sequence extended by ``tail`` (tokens not yet in it, such as a draft's)."""
+        context = [*self.tokens[-self.max_ngram:], *tail]
+        for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
+            start = self._after[n].get(tuple(context[-n:]))
+            if start is not None:
+                return self.tokens[start:start + k]
+        return []
 
 
 class NgramDrafter:
@@ -30,7 +58,7 @@ class NgramDrafter:
                              f"depth={depth}, min_ngram={min_ngram}, max_ngram={max_ngram}")
         self.depth, self.max_ngram, self.min_ngram = depth, max_ngram, min_ngram
         self.model_seconds = 0.0
-        self.tokens: list[int] = []
+        self.index = NgramIndex(max_ngram, min_ngram)
         self.vocab = 0
         self.device = torch.device("cpu")
         self._last: list[int] = []
@@ -38,31 +66,20 @@ class NgramDrafter:
     def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
               max_length: int) -> None:
         """Start from the prompt (only its tokens are used)."""
-        self.tokens = prompt.tolist()
+        self.index = NgramIndex(self.max_ngram, self.min_ngram)
+        self.index.extend(prompt.tolist())
         self.vocab, self.device = target.logits.shape[-1], prompt.device
-
-    def lookup(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier match of the longest matching n-gram."""
-        context = np.asarray(self.tokens)
-        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            windows = sliding_window_view(context[:-1], n)  # starts with at least one token after
-            hits = np.flatnonzero((windows == context[-n:]).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return context[start:start + k].tolist()
-        return []
 
     def propose(self, max_depth: int) -> DraftTree:
         """A chain of looked-up tokens (possibly empty) with point-mass ``q``."""
-        draft = self.lookup(min(self.depth, max_depth)) if max_depth > 0 else []
+        draft = self.index.lookup(min(self.depth, max_depth)) if max_depth > 0 else []
         self._last = draft
         q = F.one_hot(torch.tensor(draft, dtype=torch.long), self.vocab).float()
         q = torch.cat((q, q.new_zeros(1, self.vocab))).to(self.device)
-        tokens = torch.tensor([self.tokens[-1], *draft], device=self.device)
+        tokens = torch.tensor([self.index.tokens[-1], *draft], device=self.device)
         parents = torch.arange(-1, len(draft), device=self.device)
         return DraftTree(tokens, parents, q, "topk")
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Append the accepted tokens (node ``i`` of the chain is draft token ``i - 1``) and ``token``."""
-        self.tokens.extend(self._last[node - 1] for node in path)
-        self.tokens.append(token)
+        self.index.extend([*(self._last[node - 1] for node in path), token])
