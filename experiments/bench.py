@@ -74,7 +74,7 @@ class Settings:
     depth: int = 4
     width: int = 4
     budget: int = 16
-    # the draft model's chain options (depth, min_confidence, vocab, staged), e.g. its deployed shape;
+    # the draft model's chain options (depth, vocab, min_confidence, staged, lookup), e.g. its deployed shape;
     # None: ``depth``
     chain: dict[str, float] | None = None
     policies: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, policy file content) of length policies

@@ -40,6 +40,8 @@ GRIDS: dict[str, tuple[dict[str, float], ...]] = {
                     *({"depth": d, "width": 1, "min_confidence": c, "vocab": v}
                       for d, c, v in ((1, 0, 2048), (1, 0, 4096), (6, 0.9, 4096))),
                     *({"depth": d, "width": 1, "staged": f} for d, f in ((4, 4), (6, 1), (8, 1), (6, 2))),
+                    *({"depth": d, "width": 1, "staged": f, "lookup": m}
+                      for d, f, m in ((6, 1, 3), (8, 1, 3), (8, 1, 2), (8, 2, 3))),
                     *({"depth": d, "width": w, "budget": n}
                       for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16)))),
 }
@@ -47,7 +49,8 @@ GRIDS: dict[str, tuple[dict[str, float], ...]] = {
 nodes, as trees or as chains (width 1); EAGLE's depth, top-k and total tokens; Medusa's static-tree
 nodes; the draft model's chain depth (fixed, or at most that deep while its top probability stays at
 ``min_confidence``), also over only its ``vocab`` most frequent tokens, or guessing ahead by n-gram
-lookup within ``staged`` forwards, or its top-k tree's depth, width and nodes."""
+lookup within ``staged`` forwards, and then proposing the lookup's chain alone where the context's
+last ``lookup`` tokens occurred before, or its top-k tree's depth, width and nodes."""
 DRAFT_MODEL_FOLDER = "draft"  # the draft model's folder under the drafters' folder, as data/models/draft
 
 

@@ -18,7 +18,7 @@ import torch
 
 from policies.errors import InputError
 from real_engine.drafters.base import Drafter, clock
-from real_engine.drafters.draft_model import DraftModelDrafter, load_vocab
+from real_engine.drafters.draft_model import CHAIN_OPTIONS, DraftModelDrafter, load_vocab
 from real_engine.drafters.ngram import NgramDrafter
 from real_engine.drafters.trained import TRAINED, deployed_shape, load_trained
 from real_engine.kv_cache import KVCache
@@ -88,7 +88,8 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                  folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
                  budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
                  blocks: int | None = None, min_confidence: float | None = None, vocab: int | None = None,
-                 staged: int | None = None, deployed: bool = True) -> Drafter | None:
+                 staged: int | None = None, lookup: int | None = None, deployed: bool = True
+                 ) -> Drafter | None:
     """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
 
     ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
@@ -96,14 +97,15 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
     sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep, a chain stopping early
     where its law's top probability falls below ``min_confidence`` (0: never), drafting only the ``vocab``
     most frequent tokens of its folder's token order when given, a chain guessing ahead by n-gram lookup
-    within ``staged`` forwards when given (``DraftModelDrafter``); given the draft model's ``folder``,
+    within ``staged`` forwards when given, a proposal by the lookup alone where the context's last
+    ``lookup`` tokens occurred before (``DraftModelDrafter``); given the draft model's ``folder``,
     options left None take its deployed shape (``drafting.json``). ``specblock``,
     ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
     their deployed shape (``deployed=False``: their trained settings) where an option is None
     (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
     """
     options = {"depth": depth, "width": width, "budget": budget, "paths": paths, "max_ngram": max_ngram,
-               "blocks": blocks, "vocab": vocab, "staged": staged}
+               "blocks": blocks, "vocab": vocab, "staged": staged, "lookup": lookup}
     low = next((f"{k}={v}" for k, v in options.items() if v is not None and v < 1), None)
     if low is not None:
         raise InputError(f"drafter option {low} is below 1: give a positive value")
@@ -123,11 +125,11 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
         if deployed and folder is not None and paths is None:
             saved = deployed_shape(name, folder)
             if (width or 1) > 1:  # a tree asked for: a deployed chain's options do not apply to it
-                saved = {k: v for k, v in saved.items() if k not in ("min_confidence", "staged")}
+                saved = {k: v for k, v in saved.items() if k not in CHAIN_OPTIONS}
             given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence,
-                     "vocab": vocab, "staged": staged}
-            depth, width, budget, min_confidence, vocab, staged = (saved.get(k) if v is None else v
-                                                                   for k, v in given.items())
+                     "vocab": vocab, "staged": staged, "lookup": lookup}
+            depth, width, budget, min_confidence, vocab, staged, lookup = (
+                saved.get(k) if v is None else v for k, v in given.items())
         width, paths = width or 1, paths or 1
         if width > 1 and paths > 1:
             raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
@@ -137,7 +139,7 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
                              "order): pass the folder, or drop the vocab option")
         ids = None if vocab is None else load_vocab(folder, int(vocab))
         return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0,
-                                 ids, staged or 0)
+                                 ids, staged or 0, lookup or 0)
     if name in TRAINED:
         return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks,
                             deployed=deployed)

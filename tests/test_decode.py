@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from scipy.stats import chisquare
 
 from policies.errors import InputError
@@ -27,7 +28,9 @@ CONFIGS = [("ngram", {}, (*SINGLE, "seqbv")), ("draft-model", {"depth": 3}, ALL)
            ("draft-model", {"paths": 2, "depth": 3}, ALL),
            ("draft-model", {"depth": 5, "min_confidence": 0.3}, SINGLE),
            ("draft-model", {"depth": 5, "staged": 1}, SINGLE),
-           ("draft-model", {"depth": 4, "staged": 4}, SINGLE)]
+           ("draft-model", {"depth": 4, "staged": 4}, SINGLE),
+           ("draft-model", {"depth": 5, "staged": 1, "lookup": 2}, SINGLE),
+           ("draft-model", {"depth": 3, "lookup": 1}, SINGLE)]
 NEW_TOKENS = 10
 
 
@@ -133,6 +136,13 @@ def test_a_chain_stops_where_its_law_falls_below_min_confidence(temperature: flo
     assert len(set(run(float(torch.tensor(tops).median()))[0])) > 1
 
 
+def match(context: list[int]) -> int:
+    """The length of the n-gram lookup's match at the end of ``context``."""
+    index = NgramIndex()
+    index.extend(context)
+    return index.find()[1]
+
+
 def ancestry(tree: DraftTree, node: int) -> list[int]:
     parents, path = tree.parents.tolist(), []
     while node > 0:
@@ -142,20 +152,26 @@ def ancestry(tree: DraftTree, node: int) -> list[int]:
 
 
 @pytest.mark.parametrize("shape", [{}, {"width": 3, "budget": 12}, {"paths": 3}, {"staged": 1},
-                                   {"staged": 3}])
+                                   {"staged": 3}, {"staged": 1, "lookup": 2}, {"lookup": 1}])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @torch.inference_mode()
 def test_draft_model_laws_equal_a_fresh_forward(shape: dict, temperature: float, target: Transformer,
                                                 draft: Transformer) -> None:
     """Every drafted-from law equals the draft model run afresh on the committed context plus the node's
-    path: the draft cache stays exact across keep, backlog and tree masks, step after step."""
+    path: the draft cache stays exact across keep, backlog and tree masks, step after step (lookup
+    proposals, which run no forward, leave a backlog; they are checked in their own test)."""
     sampling = Sampling(temperature)
     recorder = Recorder(make_drafter("draft-model", target, draft, depth=3, **shape))
     verifier = "greedy" if sampling.greedy else "rrs"
-    generate(target, [5, 6, 7], drafter=recorder, verifier=verifier, sampling=sampling, max_new_tokens=16)
+    prompt = [5, 6, 7, 5, 6] if "lookup" in shape else [5, 6, 7]  # a repeat: one lookup proposal at least
+    generate(target, prompt, drafter=recorder, verifier=verifier, sampling=sampling, max_new_tokens=16)
     topk_ranking = "width" in shape and sampling.greedy
     checked = 0
-    for context, tree in recorder.proposals:
+    lookup = shape.get("lookup", 4)  # a match length no context reaches: no lookup proposal
+    proposals = [(c, t) for c, t in recorder.proposals if match(c) < lookup]
+    if "lookup" in shape:
+        assert 0 < len(proposals) < len(recorder.proposals)
+    for context, tree in proposals:
         assert tree.tokens[0] == context[-1]
         with_children = set(tree.parents.tolist()[1:])
         for node in range(tree.size):
@@ -166,10 +182,10 @@ def test_draft_model_laws_equal_a_fresh_forward(shape: dict, temperature: float,
             law = logits.softmax(-1) if topk_ranking else warp(logits, sampling)
             torch.testing.assert_close(tree.q[node], law, atol=1e-5, rtol=0)
             checked += 1
-    if shape.get("staged") == 1:  # chains end where the guesses fail: at the root, at least
-        assert checked >= len(recorder.proposals)
+    if "staged" in shape or "lookup" in shape:  # staged chains end where the guesses fail: at the root
+        assert checked >= sum(tree.size > 1 for _, tree in proposals)
     else:
-        assert checked > 2 * len(recorder.proposals)
+        assert checked > 2 * len(proposals)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -220,11 +236,52 @@ def test_staged_drafting_takes_a_chain_and_a_deployed_one_keeps_to_chains(target
                                                                          tmp_path: Path) -> None:
     with pytest.raises(InputError, match="takes a chain"):
         make_drafter("draft-model", target, draft, width=2, staged=1)
-    (tmp_path / "drafting.json").write_text(json.dumps({"shape": {"depth": 6, "width": 1, "staged": 1}}))
+    for bad in ({"paths": 2, "lookup": 1}, {"lookup": 4}):
+        with pytest.raises(InputError, match="lookup proposals take a chain and a match length of 1 to 3"):
+            make_drafter("draft-model", target, draft, **bad)
+    (tmp_path / "drafting.json").write_text(json.dumps({"shape": {"depth": 6, "width": 1, "staged": 1,
+                                                                  "lookup": 3}}))
     chain = make_drafter("draft-model", target, draft, folder=tmp_path)
-    assert (chain.shape, chain.depth, chain.staged) == ("chain", 6, 1)
+    assert (chain.shape, chain.depth, chain.staged, chain.lookup) == ("chain", 6, 1, 3)
     tree = make_drafter("draft-model", target, draft, folder=tmp_path, width=3)  # the user's tree, unstaged
-    assert (tree.shape, tree.staged) == ("tree", 0)
+    assert (tree.shape, tree.staged, tree.lookup) == ("tree", 0, 0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lookup_proposals_are_the_ngram_chain_without_a_forward(temperature: float, target: Transformer,
+                                                                 draft: Transformer) -> None:
+    """Where the context's last ``lookup`` tokens occurred before, a proposal is the n-gram drafter's
+    chain (point masses, top-k rule) and runs no draft-model forward; elsewhere the draft model drafts,
+    once per proposal with ``staged=1``. The LM head never runs on the backlog's rows."""
+    sampling = Sampling(temperature)
+    verifier = "greedy" if sampling.greedy else "block"
+    calls, head_rows = [0], []
+    hooks = [draft.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)),
+             draft.lm_head.register_forward_hook(lambda _m, args, _o: head_rows.append(args[0].shape[0]))]
+    prompt = [5, 6, 7, 8, 9, 10, 11] * 2 + [40, 41, 5, 6]
+    try:
+        recorder = Recorder(make_drafter("draft-model", target, draft, depth=4, staged=1, lookup=2))
+        generate(target, prompt, drafter=recorder, verifier=verifier, sampling=sampling, max_new_tokens=40,
+                 seed=1)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    kinds = []
+    for context, tree in recorder.proposals:
+        index = NgramIndex()
+        index.extend(context)
+        start, match = index.find()
+        kinds.append(match >= 2)
+        if match >= 2:
+            assert tree.child_rule == "topk"
+            assert tree.tokens[1:].tolist() == index.tokens[start:start + 4][:tree.size - 1]
+            torch.testing.assert_close(tree.q[:-1], F.one_hot(tree.tokens[1:], tree.q.shape[1]).float())
+        else:
+            assert tree.child_rule == "iid"
+    assert any(kinds) and not all(kinds)
+    model = sum(not k and tree.size > 1 for k, (_, tree) in zip(kinds, recorder.proposals, strict=True))
+    assert calls[0] == model  # one forward per model proposal (the last drafts nothing), none per lookup
+    assert head_rows[0] < len(prompt) - 1  # the first forward runs the whole prompt as backlog
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +315,8 @@ STATISTICAL = [("none", {}, "token", 1.0), ("draft-model", {}, "token", 1.0),
                ("draft-model", {}, "block", 0.9), ("draft-model", {}, "rrs", 1.0),
                ("draft-model", {"width": 2, "budget": 4}, "rrs", 1.0),
                ("draft-model", {"staged": 1}, "block", 0.9),
+               ("draft-model", {"staged": 1, "lookup": 1}, "block", 0.9),
+               ("draft-model", {"lookup": 2}, "token", 1.0),
                ("draft-model", {"paths": 3}, "gbv", 1.0), ("draft-model", {"paths": 3}, "seqbv", 0.9)]
 
 
@@ -387,12 +446,14 @@ def test_ngram_index_matches_a_scan_of_the_whole_context(seed: int) -> None:
         tail = tokens[i + 1:i + 1 + seed]  # tokens beyond the index, as a draft's
         context = tokens[:i + 1] + tail
         expected: list[int] = []
+        match = 0
         for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
             hits = [s for s in range(i + 1 - n) if context[s:s + n] == context[-n:]]
             if hits:
-                expected = tokens[:i + 1][hits[-1] + n:hits[-1] + n + 3]
+                expected, match = tokens[:i + 1][hits[-1] + n:hits[-1] + n + 3], n
                 break
         assert index.lookup(3, tail) == expected
+        assert index.find(tail)[1] == match
 
 
 def test_warp() -> None:

@@ -106,6 +106,11 @@ def broken_copies(llama_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
      "--staged shapes a chain"),
     (["--drafter", "ngram", "--staged", "1"], "--staged does not apply"),
     (["--drafter", "draft-model", "--draft-model", "{draft}", "--staged", "0"], "staged=0 is below 1"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--tree-width", "2", "--lookup", "2"],
+     "--lookup shapes a chain"),
+    (["--drafter", "ngram", "--lookup", "2"], "--lookup does not apply"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--lookup", "0"], "lookup=0 is below 1"),
+    (["--drafter", "draft-model", "--draft-model", "{draft}", "--lookup", "4"], "match length of 1 to 3"),
     (["--drafter", "ngram", "--min-confidence", "0.5"], "--min-confidence does not apply"),
     (["--drafter", "draft-model", "--draft-model", "{draft}", "--min-confidence", "1.5"], "--min-confidence"),
 ])

@@ -134,11 +134,12 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
     chain = None
     if draft_length is None and (draft_dir / "config.json").is_file():
+        from real_engine.drafters.draft_model import CHAIN_OPTIONS
         from real_engine.drafters.trained import deployed_shape
 
         deployed = deployed_shape("draft-model", draft_dir)
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
-            chain = {k: v for k, v in deployed.items() if k in ("depth", "min_confidence", "vocab", "staged")}
+            chain = {k: v for k, v in deployed.items() if k in ("depth", "vocab", *CHAIN_OPTIONS)}
     settings = Settings(
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),

@@ -18,7 +18,7 @@ DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
 TRAINED = ("specblock", "eagle", "medusa")  # drafters loaded from trained weights (--drafter-model)
 USES = {"none": (), "ngram": ("--draft-length", "--ngram-max"),  # the draft options each drafter reads
         "draft-model": ("--draft-length", "--tree-width", "--tree-budget", "--paths", "--min-confidence",
-                        "--draft-vocab", "--staged"),
+                        "--draft-vocab", "--staged", "--lookup"),
         "specblock": ("--drafter-model", "--tree-width", "--tree-budget", "--blocks"),
         "eagle": ("--drafter-model", "--draft-length", "--tree-width", "--tree-budget"),
         "medusa": ("--drafter-model", "--draft-length", "--tree-budget")}
@@ -149,6 +149,9 @@ class _Stream:
 @click.option("--staged", type=int, default=None, show_default="off",
               help="Draft model's chain: guess ahead by n-gram lookup, running the guesses in the same "
                    "forward, and end the chain at the first wrong guess once this many forwards ran.")
+@click.option("--lookup", type=int, default=None, show_default="off",
+              help="Draft model's chain: where the context's last this many tokens (1 to 3) occurred "
+                   "before, propose the n-gram lookup's chain alone, without running the draft model.")
 @click.option("--paths", type=int, default=None, show_default="1",
               help="Draft model: >1 samples this many independent paths (for rrs, gbv, seqbv).")
 @click.option("--blocks", type=int, default=None, show_default="2",
@@ -171,7 +174,8 @@ class _Stream:
 def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | None, verifier: str | None,
             temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int,
             draft_length: int | None, tree_width: int | None, tree_budget: int | None,
-            min_confidence: float | None, draft_vocab: int | None, staged: int | None, paths: int | None,
+            min_confidence: float | None, draft_vocab: int | None, staged: int | None, lookup: int | None,
+            paths: int | None,
             blocks: int | None,
             ngram_max: int | None,
             policy: Path | None, profile_path: Path, device: str | None, dtype: str, prompt: str | None,
@@ -186,8 +190,9 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     _check_options(drafter, {"--drafter-model": drafter_dir, "--draft-length": draft_length,
                              "--tree-width": tree_width, "--tree-budget": tree_budget, "--paths": paths,
                              "--min-confidence": min_confidence, "--draft-vocab": draft_vocab,
-                             "--staged": staged, "--blocks": blocks, "--ngram-max": ngram_max})
-    for flag, value in (("--min-confidence", min_confidence), ("--staged", staged)):
+                             "--staged": staged, "--lookup": lookup, "--blocks": blocks,
+                             "--ngram-max": ngram_max})
+    for flag, value in (("--min-confidence", min_confidence), ("--staged", staged), ("--lookup", lookup)):
         if value and max(tree_width or 1, paths or 1) > 1:
             raise InputError(f"{flag} shapes a chain, not a tree or paths: drop it, or drop --tree-width and "
                              "--paths")
@@ -215,7 +220,7 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     folder = draft_dir if drafter == "draft-model" else drafter_dir  # where its drafting.json lies
     spec = make_drafter(drafter, target, draft, folder=folder, depth=draft_length, width=tree_width,
                         budget=tree_budget, paths=paths, max_ngram=ngram_max, blocks=blocks,
-                        min_confidence=min_confidence, vocab=draft_vocab, staged=staged)
+                        min_confidence=min_confidence, vocab=draft_vocab, staged=staged, lookup=lookup)
     if length_policy is not None:
         from real_engine.speculate import LengthControlled
         from simulator.costs import load_profile

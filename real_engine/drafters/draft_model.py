@@ -18,6 +18,11 @@ Three shapes of draft:
   model costs per call, not per token, here (a 6-token forward costs 1.4 times a 1-token one), so a
   chain through text the context repeats costs one forward. The stop depends on the drafted prefix
   only, so verification stays lossless (enumerated exactly in ``tests/test_speculate.py``).
+  With ``lookup`` a proposal is the lookup's chain alone, with no forward, wherever the context's last
+  ``lookup`` tokens (or more) occurred before (SAM-Decoding's rule, Hu et al. 2024): where the context
+  repeats the lookup is as good a guess and costs a fraction of a forward, and the draft model drafts
+  where it does not. The choice reads the committed tokens only, and the lookup's chain is a top-k
+  chain of point masses, as the n-gram drafter's, so verification stays lossless.
 - ``tree``: a deterministic top-k tree (child rule ``topk``). Depth by depth the ``width`` best
   frontier nodes (by path probability) are expanded into their ``width`` most likely children, in
   one forward per depth; the ``budget`` best nodes form the tree, in depth-first order so that
@@ -31,7 +36,9 @@ CPU the head over the whole vocabulary is most of the draft model's arithmetic. 
 elsewhere, so every verifier stays lossless.
 
 The cache holds the committed tokens it has run; a proposal first runs the *backlog* (committed
-tokens not yet run) and the root, then writes each depth's forwarded nodes after them. ``accept``
+tokens not yet run) and the root, then writes each depth's forwarded nodes after them. The LM head,
+most of a small draft model's arithmetic, runs only on rows a draft reads: never on the backlog's, and
+on a staged chain's guesses only once the chain reaches them. ``accept``
 keeps exactly the accepted nodes that were forwarded and puts the rest in the backlog, so the cache
 always equals a fresh prefill of the committed sequence. The deepest drafted nodes are never run.
 Every tree carries ``confidence``: each node's probability under its parent's law (the plain softmax
@@ -45,17 +52,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from policies.errors import InputError
 from real_engine.drafters.base import clock
-from real_engine.drafters.ngram import NgramIndex
+from real_engine.drafters.ngram import NgramIndex, lookup_chain
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, cut_rows
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
 SHAPES = ("chain", "tree", "paths")
+CHAIN_OPTIONS = ("min_confidence", "staged", "lookup")  # options that only a chain takes
 VOCAB_FILE = "draft_vocab.json"  # in the draft model's folder: {"ids": every token id, most frequent first}
+_NO_HEAD = nn.Identity()  # as the LM head of a forward: its "logits" are the final hidden states
 
 
 def load_vocab(folder: str | Path, count: int) -> torch.Tensor:
@@ -84,7 +94,7 @@ class DraftModelDrafter:
 
     def __init__(self, model: Transformer, shape: str = "chain", depth: int = 4, width: int = 4,
                  budget: int = 16, paths: int = 4, min_confidence: float = 0.0,
-                 vocab: torch.Tensor | None = None, staged: int = 0) -> None:
+                 vocab: torch.Tensor | None = None, staged: int = 0, lookup: int = 0) -> None:
         if shape not in SHAPES:
             raise InputError(f"unknown draft shape {shape!r}: use one of {', '.join(SHAPES)}")
         if min(depth, width, budget, paths) < 1:
@@ -97,8 +107,11 @@ class DraftModelDrafter:
         if staged < 0 or (staged and shape != "chain"):
             raise InputError(f"staged={staged}: staged drafting takes a chain and a forward budget >= 1 "
                              "(0: one forward per token)")
-        self.min_confidence, self.staged = min_confidence, staged
-        self.index = NgramIndex()  # the committed tokens, for a staged chain's guesses
+        self.index = NgramIndex()  # the committed tokens, for a staged chain's guesses and lookup proposals
+        if not 0 <= lookup <= self.index.max_ngram or (lookup and shape != "chain"):
+            raise InputError(f"lookup={lookup}: lookup proposals take a chain and a match length of 1 to "
+                             f"{self.index.max_ngram} tokens (0: never)")
+        self.min_confidence, self.staged, self.lookup = min_confidence, staged, lookup
         v = model.args.vocab_size
         if vocab is not None and (vocab.ndim != 1 or vocab.numel() == 0 or int(vocab.min()) < 0
                                   or int(vocab.max()) >= v or vocab.unique().numel() != vocab.numel()):
@@ -143,20 +156,26 @@ class DraftModelDrafter:
         self.backlog = prompt[:-1].tolist()
         self.root = int(prompt[-1])
         self._base = None
-        if self.staged:
+        if self.staged or self.lookup:
             self.index = NgramIndex()
             self.index.extend(prompt.tolist())
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run ``tokens`` ([T]) into the cache, commit them, return their logits ([T, V]; -inf outside
-        the drafting vocabulary)."""
+        """Run ``tokens`` ([T]) into the cache, commit them, return their final hidden states ([T, H])."""
         start = clock(self.device)
-        logits = self.model(tokens[None], positions, self.cache, mask, self._head).logits[0]
+        hidden = self.model(tokens[None], positions, self.cache, mask, _NO_HEAD).hidden[0]
+        self.cache.commit()
+        self.model_seconds += clock(self.device) - start
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on ``hidden`` ([T, H] -> [T, V]; -inf outside the drafting vocabulary)."""
+        start = clock(self.device)
+        logits = (self.model.lm_head if self._head is None else self._head)(hidden)
         if self.vocab is not None:
             full = logits.new_full((logits.shape[0], self.model.args.vocab_size), float("-inf"))
             logits = full.index_copy_(1, self.vocab, logits)
-        self.cache.commit()
         self.model_seconds += clock(self.device) - start
         return logits
 
@@ -167,7 +186,8 @@ class DraftModelDrafter:
         return torch.multinomial(q, n, replacement=True, generator=self.generator)
 
     def propose(self, max_depth: int) -> DraftTree:
-        """Run the backlog and the root, then draft a tree of the configured shape."""
+        """The lookup's chain where the context repeats (``lookup``); else run the backlog and the root,
+        then draft a tree of the configured shape."""
         depth = min(self.depth, max_depth)
         if depth < 1:
             self._base, self._tokens = None, [self.root]
@@ -175,12 +195,16 @@ class DraftModelDrafter:
                              torch.tensor([-1], device=self.device),
                              torch.zeros(1, self.model.args.vocab_size, device=self.device), "iid",
                              torch.ones(1, device=self.device))
-        guesses = self.index.lookup(depth - 1) if self.staged else []
+        start, match = self.index.find() if self.staged or self.lookup else (0, 0)
+        if self.lookup and match >= self.lookup:  # no forward: the backlog grows by this proposal
+            self._base, self._tokens = None, [self.root, *self.index.tokens[start:start + depth]]
+            return lookup_chain(self.root, self._tokens[1:], self.model.args.vocab_size, self.device)
+        guesses = self.index.tokens[start:start + depth - 1] if self.staged else []
         run = torch.tensor([*self.backlog, self.root, *guesses], device=self.device)
-        rows = self._forward(run)[len(self.backlog):]
+        hidden = self._forward(run)[len(self.backlog):]
         self.backlog, self._base, self._slots = [], self.cache.length - len(guesses), {}
-        tree = self._chain(rows, depth, guesses) if self.shape == "chain" else (
-            self._tree if self.shape == "tree" else self._paths)(rows[0], depth)
+        tree = self._chain(hidden, depth, guesses) if self.shape == "chain" else (
+            self._tree if self.shape == "tree" else self._paths)(self._logits(hidden[:1])[0], depth)
         self._tokens = tree.tokens.tolist()
         return tree
 
@@ -189,14 +213,14 @@ class DraftModelDrafter:
         law = logits.float().softmax(-1) if self.sampling.greedy else q
         return law[tokens] if law.dim() == 1 else law.gather(-1, tokens[:, None])[:, 0]
 
-    def _chain(self, rows: torch.Tensor, depth: int, guesses: list[int]) -> DraftTree:
-        """A chain from the root's logits ``rows[0]``; ``rows[1:]`` are those of ``guesses``, run after
-        the root (staged drafting)."""
+    def _chain(self, hidden: torch.Tensor, depth: int, guesses: list[int]) -> DraftTree:
+        """A chain from the root's final hidden ``hidden[0]``; ``hidden[1:]`` are those of ``guesses``,
+        run after the root (staged drafting), through the LM head once the chain reaches the first."""
         greedy = self.sampling.greedy
         qs = []  # the warped law of each position (at temperature 0, one-hot rows built at the end)
         tokens, confidence = [], [torch.ones(1, device=self.device)]
         laws = []  # the largest probability of each position's law: a stopping rule may read it (see below)
-        logits, rows, forwards = rows[0], rows[1:], 1
+        logits, rows, headed, forwards = self._logits(hidden[:1])[0], hidden[1:], False, 1
         for d in range(1, depth + 1):
             if greedy:  # the confidence law is the softmax, its argmax the drafted token
                 law = logits.float().softmax(-1)
@@ -215,6 +239,8 @@ class DraftModelDrafter:
                     break
             if guesses and guesses[0] == int(tokens[-1]):  # run already, as a guess: its row is the law
                 self._slots[d] = d - 1
+                if not headed:
+                    rows, headed = self._logits(rows), True
                 guesses, logits, rows = guesses[1:], rows[0], rows[1:]
                 continue
             if self.staged and forwards == self.staged:
@@ -226,7 +252,7 @@ class DraftModelDrafter:
                 guesses = self.index.lookup(depth - 1 - d, [int(t) for t in tokens])
                 run = torch.tensor([int(tokens[-1]), *guesses], device=self.device)
             out = self._forward(run)
-            logits, rows, forwards = out[0], out[1:], forwards + 1
+            logits, rows, headed, forwards = self._logits(out[:1])[0], out[1:], False, forwards + 1
         self.cache.truncate(self._base + len(self._slots))  # guesses beyond where the chain stopped
         drafted = torch.stack(tokens)
         if greedy:  # point masses on the drafted tokens, as ``warp`` gives at temperature 0
@@ -246,7 +272,7 @@ class DraftModelDrafter:
             mask = torch.cat((torch.ones(k, self._base, dtype=torch.bool, device=self.device),
                               eye.repeat(1, d)), dim=1)
             positions = torch.full((k,), self._base - 1 + d, device=self.device)
-            logits = self._forward(columns[-1], positions, mask)
+            logits = self._logits(self._forward(columns[-1], positions, mask))
             qs.append(warp(logits, self.sampling))
             columns.append(self._sample(qs[-1])[:, 0])
             confidence.append(self._confidence(logits, qs[-1], columns[-1]))
@@ -284,7 +310,8 @@ class DraftModelDrafter:
                 self._slots[node] = start - self._base + row
             positions = torch.full((len(frontier),), self._base - 1 + d, device=self.device)
             run = torch.tensor([tokens[n] for n in frontier], device=self.device)
-            for node, law in zip(frontier, self._forward(run, positions, mask.to(self.device)), strict=True):
+            logits = self._logits(self._forward(run, positions, mask.to(self.device)))
+            for node, law in zip(frontier, logits, strict=True):
                 laws[node] = self._rank(law)
         return self._select(parents, tokens, scores, laws)
 
@@ -297,7 +324,7 @@ class DraftModelDrafter:
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Keep the accepted forwarded nodes in the cache; the rest join the backlog."""
-        if self.staged:
+        if self.staged or self.lookup:
             self.index.extend([*(self._tokens[n] for n in path), token])
         if self._base is None:
             self.backlog.append(self.root)

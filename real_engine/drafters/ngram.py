@@ -5,7 +5,7 @@ context's last ``n`` tokens and propose the tokens that followed it (as ``transf
 ``prompt_lookup_num_tokens`` and vLLM's n-gram proposer do). The draft is deterministic, so ``q``
 is a point mass on each drafted token and the child rule is ``topk``; there is no model to run.
 ``NgramIndex`` keeps, per n-gram, where it last continued, so a lookup costs the same at any context
-length; the draft model's staged chains read their guesses from it too.
+length; the draft model reads its staged chains' guesses and its lookup proposals from it too.
 """
 
 from __future__ import annotations
@@ -38,15 +38,31 @@ class NgramIndex:
                 self._after[n][tuple(self.tokens[i - n:i])] = i
             self.tokens.append(int(token))
 
-    def lookup(self, k: int, tail: Sequence[int] = ()) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching n-gram
-        that ends the sequence extended by ``tail`` (tokens not yet in it, such as a draft's)."""
+    def find(self, tail: Sequence[int] = ()) -> tuple[int, int]:
+        """Where the continuation starts after the latest earlier occurrence of the longest n-gram that
+        ends the sequence extended by ``tail`` (tokens not yet in it, such as a draft's), and that
+        n-gram's length; ``(len(tokens), 0)`` when none occurred."""
         context = [*self.tokens[-self.max_ngram:], *tail]
         for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
             start = self._after[n].get(tuple(context[-n:]))
             if start is not None:
-                return self.tokens[start:start + k]
-        return []
+                return start, n
+        return len(self.tokens), 0
+
+    def lookup(self, k: int, tail: Sequence[int] = ()) -> list[int]:
+        """Up to ``k`` tokens that followed the match ``find`` gives."""
+        start, _ = self.find(tail)
+        return self.tokens[start:start + k]
+
+
+def lookup_chain(root: int, draft: Sequence[int], vocab: int, device: torch.device) -> DraftTree:
+    """The chain ``root -> draft`` of looked-up tokens: deterministic candidates (child rule ``topk``)
+    with point-mass ``q``, so every verifier stays lossless."""
+    q = F.one_hot(torch.tensor(draft, dtype=torch.long), vocab).float()
+    q = torch.cat((q, q.new_zeros(1, vocab))).to(device)
+    tokens = torch.tensor([root, *draft], device=device)
+    parents = torch.arange(-1, len(draft), device=device)
+    return DraftTree(tokens, parents, q, "topk")
 
 
 class NgramDrafter:
@@ -74,11 +90,7 @@ class NgramDrafter:
         """A chain of looked-up tokens (possibly empty) with point-mass ``q``."""
         draft = self.index.lookup(min(self.depth, max_depth)) if max_depth > 0 else []
         self._last = draft
-        q = F.one_hot(torch.tensor(draft, dtype=torch.long), self.vocab).float()
-        q = torch.cat((q, q.new_zeros(1, self.vocab))).to(self.device)
-        tokens = torch.tensor([self.index.tokens[-1], *draft], device=self.device)
-        parents = torch.arange(-1, len(draft), device=self.device)
-        return DraftTree(tokens, parents, q, "topk")
+        return lookup_chain(self.index.tokens[-1], draft, self.vocab, self.device)
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Append the accepted tokens (node ``i`` of the chain is draft token ``i - 1``) and ``token``."""

@@ -27,7 +27,8 @@ FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"
 SHAPE_OPTIONS = {"specblock": ("blocks", "budget", "width"), "eagle": ("depth", "width", "budget"),
                  "medusa": ("depth", "budget"),
-                 "draft-model": ("depth", "width", "budget", "min_confidence", "vocab", "staged")}
+                 "draft-model": ("depth", "width", "budget", "min_confidence", "vocab", "staged",
+                                 "lookup")}
 # the options each drafter's shape takes; a draft model's drafting.json lies in the draft model's folder
 
 
