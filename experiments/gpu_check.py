@@ -5,7 +5,8 @@ In one run of a few minutes it
 (a) prints torch, CUDA and the GPU's name;
 (b) decodes a few synthetic prompts (seeded random tokens and the target's own greedy continuation,
     so no tokenizer is needed) with the shipped target of ``data/models``, greedily, without and with
-    the shipped draft model, SpecBlock and EAGLE drafters: the tokens must be equal; it reports
+    n-gram lookup, the shipped draft model (a plain chain, the staged chain with lookup proposals it
+    deploys on CPU, and a top-k tree), SpecBlock and EAGLE drafters: the tokens must be equal; it reports
     tokens/s, tau and the speedup over vanilla decoding in the same run;
 (c) builds a Llama-3.1-8B-shape decoder (hidden 4096, 32 layers, 32 heads, 8 KV heads, MLP 14336,
     vocabulary 128256) with seeded random bf16 weights created on the GPU, with the project's own
@@ -68,8 +69,10 @@ LLAMA_8B = ModelArgs(vocab_size=128256, hidden_size=4096, intermediate_size=1433
                      max_position_embeddings=8192)
 TINY_ARGS = ModelArgs(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
-SHIPPED_DRAFTERS = {"draft-model chain 4": ("draft-model", {"depth": 4}), "specblock": ("specblock", {}),
-                    "eagle": ("eagle", {})}
+SHIPPED_DRAFTERS = {"ngram": ("ngram", {}), "draft-model chain 4": ("draft-model", {"depth": 4}),
+                    "draft-model staged lookup": ("draft-model", {"depth": 8, "staged": 1, "lookup": 3}),
+                    "draft-model tree": ("draft-model", {"depth": 4, "width": 4, "budget": 16}),
+                    "specblock": ("specblock", {}), "eagle": ("eagle", {})}
 
 
 @dataclasses.dataclass(frozen=True)
