@@ -136,13 +136,6 @@ def test_a_chain_stops_where_its_law_falls_below_min_confidence(temperature: flo
     assert len(set(run(float(torch.tensor(tops).median()))[0])) > 1
 
 
-def match(context: list[int]) -> int:
-    """The length of the n-gram lookup's match at the end of ``context``."""
-    index = NgramIndex()
-    index.extend(context)
-    return index.find()[1]
-
-
 def ancestry(tree: DraftTree, node: int) -> list[int]:
     parents, path = tree.parents.tolist(), []
     while node > 0:
@@ -168,7 +161,7 @@ def test_draft_model_laws_equal_a_fresh_forward(shape: dict, temperature: float,
     topk_ranking = "width" in shape and sampling.greedy
     checked = 0
     lookup = shape.get("lookup", 4)  # a match length no context reaches: no lookup proposal
-    proposals = [(c, t) for c, t in recorder.proposals if match(c) < lookup]
+    proposals = [(c, t) for c, t in recorder.proposals if _index(c).find()[1] < lookup]
     if "lookup" in shape:
         assert 0 < len(proposals) < len(recorder.proposals)
     for context, tree in proposals:
@@ -219,8 +212,7 @@ def test_a_staged_chain_is_the_plain_chain_in_fewer_forwards(temperature: float,
     assert capped_calls == sum(tree.size > 1 for _, tree in capped)  # one forward per proposal
     lengths = set()
     for context, tree in capped:
-        index = NgramIndex()
-        index.extend(context)
+        index = _index(context)
         guesses, drafted = index.lookup(3), tree.tokens[1:].tolist()
         n = len(drafted)
         if n == 0:  # the last step: no token left to draft
@@ -268,8 +260,7 @@ def test_lookup_proposals_are_the_ngram_chain_without_a_forward(temperature: flo
             hook.remove()
     kinds = []
     for context, tree in recorder.proposals:
-        index = NgramIndex()
-        index.extend(context)
+        index = _index(context)
         start, match = index.find()
         kinds.append(match >= 2)
         if match >= 2:
