@@ -87,7 +87,7 @@ class Plan:
 
 
 DEFAULT_PLAN = Plan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, retime_repeats=3, retime_every=16)
-QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, retime_repeats=0)
+QUICK_PLAN = Plan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, retime_repeats=1)
 
 
 def log(message: str) -> None:

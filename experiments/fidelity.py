@@ -123,10 +123,12 @@ def draft_shape(config: Config, shapes: Sequence[Mapping[str, float]] = ()) -> A
 
 
 def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], tokens: int, queries: int,
-             seed: int, shape: Any = None, policy: Any = None) -> dict[str, float]:
+             seed: int, shape: Any = None, policy: Any = None, observed: Any = None,
+             decision_seconds: float = 0.0) -> dict[str, float]:
     """The simulator's tokens/s, tau and mean iteration seconds for ``config`` on prompts like ``prompts``
     (drafting costed by ``shape``, see ``draft_shape``; ``policy`` chooses the lengths instead of the
-    config's fixed length, when given)."""
+    config's fixed length, when given, and is shown the step times of ``observed``, the profile it was
+    deployed with, when that is not ``profile``; each of its decisions costs ``decision_seconds``)."""
     from policies.base import make_policy
     from simulator.acceptance import TraceReplay
     from simulator.rollout import run_length
@@ -139,10 +141,11 @@ def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], 
     kind = "ngram" if config.drafter == "none" else config.drafter  # T(0) is vanilla for every kind
     env = SpecLengthVectorEnv(queries, profile, replay, kind, tokens_per_query=tokens,
                               prompt_tokens=(min(lengths), max(lengths)), domain_weights=weights,
-                              draft_shape=shape)
-    out = run_length(policy or make_policy("fixed", {"length": config.length}), env, seed)
+                              draft_shape=shape, steered=policy is not None, observed=observed)
+    out = run_length(policy or make_policy("fixed", {"length": config.length}), env, seed, decision_seconds)
     return {"tokens_per_second": out.tokens_per_second, "tau": out.tau,
-            "iteration_seconds": out.seconds / out.iterations}
+            "iteration_seconds": out.seconds / out.iterations,
+            "draft_seconds": out.draft_seconds / out.iterations}
 
 
 def calibration_costs(profile: Any, traces: Any, config: Config, shape: Any = None) -> dict[str, float]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.errors import InputError
-from policies.io import write_json, write_text
+from policies.io import write_json
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "data" / "models"
@@ -58,6 +57,7 @@ class Plan:
     tune_samples: int = 12  # configurations per policy kind
     tune_queries: int = 256
     sim_queries: int = 512  # simulated queries per prediction
+    forecast_replicates: int = 40  # resamples of the calibration queries behind a prediction's interval
     adapt: bool = True  # also tune the adaptation policies
     clock: str = "cpu"  # the profile's and the deployment's clock (process CPU time on one thread)
     seed: int = 0
@@ -66,13 +66,14 @@ class Plan:
 FULL = Plan(quick=False)
 QUICK = Plan(
     quick=True,
-    calibration=3,
-    evaluation=2,
-    max_new_tokens=48,
+    calibration=6,
+    evaluation=4,
+    max_new_tokens=64,
     prompt_tokens=128,
     tune_samples=4,
-    tune_queries=64,
-    sim_queries=128,
+    tune_queries=128,
+    sim_queries=256,
+    forecast_replicates=30,
     adapt=False,
 )
 
@@ -146,8 +147,10 @@ def step_models(run: Run) -> dict[str, Any]:
     return info
 
 
-def step_profile(run: Run) -> dict[str, Any]:
-    """Measure the cost profile of the target and the draft model on this machine."""
+def _measure_profile(run: Run, path: Path, rounds: int | None = None,
+                     between: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Measure the cost profile of the target and the draft model on this machine into ``path``
+    (``rounds`` timed rounds, each followed by ``between(round)``, when given)."""
     from real_engine import profile as prof
 
     m, plan = run.models(), run.plan
@@ -158,10 +161,13 @@ def step_profile(run: Run) -> dict[str, Any]:
             contexts=(64, 256),
             draft_tokens=tuple(range(1, plan.depth + 1)),
             draft_context=128,
+            repeats=5,
         )
         if plan.quick
         else prof.FULL
     )
+    if rounds is not None:
+        grid = replace(grid, repeats=rounds)
     data = prof.measure(
         m["target"],
         target_name=prof.model_name(m["target"], run.model_dir),
@@ -172,15 +178,23 @@ def step_profile(run: Run) -> dict[str, Any]:
         threads=1 if plan.clock == "cpu" else None,
         clock_kind=plan.clock,
         seed=plan.seed,
+        between=between,
     )
-    prof.save(data, run.path("cost_profile.json"))
+    prof.save(data, path)
     return prof.summary(data)
 
 
+def step_profile(run: Run) -> dict[str, Any]:
+    """Measure the cost profile the simulator and the tuning use."""
+    return _measure_profile(run, run.path("cost_profile.json"))
+
+
 def step_traces(run: Run) -> dict[str, Any]:
-    """Record the calibration traces of the draft-model chain."""
+    """Record the calibration traces of the draft-model chain; fit its confidence calibration
+    (``calibration.json``) from them."""
     from real_engine.decode import make_drafter
     from real_engine.trace import record
+    from simulator.calibration import fit_calibration
     from simulator.traces import save_traces
 
     m, plan = run.models(), run.plan
@@ -195,49 +209,60 @@ def step_traces(run: Run) -> dict[str, Any]:
         seed=plan.seed,
     )
     save_traces(rec.traces, run.path("traces.parquet"))
+    calibration = fit_calibration(rec.traces)
+    write_json(run.path("calibration.json"), calibration.to_dict())
     return {
         "queries": len(prompts),
         "iterations": len(rec.traces),
         "tau": sum(s.new_tokens for s in rec.stats) / sum(s.iterations for s in rec.stats),
+        "calibrated_positions": len(calibration.knots),
     }
 
 
-def _predict(run: Run, policy: Any) -> dict[str, float]:
-    """The simulator's tokens/s and tau for ``policy`` on prompts like the evaluation set."""
-    from experiments.fidelity import Config, simulate
+def _predict(run: Run, policy: Any, profile: Any = None, replicates: int = 0, observed: Any = None) -> Any:
+    """The simulator's forecast for ``policy`` (None: vanilla) on prompts like the evaluation set, from a
+    cost ``profile`` (default: the run's ``cost_profile.json``) and the calibration traces, the policy
+    shown ``observed``'s step times when given and its decisions timed here
+    (``experiments.deploy.Forecast``)."""
+    from experiments.deploy import decision_cost, forecast
     from simulator.costs import load_profile
     from simulator.traces import load_traces
 
     plan = run.plan
-    config = Config("policy", DRAFTER if policy is not None else "none", "", 0)
-    return simulate(
-        load_profile(run.path("cost_profile.json")),
-        load_traces(run.path("traces.parquet")),
-        config,
-        run.prompts("evaluation"),
-        plan.max_new_tokens,
-        plan.sim_queries,
-        plan.seed,
-        policy=policy,
-    )
+    profile = load_profile(run.path("cost_profile.json")) if profile is None else profile
+    traces = load_traces(run.path("traces.parquet"))
+    decision = 0.0 if policy is None else decision_cost(policy, traces, profile, DRAFTER)
+    return forecast(profile, traces, policy, run.prompts("evaluation"), plan.max_new_tokens, plan.sim_queries,
+                    plan.seed, replicates, DRAFTER, observed, decision)
 
 
-def _baselines(plan: Plan) -> dict[str, dict[str, Any]]:
-    """The untuned policies every run reports: fixed lengths and the kinds' defaults."""
+def _baselines(run: Run) -> dict[str, Any]:
+    """The untuned policies every run reports: fixed lengths, and each kind's defaults reading the
+    drafter's confidences as they are and, for the kinds that read them, through the run's calibration
+    (``calibration.json``), as the tuned ones do."""
+    from experiments.tune import load_calibration
+    from policies import POLICY_KINDS, make_policy
+
+    plan = run.plan
     lengths = (plan.depth // 2, plan.depth) if plan.quick else (1, 2, plan.depth // 2, plan.depth)
-    out = {f"fixed-{n}": {"kind": "fixed", "params": {"length": n}} for n in sorted(set(lengths))}
-    kinds = ("libraspec",) if plan.quick else ("threshold", "heuristic", "libraspec")
-    out.update({kind: {"kind": kind, "params": {}} for kind in kinds})
+    out = {f"fixed-{n}": make_policy("fixed", {"length": n}) for n in sorted(set(lengths))}
+    calibration = load_calibration(run.path("calibration.json"))
+    for kind in ("libraspec",) if plan.quick else ("threshold", "heuristic", "libraspec"):
+        out[kind] = make_policy(kind)
+        if POLICY_KINDS[kind].reads_confidences:
+            out[f"{kind}-calibrated"] = make_policy(kind, calibration=calibration)
     return out
 
 
 def step_simulate(run: Run) -> dict[str, Any]:
     """Simulate vanilla and the baseline policies."""
-    from policies import make_policy
 
-    rows = {"vanilla": _predict(run, None)}
-    for name, spec in _baselines(run.plan).items():
-        rows[name] = _predict(run, make_policy(spec["kind"], spec["params"]))
+    named = {"vanilla": None, **_baselines(run)}
+    rows = {}
+    for name, policy in named.items():
+        f = _predict(run, policy)
+        rows[name] = {"tokens_per_second": f.tokens_per_second, "tau": f.tau,
+                      "iteration_seconds": f.iteration_seconds}
     write_json(run.path("simulate.json"), rows)
     return {name: round(row["tokens_per_second"], 1) for name, row in rows.items()}
 
@@ -260,6 +285,7 @@ def step_tune(run: Run) -> dict[str, Any]:
             queries=plan.tune_queries if task == "length" else None,
             seed=plan.seed,
             drafter=DRAFTER,
+            calibration=run.path("calibration.json") if task == "length" else None,
         )
         folder = run.out / "tune" / task
         if folder.exists():  # an interrupted study of an unfinished step: start it over
@@ -279,10 +305,10 @@ def step_tune(run: Run) -> dict[str, Any]:
 
 def _policies(run: Run) -> dict[str, Any]:
     """Every deployed policy by name: the tuned files and the baselines."""
-    from policies import load_policy, make_policy
+    from policies import load_policy
     from real_engine.speculate import is_length_policy
 
-    out = {name: make_policy(spec["kind"], spec["params"]) for name, spec in _baselines(run.plan).items()}
+    out = _baselines(run)
     for path in sorted((run.out / "policies").glob("*.json")):
         policy = load_policy(path, seed=run.plan.seed)
         if is_length_policy(policy):
@@ -291,68 +317,53 @@ def _policies(run: Run) -> dict[str, Any]:
 
 
 def step_deploy(run: Run) -> dict[str, Any]:
-    """Measure every policy in the live engine beside the simulator's prediction."""
-    from experiments.fidelity import StepClock, steady_state
+    """Measure every policy in the live engine beside the simulator's prediction (``experiments.deploy``).
+    The prediction's costs come from a profile measured in this process with its rounds interleaved with
+    the live prompts, so both see the machine alike; policies see the step times of the profile they
+    were tuned with, in the engine and in the simulator."""
+    from experiments.deploy import LiveRun, compare
     from policies import policy_from_dict, policy_to_dict
-    from real_engine.decode import generate, make_drafter
+    from real_engine.decode import make_drafter
     from real_engine.speculate import LengthControlled
     from simulator.costs import load_profile
 
     m, plan = run.models(), run.plan
-    profile = load_profile(run.path("cost_profile.json"))
+    tuned = load_profile(run.path("cost_profile.json"))
     policies = _policies(run)
     prompts = run.prompts("evaluation")
-    clocks: dict[str, list[StepClock]] = {name: [] for name in ["vanilla", *policies]}
-    for i, prompt in enumerate(prompts):
-        run.log(f"deploy: prompt {i + 1}/{len(prompts)}, {len(clocks)} policies")
-        for name in clocks:
-            drafter = None
-            if name != "vanilla":
-                fresh = policy_from_dict(policy_to_dict(policies[name]), seed=plan.seed + i)
-                drafter = LengthControlled(
-                    make_drafter(DRAFTER, m["target"], m["draft"], depth=plan.depth), fresh, profile, DRAFTER
-                )
-            clocks[name].append(StepClock())
-            generate(
-                m["target"],
-                list(prompt.tokens),
-                drafter=drafter,
-                max_new_tokens=plan.max_new_tokens,
-                seed=plan.seed + i,
-                on_tokens=clocks[name][-1],
-            )
-    rows = {}
-    for name, clock_list in clocks.items():
-        measured = steady_state(clock_list)
-        predicted = _predict(run, policies.get(name))
-        real = measured[plan.clock]["tokens_per_second"]
-        rows[name] = {
-            "policy": policy_to_dict(policies[name]) if name in policies else None,
-            "measured_tokens_per_second": real,
-            "measured_tau": measured["tau"],
-            "predicted_tokens_per_second": predicted["tokens_per_second"],
-            "predicted_tau": predicted["tau"],
-            "error": predicted["tokens_per_second"] / real - 1.0,
-            "measured": measured,
-        }
-    base = rows["vanilla"]
-    for row in rows.values():
-        row["measured_speedup"] = row["measured_tokens_per_second"] / base["measured_tokens_per_second"]
-        row["predicted_speedup"] = row["predicted_tokens_per_second"] / base["predicted_tokens_per_second"]
-    result = {
-        "clock": plan.clock,
-        "prompts": len(prompts),
-        "policies": rows,
-        "fidelity_error": statistics.median(abs(r["error"]) for r in rows.values()),
-        "adaptation": _adaptation(run),
-    }
+
+    def builder(policy: Any) -> Any:
+        return lambda i: LengthControlled(make_drafter(DRAFTER, m["target"], m["draft"], depth=plan.depth),
+                                          policy_from_dict(policy_to_dict(policy), seed=plan.seed + i),
+                                          tuned, DRAFTER)
+
+    builders = {"vanilla": lambda _: None, **{name: builder(p) for name, p in policies.items()}}
+    live = LiveRun(m["target"], prompts, builders, plan.max_new_tokens, plan.seed, run.log)
+    run.log(f"deploy: {len(prompts)} prompts, each after a round of the cost profile")
+    _measure_profile(run, run.path("deploy_profile.json"), len(prompts), live.prompt)
+    profile = load_profile(run.path("deploy_profile.json"))
+    predicted = {name: _predict(run, policies.get(name), profile, plan.forecast_replicates, tuned)
+                 for name in builders}
+    kinds = {name: policy.kind for name, policy in policies.items()}
+    result = compare(live.result(plan.clock), predicted, [p.domain for p in prompts], plan.seed, kinds)
+    for name, row in result["policies"].items():
+        row["policy"] = policy_to_dict(policies[name]) if name in policies else None
+    result = {"clock": plan.clock, "prompts": len(prompts), "profile": "deploy_profile.json", **result,
+              "adaptation": _adaptation(run)}
     write_json(run.path("deploy.json"), result)
+    agreement = result["rank_agreement"]
     return {
         "fidelity_error": round(result["fidelity_error"], 4),
-        "best_measured": max(rows, key=lambda n: rows[n]["measured_tokens_per_second"]),
+        "fidelity_error_ci": [round(x, 4) for x in result["fidelity_error_ci"]],
+        "kendall_tau": round(agreement["kendall_tau"], 3),
+        "best_measured": agreement["measured_best"],
+        "best_predicted": agreement["predicted_best"],
     }
 
 
+SUMMARY_KEYS = ("measured_tokens_per_second", "measured_ci", "predicted_tokens_per_second", "predicted_ci",
+                "error", "error_ci", "measured_speedup", "measured_speedup_ci", "predicted_speedup",
+                "measured_tau", "predicted_tau")
 ADAPTATION_KINDS = ("never", "always", "epsilon_greedy", "cost_aware_bandit")
 
 
@@ -404,115 +415,11 @@ def _adaptation(run: Run) -> dict[str, Any]:
     return out
 
 
-def lp_table(quick: bool, seed: int = 0) -> list[dict[str, Any]]:
-    """The LP bound beside every verifier on a few small random instances (expected accepted tokens)."""
-    import numpy as np
-
-    from experiments.commands.lp import evaluate_verifiers
-    from simulator.instances import random_instance
-
-    rows = []
-    for length, drafts in ((2, 1), (2, 2)) if quick else ((2, 1), (3, 1), (2, 2), (3, 2)):
-        rng = np.random.default_rng(seed)
-        cells = [
-            evaluate_verifiers(random_instance(3, length, rng, "mix"), drafts)
-            for _ in range(2 if quick else 4)
-        ]
-        rows.append(
-            {
-                "vocab": 3,
-                "length": length,
-                "drafts": drafts,
-                **{k: float(np.mean([c[k] for c in cells])) for k in cells[0] if k != "seconds"},
-            }
-        )
-    return rows
-
-
 def step_report(run: Run) -> dict[str, Any]:
     """Write report.md, report.png and lp.json from the other steps' files."""
-    deploy = json.loads(run.path("deploy.json").read_text())
-    lp = lp_table(run.plan.quick, run.plan.seed)
-    write_json(run.path("lp.json"), lp)
-    rows = deploy["policies"]
-    lines = [
-        "# specblock pipeline report",
-        "",
-        f"Run folder `{run.out}`; clock `{deploy['clock']}`; {deploy['prompts']} held-out prompts; "
-        f"fidelity error (median |predicted / measured - 1| of tokens/s) **{deploy['fidelity_error']:.1%}**.",
-        "",
-        "| policy | measured tok/s | predicted tok/s | error | measured speedup | predicted speedup |"
-        " measured tau | predicted tau |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["measured_tokens_per_second"]):
-        lines.append(
-            f"| {name} | {r['measured_tokens_per_second']:.1f} | {r['predicted_tokens_per_second']:.1f} "
-            f"| {r['error']:+.1%} | {r['measured_speedup']:.3f} | {r['predicted_speedup']:.3f} "
-            f"| {r['measured_tau']:.2f} | {r['predicted_tau']:.2f} |"
-        )
-    adaptation = deploy.get("adaptation", {})
-    lines += ["", "## Online adaptation (SpecBlock drafter, a stream whose domain mix shifts)", ""]
-    if "skipped" in adaptation:
-        lines.append(f"Skipped: {adaptation['skipped']}")
-    else:
-        lines += [
-            "| policy | measured tok/s | simulated tok/s | measured tau | simulated tau "
-            "| shifted-domain tau early -> late | head/full updates |",
-            "|---|---:|---:|---:|---:|---|---|",
-        ]
-        for name, r in adaptation.items():
-            lines.append(
-                f"| {name} | {r['measured_tokens_per_second']:.1f} | "
-                f"{r['simulated_tokens_per_second']:.1f} | {r['measured_tau']:.3f} | "
-                f"{r['simulated_tau']:.3f} | {r['shifted_tau_early']:.3f} -> "
-                f"{r['shifted_tau_late']:.3f} | {r['updates'].get('head', 0)}/"
-                f"{r['updates'].get('full', 0)} |"
-            )
-    lines += ["", "## Tuned policies", ""]
-    for path in sorted((run.out / "policies").glob("*.json")):
-        lines.append(f"- `{path.name}`: `{path.read_text().strip()}`")
-    lines += [
-        "",
-        "## Verification LP (expected accepted draft tokens, vocabulary 3, mean of random instances)",
-        "",
-        "| length | drafts | LP bound | token | BV | RRS | SeqBV | GBV |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in lp:
-        lines.append(
-            f"| {r['length']} | {r['drafts']} | {r['lp']:.3f} | {r['token']:.3f} | {r['bv']:.3f} "
-            f"| {r['rrs']:.3f} | {r['seqbv']:.3f} | {r['gbv']:.3f} |"
-        )
-    write_text(run.path("report.md"), "\n".join(lines) + "\n")
-    _plot(rows, run.path("report.png"))
-    return {"report": str(run.path("report.md"))}
+    from experiments.pipeline_report import write_report
 
-
-def _plot(rows: dict[str, Any], path: Path) -> None:
-    """Predicted against measured tokens/s, one bar pair per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from policies.io import atomic_write
-
-    names = sorted(rows, key=lambda n: rows[n]["measured_tokens_per_second"])
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.5))
-    y = range(len(names))
-    ax.barh(
-        [i - 0.2 for i in y], [rows[n]["measured_tokens_per_second"] for n in names], 0.4, label="measured"
-    )
-    ax.barh(
-        [i + 0.2 for i in y], [rows[n]["predicted_tokens_per_second"] for n in names], 0.4, label="simulated"
-    )
-    ax.set_yticks(list(y), names)
-    ax.set_xlabel("tokens / s")
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    return write_report(run.out, run.plan.quick, run.plan.seed)
 
 
 STEP_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
@@ -594,13 +501,9 @@ def run_pipeline(
         "seconds": round(time.perf_counter() - start, 2),
         "steps": {k: v["seconds"] for k, v in state["steps"].items()},
         "policies": {
-            name: {
-                "predicted_tokens_per_second": r["predicted_tokens_per_second"],
-                "measured_tokens_per_second": r["measured_tokens_per_second"],
-                "error": r["error"],
-            }
-            for name, r in deploy["policies"].items()
+            name: {key: r[key] for key in SUMMARY_KEYS if key in r} for name, r in deploy["policies"].items()
         },
-        "fidelity_error": deploy["fidelity_error"],
+        **{key: deploy[key] for key in ("fidelity_error", "fidelity_error_ci", "worst_error",
+                                        "rank_agreement", "against_best_fixed")},
         "report": str(run.path("report.md")),
     }

@@ -17,7 +17,8 @@ PACKAGES = ("specblock", "torch", "numpy", "scipy", "cvxpy", "clarabel", "gymnas
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """This machine's CPU model (without importing torch)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -52,7 +53,7 @@ def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
     }
     try:

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from policies.base import POLICY_KINDS, make_policy, policy_to_dict, save_policy
+from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
+from policies.calibration import Calibration
 from policies.errors import InputError
 from policies.io import atomic_write, write_json
 from simulator.acceptance import PAPER_DOMAINS, AcceptanceModel, TraceReplay, paper_acceptance
@@ -94,6 +95,8 @@ class Setting:
     queries: int = 256
     chunks: int = 4
     seed: int = 0
+    calibration: str | None = None
+    """A calibration file (``policies.calibration``) for the kinds that read confidences, or None."""
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready form (for results and resume checks)."""
@@ -102,9 +105,11 @@ class Setting:
 
 def make_setting(task: str, profile: str | Path | None = None, traces: str | Path | None = None,
                  queries: int | None = None, chunks: int | None = None, seed: int = 0,
-                 traffic: Traffic | None = None, drafter: str | None = None) -> Setting:
+                 traffic: Traffic | None = None, drafter: str | None = None,
+                 calibration: str | Path | None = None) -> Setting:
     """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
-    them; a ``traffic`` replaces the shipped traces."""
+    them; a ``traffic`` replaces the shipped traces; ``calibration`` (a file) comes with every length
+    policy that reads confidences."""
     from experiments.commands.simulate import SHIPPED_PROFILE, SHIPPED_TRACES, default_drafter
     from simulator.costs import PAPER_PROFILE
 
@@ -131,7 +136,35 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
         traces, traffic = str(Path(traces).resolve()), None
     elif traffic is None:
         traffic = Traffic()
-    return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed)
+    if calibration is not None:
+        if task != "length":
+            raise InputError("a calibration is for length policies: drop --calibration for the adapt study")
+        load_calibration(calibration)  # a bad file fails here, not in every trial
+        calibration = str(Path(calibration).resolve())
+    return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed,
+                   calibration)
+
+
+@functools.lru_cache(maxsize=8)
+def load_calibration(path: str | Path) -> Calibration:
+    """A calibration file (``{"positions": [...]}``), validated."""
+    path = Path(path)
+    try:
+        return Calibration.from_dict(json.loads(path.read_text()), str(path))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such calibration file: pass the calibration.json of a pipeline "
+                         "run") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not a JSON calibration ({str(err).splitlines()[0]}): "
+                         "pass a file the pipeline wrote") from None
+
+
+def make_tuned(setting: Setting, kind: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """The policy ``kind(params)`` as the setting's trials run it: with its calibration when it reads
+    confidences."""
+    reads = getattr(POLICY_KINDS[kind], "reads_confidences", False)
+    calibration = load_calibration(setting.calibration) if setting.calibration and reads else None
+    return make_policy(kind, params, seed=setting.seed, calibration=calibration)
 
 
 def _check_task(task: str) -> None:
@@ -166,7 +199,7 @@ def _world(profile: str, traces: str | None, traffic: Traffic | None) -> tuple[C
 def simulate_chunks(setting: Setting, kind: str, params: Mapping[str, Any]) -> Iterator[Outcome]:
     """The outcome of each chunk of ``setting`` for the policy ``kind(params)``; chunk k uses seed + k."""
     profile, model = _world(setting.profile, setting.traces, setting.traffic)
-    policy = make_policy(kind, params, seed=setting.seed)
+    policy = make_tuned(setting, kind, params)
     if setting.task == "length":
         for k, size in enumerate(np.diff(np.linspace(0, setting.queries, setting.chunks + 1).astype(int))):
             env = SpecLengthVectorEnv(int(size), profile, model, setting.drafter)
@@ -303,7 +336,8 @@ class TuneResult:
 
 
 def start_ray(address: str | None = None) -> bool:
-    """Connect to Ray at ``address`` or start a quiet local Ray on 2 CPUs; False when Ray was already up."""
+    """Connect to Ray at ``address`` or start a private, quiet local Ray on 2 CPUs (``address="local"``:
+    never a cluster an earlier ``ray start`` left recorded); False when Ray was already up."""
     import ray
 
     if ray.is_initialized():
@@ -311,7 +345,8 @@ def start_ray(address: str | None = None) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
     return True
 
 
@@ -424,9 +459,9 @@ def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16
     by_kind = {row["kind"]: {**row_policy(row), "complete": bool(row["complete"])}
                for _, row in best.iterrows()}
     for kind, chosen in by_kind.items():  # a kind whose trials all stopped early: its best so far
-        save_policy(make_policy(kind, chosen["params"]), out / f"best_{kind}.json")
+        save_policy(make_tuned(setting, kind, chosen["params"]), out / f"best_{kind}.json")
     overall = row_policy(best.iloc[0])
-    save_policy(make_policy(overall["kind"], overall["params"]), out / "best_policy.json")
+    save_policy(make_tuned(setting, overall["kind"], overall["params"]), out / "best_policy.json")
     atomic_write(out / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     atomic_write(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     result = TuneResult(table, overall, by_kind, out, time.perf_counter() - start, tune_seconds)

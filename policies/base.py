@@ -1,7 +1,9 @@
 """The policy protocol, the registry of policy kinds and the versioned JSON policy file.
 
 A policy file is ``{"kind": str, "version": 1, "params": {...}}`` with every parameter of that kind
-present. Files are plain JSON, written atomically and validated when loaded; nothing is unpickled.
+present, and for a length policy optionally ``"calibration": {...}`` (``policies.calibration``: how its
+confidences map to acceptance probabilities). Files are plain JSON, written atomically and validated
+when loaded; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from policies.calibration import Calibration
 from policies.errors import InputError
 from policies.io import write_json
 
@@ -82,8 +85,10 @@ def _kinds() -> str:
     return ", ".join(sorted(POLICY_KINDS))
 
 
-def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int | None = None) -> Policy:
-    """Build a policy of ``kind``; parameters left out take their defaults, unknown ones are an error."""
+def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int | None = None,
+                calibration: Calibration | None = None) -> Policy:
+    """Build a policy of ``kind``; parameters left out take their defaults, unknown ones are an error; a
+    ``calibration`` only for kinds that read confidences (the length policies)."""
     if kind not in POLICY_KINDS:
         raise InputError(f"unknown policy kind {kind!r}: use one of {_kinds()}")
     cls = POLICY_KINDS[kind]
@@ -93,12 +98,18 @@ def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int | 
     if extra:
         raise InputError(f"unknown parameter(s) {', '.join(extra)} for policy kind {kind!r}: "
                          f"use only {', '.join(sorted(names))}")
-    return cls(cls.params_type(**params), seed=seed)
+    if calibration is None:
+        return cls(cls.params_type(**params), seed=seed)
+    if not getattr(cls, "reads_confidences", False):
+        raise InputError(f"policy kind {kind!r} reads no drafter confidences: drop its calibration")
+    return cls(cls.params_type(**params), seed=seed, calibration=calibration)
 
 
 def policy_to_dict(policy: Policy) -> dict[str, Any]:
     """The JSON-ready file content of ``policy``."""
-    return {"kind": policy.kind, "version": POLICY_FILE_VERSION, "params": dataclasses.asdict(policy.params)}
+    out = {"kind": policy.kind, "version": POLICY_FILE_VERSION, "params": dataclasses.asdict(policy.params)}
+    calibration = getattr(policy, "calibration", None)
+    return out if calibration is None else {**out, "calibration": calibration.to_dict()}
 
 
 def save_policy(policy: Policy, path: str | Path) -> Path:
@@ -108,9 +119,10 @@ def save_policy(policy: Policy, path: str | Path) -> Path:
 
 def policy_from_dict(data: Any, seed: int | None = None, source: str = "policy") -> Policy:
     """Validate a decoded policy file (every key and parameter present, nothing extra) and build it."""
-    if not isinstance(data, dict) or set(data) != {"kind", "version", "params"}:
+    if not isinstance(data, dict) or not {"kind", "version", "params"} <= set(data) <= {
+            "kind", "version", "params", "calibration"}:
         raise InputError(f"{source}: a policy file must be a JSON object with exactly the keys "
-                         "kind, version, params: re-export it with save_policy")
+                         "kind, version, params (and optionally calibration): re-export it with save_policy")
     if data["version"] != POLICY_FILE_VERSION or isinstance(data["version"], bool):
         raise InputError(f"{source}: policy file version {data['version']!r} is not supported: "
                          f"re-export it with version {POLICY_FILE_VERSION}")
@@ -124,8 +136,10 @@ def policy_from_dict(data: Any, seed: int | None = None, source: str = "policy")
     if missing:
         raise InputError(f"{source}: missing parameter(s) {', '.join(missing)} for policy kind {kind!r}: "
                          "add them (save_policy writes every parameter)")
+    calibration = data.get("calibration")
     try:
-        return make_policy(kind, params, seed=seed)
+        return make_policy(kind, params, seed=seed,
+                           calibration=None if calibration is None else Calibration.from_dict(calibration))
     except InputError as err:
         raise InputError(f"{source}: {err}") from None
 

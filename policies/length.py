@@ -16,6 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from policies.base import Params, info_value, register
+from policies.calibration import Calibration
 from policies.errors import InputError
 from policies.features import LENGTH_CAP, LENGTH_SLICES, check_length_obs
 
@@ -46,13 +47,17 @@ def _split(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _LengthPolicy(ABC):
-    """Shared plumbing of the stateless length policies: ``choose`` maps (confidences, T) to n."""
+    """Shared plumbing of the length policies: ``choose`` maps (confidences, T) to n, the confidences
+    first mapped through the policy's ``calibration`` when it has one (``policies.calibration``)."""
 
     kind: ClassVar[str]
     params_type: ClassVar[type[Params]]
+    reads_confidences: ClassVar[bool] = True  # so a calibration may come with it (``make_policy``)
 
-    def __init__(self, params: Params | None = None, seed: int | None = None) -> None:
+    def __init__(self, params: Params | None = None, seed: int | None = None,
+                 calibration: Calibration | None = None) -> None:
         self.params = params if params is not None else self.params_type()
+        self.calibration = calibration
         self.reset(seed)
 
     def reset(self, seed: int | None = None) -> None:
@@ -61,7 +66,16 @@ class _LengthPolicy(ABC):
 
     def act(self, obs: np.ndarray) -> int:
         """Positions to verify for this observation."""
-        return self.choose(*_split(obs))
+        confidences, steps = _split(obs)
+        return self.choose(self._calibrated(confidences), steps)
+
+    def act_batch(self, confidences: np.ndarray, step_seconds: np.ndarray) -> np.ndarray:
+        """``act`` for every row of (N, cap) confidences and (N, cap + 1) step seconds (policies with
+        ``choose_batch``)."""
+        return self.choose_batch(self._calibrated(confidences), step_seconds)
+
+    def _calibrated(self, confidences: np.ndarray) -> np.ndarray:
+        return confidences if self.calibration is None else self.calibration.apply(confidences)
 
     @abstractmethod
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
@@ -86,6 +100,7 @@ class FixedLength(_LengthPolicy):
 
     kind = "fixed"
     params_type = FixedParams
+    reads_confidences = False
 
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         return self.params.length
@@ -155,6 +170,7 @@ class HeuristicLength(_LengthPolicy):
 
     kind = "heuristic"
     params_type = HeuristicParams
+    reads_confidences = False
 
     def reset(self, seed: int | None = None) -> None:
         """Return to the initial length."""

@@ -29,6 +29,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -131,24 +132,31 @@ class Bench:
 
     def __init__(self, timer: Timer, repeats: int, warmup: int) -> None:
         self.timer, self.repeats, self.warmup = timer, repeats, warmup
-        self.jobs: list[tuple[Callable[[], Any], bool, int, list[float]]] = []
+        self.jobs: list[tuple[Callable[[], Any], bool, int, list[float], Callable[[], Any] | None]] = []
 
-    def add(self, fn: Callable[[], Any], inference: bool = True, per: int = 1) -> list[float]:
-        """Register ``fn`` (run under ``torch.inference_mode(inference)``); its seconds, divided by
-        ``per`` (the steps one call runs), fill the list returned here when ``run`` is called."""
+    def add(self, fn: Callable[[], Any], inference: bool = True, per: int = 1,
+            before: Callable[[], Any] | None = None) -> list[float]:
+        """Register ``fn`` (run under ``torch.inference_mode(inference)``, right after ``before``, which is
+        not timed); its seconds, divided by ``per`` (the steps one call runs), fill the list returned here
+        when ``run`` is called."""
         seconds: list[float] = []
-        self.jobs.append((fn, inference, per, seconds))
+        self.jobs.append((fn, inference, per, seconds, before))
         return seconds
 
-    def run(self) -> None:
-        """``warmup`` untimed rounds, then ``repeats`` timed ones."""
+    def run(self, between: Callable[[int], Any] | None = None) -> None:
+        """``warmup`` untimed rounds, then ``repeats`` timed ones, each timed round ``k`` followed by
+        ``between(k)`` (other work measured alongside, so that drift touches both alike)."""
         for round_ in range(self.warmup + self.repeats):
-            for fn, inference, per, seconds in self.jobs:
+            for fn, inference, per, seconds, before in self.jobs:
                 with torch.inference_mode(inference):
+                    if before is not None:
+                        before()
                     start = self.timer()
                     fn()
                     if round_ >= self.warmup:
                         seconds.append((self.timer() - start) / per)
+            if between is not None and round_ >= self.warmup:
+                between(round_ - self.warmup)
 
 
 def _tokens(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
@@ -173,11 +181,35 @@ vanilla step found its caches cold and cost more than in decoding, which made ev
 better in the simulator than in the engine (the shipped fidelity test caught it)."""
 
 
+def warm_step(model: Transformer, context: int, nodes: int = 1, seed: int = 0) -> Callable[[], None]:
+    """One untimed step of ``model`` at ``context`` cached tokens (a verify of a ``nodes``-token chain, or
+    a plain step for 1): the prelude that lets a timed job find the caches as the decode loop leaves them
+    (a drafter runs right after the target verified a draft, a verify right after the drafter ran: 5 to
+    15% dearer here than right after a job of their own kind)."""
+    device = model.lm_head.weight.device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.args.vocab_size
+    cache = model.new_cache(context + nodes)
+    with torch.inference_mode():
+        prefill(model, cache, _tokens(context, vocab, gen).to(device))
+    sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
+    tree = DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
+
+    def step() -> None:
+        if nodes == 1:
+            _vanilla_step(model, cache, int(tree.tokens[0]), GREEDY, sampler)
+        else:
+            _speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
+        cache.truncate(context)
+
+    return step
+
+
 @torch.inference_mode()
-def verify_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0
-                   ) -> tuple[list[dict], list[dict]]:
-    """Rows of ``samples.verify`` (a chain of ``nodes`` tokens at each context) and ``samples.vanilla``,
-    timed when ``bench`` runs."""
+def verify_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0,
+                   before: Callable[[], Any] | None = None) -> tuple[list[dict], list[dict]]:
+    """Rows of ``samples.verify`` (a chain of ``nodes`` tokens at each context, each after ``before``,
+    untimed: the drafter's step, as in the loop) and ``samples.vanilla``, timed when ``bench`` runs."""
     device = model.lm_head.weight.device
     gen = torch.Generator().manual_seed(seed)
     sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
@@ -193,7 +225,7 @@ def verify_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0
                 _speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
                 cache.truncate(context)
 
-            verify.append({"nodes": nodes, "context": context, "seconds": bench.add(step)})
+            verify.append({"nodes": nodes, "context": context, "seconds": bench.add(step, before=before)})
 
         def plain(cache: KVCache = cache, context: int = context) -> None:
             for _ in range(VANILLA_RUN):
@@ -236,10 +268,11 @@ def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, ben
     ``FeedbackDrafter`` that records each iteration's feedback (the target's rows and rejections)."""
     context = min(grid.draft_context, _contexts(grid, target)[-1])
     room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
+    before = warm_step(target, context, 4, seed)  # the loop drafts right after the target verified
 
     def run(drafter: Drafter, depth: int) -> list[float]:
         session = _Session(target, drafter, context, room, seed)
-        return bench.add(lambda: session.step(depth))
+        return bench.add(lambda: session.step(depth), before=before)
 
     rows: dict[str, list[dict]] = {"ngram": [{"seconds": run(NgramDrafter(depth=8), 8)}]}
     trees: dict[str, list[dict]] = {}
@@ -398,6 +431,74 @@ def prefill_samples(target: Transformer, net: Any | None, grid: Grid, bench: Ben
     return rows
 
 
+class _Scripted:
+    """A drafter that costs nothing: it proposes a prebuilt greedy chain, asking ``keep_drafting`` before
+    each further token as the draft model's chain does, so timing a ``LengthControlled`` around it times
+    the length policy's own machinery."""
+
+    model_seconds = 0.0
+
+    def __init__(self, depth: int, vocab: int, device: torch.device) -> None:
+        self.keep_drafting: Callable[[list[float]], bool] | None = None
+        self.depth = depth
+        q = torch.zeros(depth + 1, vocab, device=device)
+        q[torch.arange(1, depth + 1), torch.arange(1, depth + 1)] = 1.0
+        self.trees = [DraftTree.chain(0, torch.arange(1, k + 1, device=device), q[:k + 1], "iid",
+                                      torch.full((k + 1,), 0.9, device=device)) for k in range(depth + 1)]
+
+    def begin(self, *_: Any) -> None:
+        """Nothing to start."""
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """The chain up to where ``keep_drafting`` stops it (the draft model's rule, without forwards)."""
+        laws: list[float] = []
+        depth = min(self.depth, max_depth)
+        for d in range(1, depth + 1):
+            if d == depth:
+                return self.trees[d]
+            laws.append(0.9)
+            if self.keep_drafting is not None and not self.keep_drafting(laws):
+                return self.trees[d]
+        return self.trees[0]
+
+    def accept(self, *_: Any) -> None:
+        """Nothing to follow."""
+
+
+def steering_samples(target: Transformer, grid: Grid, bench: Bench, seed: int = 0) -> list[dict]:
+    """Rows of ``samples.steering``: one iteration of ``real_engine.speculate.LengthControlled`` steering a
+    drafter that costs nothing (``_Scripted``) with a fixed length of ``drafted`` positions (0..the grid's
+    longest chain), propose and accept, the first half of the chain accepted; timed when ``bench`` runs."""
+    from policies import make_policy
+    from real_engine.speculate import LengthControlled
+    from simulator.costs import profile_from_json
+
+    device = target.lm_head.weight.device
+    flat = [{"context": c, "seconds": [1e-3]} for c in (0, 4096)]
+    profile = profile_from_json({
+        "schema_version": 1, "device": "steering", "dtype": "any",
+        "models": {"target": "any", "drafters": {"draft-model": "any"}}, "derived_from": None,
+        "samples": {"verify": [{"nodes": n, **row} for n in (1, 64) for row in flat], "vanilla": flat,
+                    "draft": {"draft-model": [{"tokens": 1, "seconds": [1e-3]}]},
+                    "update": {"head": [1.0], "full": [1.0]}}})
+    out = Output(*(torch.zeros(1, 1, 1, device=device) for _ in range(3)))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    prompt = torch.ones(grid.draft_context, dtype=torch.long, device=device)
+    rows = []
+    for drafted in range(max(grid.draft_tokens) + 1):
+        steered = LengthControlled(_Scripted(2 * max(grid.draft_tokens), target.args.vocab_size, device),
+                                   make_policy("fixed", {"length": drafted}), profile, "draft-model")
+        steered.begin(prompt, out, GREEDY, gen, 2 * grid.draft_context)
+
+        def step(steered: LengthControlled = steered, drafted: int = drafted) -> None:
+            steered.propose(16)
+            steered.accept(tuple(range(1, drafted // 2 + 1)), 1, out)
+            steered.context = grid.draft_context
+
+        rows.append({"drafted": drafted, "seconds": bench.add(step)})
+    return rows
+
+
 def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: int = 0
                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """SpecBlock, EAGLE and Medusa drafters for ``target``: shipped weights from ``models_dir/<kind>``
@@ -429,14 +530,17 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: i
 def measure(target: Transformer, *, target_name: str, draft: Transformer | None = None,
             draft_name: str | None = None, grid: Grid = FULL, feature: bool = True, dtype: str = "float32",
             threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
-            models_dir: Path = MODELS_DIR) -> dict[str, Any]:
+            models_dir: Path = MODELS_DIR, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
-    when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``simulator.costs``."""
+    when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``simulator.costs``;
+    ``between(k)`` runs after the k-th timed round of the decoding samples (``Bench.run``)."""
     device = target.lm_head.weight.device
     timer = make_timer(device, clock_kind)
     bench = Bench(timer, grid.repeats, grid.warmup)
     updates = Bench(timer, min(grid.repeats, 3), min(grid.warmup, 1))  # an update takes seconds
-    verify, vanilla = verify_samples(target, grid, bench, seed)
+    context = min(grid.draft_context, _contexts(grid, target)[-1])
+    verify, vanilla = verify_samples(target, grid, bench, seed,
+                                     None if draft is None else warm_step(draft, context, seed=seed))
     nets: dict[str, Any] = {}
     names = {"ngram": "n-gram prompt lookup (no model)"}
     if draft is not None:
@@ -462,8 +566,9 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows, "update": update_rows,
                **({"update_single": single} if single else {}),
                **({"prefill": prefill_rows} if prefill_rows else {}),
+               "steering": steering_samples(target, grid, bench, seed),
                "draft_trees": tree_rows}
-    bench.run()  # decoding jobs interleave with each other as target and drafter do in the loop
+    bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
     data = {
         "schema_version": 1,
@@ -473,6 +578,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         "block_size": nets["specblock"].config.block_size if "specblock" in nets else None,
         "draft_shapes": draft_shapes(nets, grid),
         "derived_from": None,
+        "estimator": "mean",  # the expected cost: the loop's total pays its slow iterations too
         **({"update_windows": windows} if windows else {}),
         "samples": samples,
     }
@@ -482,6 +588,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     return {**profile.to_json(), "measurement": {
         "grid": asdict(grid), "clock": clock_kind, "threads": threads or torch.get_num_threads(),
         "torch": torch.__version__, "seed": seed,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "update_model": update_name,
         "verify": "greedy verify step of a chain (tree forward, verification, cache compaction)",
         "draft": "one iteration's propose + accept at the draft context; the first half of the first "

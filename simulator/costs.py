@@ -2,7 +2,8 @@
 
 A profile is measured by ``real_engine.profile`` (or derived from a paper, and then labeled so) and
 written as JSON in exactly this schema (``schema_version`` 1). Times are seconds; every ``seconds`` list
-holds one or more repeated measurements of one configuration, and the profile uses their median::
+holds one or more repeated measurements of one configuration, and the profile uses their ``estimator``
+(``median`` unless the profile says ``mean``, the expected cost that a measured loop pays)::
 
     {
       "schema_version": 1,
@@ -12,6 +13,7 @@ holds one or more repeated measurements of one configuration, and the profile us
                  "drafters": {"specblock": "...",    drafter kind -> model name, one per samples.draft kind
                               "eagle": "..."}},
       "block_size": 4,                               SpecBlock's K; required iff samples.draft has specblock
+      "estimator": "mean",                           optional: "median" (default) or "mean" of the repeats
       "draft_shapes": {"eagle": {"top_k": 4,         optional: per drafter kind, the settings its series
                                  "total_tokens": 24}}, holds fixed (positive integers, not grid keys)
       "derived_from": null,                          or {"source": "...", "derivation": "..."} when the
@@ -27,6 +29,7 @@ holds one or more repeated measurements of one configuration, and the profile us
         "update": {"head": [...], "full": [...]},
         "update_single": {"head": [...], "full": [...]},                                   optional
         "prefill": [{"tokens": 128, "seconds": [...]}, ...],                               optional
+        "steering": [{"drafted": 3, "seconds": [...]}, ...],                               optional
         "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
       "update_windows": {"head": 4, "full": 16},     optional: query windows the update samples trained on
@@ -59,6 +62,10 @@ holds one or more repeated measurements of one configuration, and the profile us
 - ``prefill`` (optional): the start of one query with a ``tokens``-token prompt: the target's prefill
   and the drafter's ``begin`` (the SpecBlock drafter the engine adapts, with its feedback recording,
   when one was profiled). ``prefill_cost`` charges it; a profile without it charges nothing.
+- ``steering`` (optional): a length policy's own work in one engine iteration
+  (``real_engine.speculate.LengthControlled``: the features, the policy's choices while a chain is
+  drafted, ranking, trimming, the policy's feedback) by the positions ``drafted`` (0: none), on a
+  drafter that costs nothing. ``steering_seconds`` charges it to iterations a policy steers.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
 - ``fits``: per series the grid axes and the median at every grid point, e.g.
@@ -85,6 +92,7 @@ import numpy as np
 
 from policies.errors import InputError
 from policies.io import write_json
+from simulator.interpolation import ESTIMATORS, Grid, Series, blend, bracket
 
 SCHEMA_VERSION = 1
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
@@ -93,6 +101,7 @@ PAPER_PROFILE = PROFILES_DIR / "a100_llama31_8b_paper.json"
 VERIFY_KEYS = ("nodes", "context")
 VANILLA_KEYS = ("context",)
 PREFILL_KEYS = ("tokens",)
+STEERING_KEYS = ("drafted",)
 DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "specblock": ("starts", "blocks"),
     "eagle": ("depth",),
@@ -114,83 +123,8 @@ def token_by_token(kind: str) -> bool:
 
 DraftShape = Mapping[str, float] | Sequence[Mapping[str, float]]
 """A drafter's tree shape (``draft_seconds`` parameters), or the shapes of recorded iterations."""
-_MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1, "width": 1}
-
-
-def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Left grid index and the weight of the right neighbour; below the grid the weight is 0."""
-    x = np.maximum(x, grid[0])
-    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
-    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
-
-
-def _blend(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Linear between lo and hi (exact at w = 0 and 1); past hi, the same slope floored at 0."""
-    inside = lo * (1.0 - w) + hi * w
-    return np.where(w > 1.0, hi + (w - 1.0) * np.maximum(hi - lo, 0.0), inside)
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Median seconds on a full grid of parameters, interpolated piecewise linearly between them."""
-
-    keys: tuple[str, ...]
-    axes: tuple[np.ndarray, ...]
-    values: np.ndarray  # shape tuple(len(axis) for axis in axes)
-
-    def __call__(self, *coords: float | np.ndarray) -> float | np.ndarray:
-        """Seconds at the given parameter values (broadcast together; a float for scalars)."""
-        shape = np.broadcast_shapes(*(np.shape(c) for c in coords))
-        size = math.prod(shape)
-        values = np.broadcast_to(self.values, (size, *self.values.shape))
-        rows = np.arange(size)
-        for axis, coord in zip(self.axes, coords, strict=True):
-            if axis.size == 1:
-                values = values[:, 0]
-                continue
-            x = np.broadcast_to(np.asarray(coord, dtype=np.float64), shape).ravel()
-            i, w = _bracket(axis, x)
-            w = w.reshape(w.shape + (1,) * (values.ndim - 2))
-            values = _blend(values[rows, i], values[rows, i + 1], w)
-        out = values.reshape(shape)
-        return float(out) if out.ndim == 0 else out
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``fits`` entry of this grid."""
-        out: dict[str, Any] = {key: axis.astype(int).tolist()
-                               for key, axis in zip(self.keys, self.axes, strict=True)}
-        out["seconds"] = self.values.tolist()
-        return out
-
-
-@dataclass(frozen=True)
-class Series:
-    """Repeated timings of one kind of call, one row per measured configuration."""
-
-    keys: tuple[str, ...]
-    rows: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]  # (parameter values, seconds)
-
-    def grid(self, where: str) -> Grid:
-        """The median of every configuration on a full grid; InputError when the grid has holes."""
-        pooled: dict[tuple[int, ...], list[float]] = {}
-        for point, seconds in self.rows:
-            pooled.setdefault(point, []).extend(seconds)
-        axes = tuple(np.array(sorted({p[k] for p in pooled}), dtype=np.float64)
-                     for k in range(len(self.keys)))
-        values = np.empty(tuple(a.size for a in axes))
-        for index in np.ndindex(values.shape):
-            point = tuple(int(axes[k][i]) for k, i in enumerate(index))
-            if point not in pooled:
-                named = ", ".join(f"{k}={v}" for k, v in zip(self.keys, point, strict=True))
-                raise InputError(f"{where} has no row for {named}: measure every combination of "
-                                 f"{', '.join(self.keys)} (a full grid)")
-            values[index] = float(np.median(pooled[point]))
-        return Grid(self.keys, axes, values)
-
-    def to_json(self) -> list[dict[str, Any]]:
-        """The ``samples`` entry of this series."""
-        return [{**dict(zip(self.keys, point, strict=True)), "seconds": list(seconds)}
-                for point, seconds in self.rows]
+_MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1, "width": 1,
+              "drafted": 0}
 
 
 @dataclass(frozen=True)
@@ -217,8 +151,8 @@ class StepTable:
         ctx = np.asarray(context, dtype=np.float64)
         if self.context.size == 1:
             return np.broadcast_to(self.table[0], (*ctx.shape, self.table.shape[1])).copy()
-        i, w = _bracket(self.context, ctx)
-        return _blend(self.table[i], self.table[i + 1], w[..., None])
+        i, w = bracket(self.context, ctx)
+        return blend(self.table[i], self.table[i + 1], w[..., None])
 
 
 @dataclass(frozen=True)
@@ -241,6 +175,8 @@ class CostProfile:
     update_windows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     update_single: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
     prefill: Series | None = None
+    steering: Series | None = None
+    estimator: str = "median"
     fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     _tables: dict[tuple[Any, ...], StepTable] = field(init=False, repr=False, compare=False)
 
@@ -254,6 +190,8 @@ class CostProfile:
         if "specblock" in self.draft and not (isinstance(self.block_size, int) and self.block_size >= 1):
             raise InputError("block_size is missing or not a positive integer: set it to SpecBlock's K "
                              "(positions per block forward) when samples.draft has specblock")
+        if self.estimator not in ESTIMATORS:
+            raise InputError(f"estimator {self.estimator!r} is unknown: use one of {', '.join(ESTIMATORS)}")
         if set(self.update) != set(UPDATE_KINDS):
             raise InputError(f"samples.update must hold exactly {', '.join(UPDATE_KINDS)}: measure both")
         counts = self.update_windows.values()
@@ -278,18 +216,21 @@ class CostProfile:
                 if name in keys or isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise InputError(f"draft_shapes.{kind}.{name} = {value!r} is invalid: give the fixed "
                                      f"settings as positive integers, not the grid keys {keys}")
+        est, combine = self.estimator, ESTIMATORS[self.estimator]
         fits = {
-            "verify": self.verify.grid("samples.verify"),
-            "vanilla": self.vanilla.grid("samples.vanilla"),
-            "draft": {kind: s.grid(f"samples.draft.{kind}") for kind, s in self.draft.items()},
-            "update": {kind: float(np.median(s)) for kind, s in self.update.items()},
+            "verify": self.verify.grid("samples.verify", est),
+            "vanilla": self.vanilla.grid("samples.vanilla", est),
+            "draft": {kind: s.grid(f"samples.draft.{kind}", est) for kind, s in self.draft.items()},
+            "update": {kind: float(combine(s)) for kind, s in self.update.items()},
         }
         if self.update_single:
-            fits["update_single"] = {kind: float(np.median(s)) for kind, s in self.update_single.items()}
+            fits["update_single"] = {kind: float(combine(s)) for kind, s in self.update_single.items()}
         if self.prefill is not None:
-            fits["prefill"] = self.prefill.grid("samples.prefill")
+            fits["prefill"] = self.prefill.grid("samples.prefill", est)
+        if self.steering is not None:
+            fits["steering"] = self.steering.grid("samples.steering", est)
         if self.draft_trees:
-            fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}")
+            fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}", est)
                                    for kind, series in self.draft_trees.items()}
         object.__setattr__(self, "fits", MappingProxyType(fits))
         object.__setattr__(self, "_tables", {})
@@ -342,6 +283,13 @@ class CostProfile:
         if self.prefill is None:
             return np.zeros_like(np.asarray(tokens, dtype=float))
         return self.fits["prefill"](tokens)
+
+    def steering_seconds(self, drafted: float | np.ndarray) -> float | np.ndarray:
+        """A length policy's own seconds in an iteration that drafted ``drafted`` positions
+        (``samples.steering``; 0 without it)."""
+        if self.steering is None:
+            return np.zeros_like(np.asarray(drafted, dtype=float))
+        return self.fits["steering"](drafted)
 
     def chain_draft_seconds(self, kind: str, depth: int) -> float:
         """Drafting one chain of ``depth`` positions with drafter ``kind`` (0 for depth 0)."""
@@ -411,6 +359,7 @@ class CostProfile:
             "dtype": self.dtype,
             "models": {"target": self.target, "drafters": dict(self.drafters)},
             "block_size": self.block_size,
+            "estimator": self.estimator,
             **({"draft_shapes": shapes} if shapes else {}),
             "derived_from": None if self.derived_from is None else {
                 "source": self.derived_from.source, "derivation": self.derived_from.derivation},
@@ -423,6 +372,7 @@ class CostProfile:
                 **({"update_single": {k: list(s) for k, s in self.update_single.items()}}
                    if self.update_single else {}),
                 **({"prefill": self.prefill.to_json()} if self.prefill is not None else {}),
+                **({"steering": self.steering.to_json()} if self.steering is not None else {}),
                 **({"draft_trees": trees} if trees else {}),
             },
             "fits": {
@@ -432,6 +382,7 @@ class CostProfile:
                 "update": dict(fits["update"]),
                 **({"update_single": dict(fits["update_single"])} if "update_single" in fits else {}),
                 **({"prefill": fits["prefill"].to_json()} if "prefill" in fits else {}),
+                **({"steering": fits["steering"].to_json()} if "steering" in fits else {}),
                 **({"draft_trees": tree_fits} if tree_fits else {}),
             },
         }
@@ -529,7 +480,10 @@ def profile_from_json(data: Any) -> CostProfile:
     if not isinstance(single, dict):
         raise InputError('field samples.update_single must be an object {"head": [...], "full": [...]}: fix '
                          'or drop it')
-    prefill = samples.get("prefill")
+    prefill, steering = samples.get("prefill"), samples.get("steering")
+    estimator = data.get("estimator", "median")
+    if not isinstance(estimator, str):
+        raise InputError(f"field estimator must be one of {', '.join(ESTIMATORS)}: fix or drop it")
     windows = data.get("update_windows") or {}
     if not isinstance(windows, dict):
         raise InputError('field update_windows must be an object {"head": n, "full": n}: fix or drop it')
@@ -556,6 +510,8 @@ def profile_from_json(data: Any) -> CostProfile:
         update_single=MappingProxyType({kind: _seconds(values, f"samples.update_single.{kind}")
                                         for kind, values in single.items()}),
         prefill=None if prefill is None else _series(prefill, PREFILL_KEYS, "samples.prefill"),
+        steering=None if steering is None else _series(steering, STEERING_KEYS, "samples.steering"),
+        estimator=estimator,
     )
     if data.get("fits") is not None:
         _check_fits(data["fits"], profile.to_json()["fits"])

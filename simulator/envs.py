@@ -68,7 +68,8 @@ class SpecLengthBatch:
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  domain_weights: Mapping[str, float] | None = None,
-                 draft_shape: DraftShape | None = None) -> None:
+                 draft_shape: DraftShape | None = None, steered: bool = True,
+                 observed: ProfileArg = None) -> None:
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if self.model.cap != LENGTH_CAP:
@@ -82,9 +83,17 @@ class SpecLengthBatch:
         self.sequential = draft_shape is None and token_by_token(drafter)
         self.whole = draft_shape is not None
         self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP, draft_shape)
+        # The policy's own work per iteration in the engine, by positions drafted (zero when not steered).
+        self.steering = (self.profile.steering_seconds(np.arange(LENGTH_CAP + 1)) if steered
+                         else np.zeros(LENGTH_CAP + 1))
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         self.tokens, self.prompt_low, self.prompt_high = _check_query(tokens_per_query, prompt_tokens)
-        self.dense_steps = self.steps(np.arange(self.prompt_high + self.tokens + 1))  # T(n) at every context
+        every = np.arange(self.prompt_high + self.tokens + 1)
+        self.dense_steps = self.steps(every)  # T(n) at every context
+        # What the policy is shown: T(n) of the profile it was deployed with, when that is not the one
+        # that costs the iterations (a profile measured again beside the live runs).
+        self.dense_shown = self.dense_steps if observed is None else resolve_profile(observed).step_table(
+            drafter, LENGTH_CAP, draft_shape)(every)
         self.num = num
         self.domain = np.zeros(num, dtype=np.int64)
         self.context = np.zeros(num, dtype=np.int64)
@@ -118,6 +127,7 @@ class SpecLengthBatch:
         else:
             self.draws = self.model.sample(rng, self.domain, self.episode)
         self.step_seconds = np.take(self.dense_steps, self.context, axis=0)
+        self.shown_seconds = np.take(self.dense_shown, self.context, axis=0)
 
     def verify(self, action: np.ndarray, drafted: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Verify the first ``action`` positions of each pending draft and commit the outcome.
@@ -133,13 +143,16 @@ class SpecLengthBatch:
             drafted = action if self.whole else n
         n = np.minimum(n, drafted)
         cost = self.draft_cost
-        seconds = self.step_seconds[self.rows, n] + cost[np.minimum(drafted, LENGTH_CAP)] - cost[n]
+        drafted = np.minimum(drafted, LENGTH_CAP)
+        drafting = cost[drafted] + self.steering[drafted]
+        seconds = self.step_seconds[self.rows, n] + drafting - cost[n]
         accepted = self.draws.accepted(n)
         tokens = np.minimum(accepted + 1, self.remaining)
         self.remaining -= tokens
         self.context += tokens
         return {
             "seconds": seconds,
+            "draft_seconds": drafting,
             "accepted": accepted,
             "drafted": n,
             "available": self.draws.drafted,
@@ -153,7 +166,7 @@ class SpecLengthBatch:
         obs = np.empty((self.num, LENGTH_DIM))
         obs[:, LENGTH_SLICES["context_length"]] = self.context[:, None]
         obs[:, LENGTH_SLICES["confidences"]] = self.draws.confidences
-        obs[:, LENGTH_SLICES["step_seconds"]] = self.step_seconds
+        obs[:, LENGTH_SLICES["step_seconds"]] = self.shown_seconds
         return obs
 
 
@@ -188,8 +201,9 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
 
     ## Rewards
 
-    Minus the iteration's seconds, T(n) for the n actually verified, so the return of an episode
-    is minus the query's latency.
+    Minus the iteration's seconds, T(n) for the n actually verified, plus the drafting the policy did
+    not verify and the policy's own work in the engine (the profile's ``steering`` series, when it has
+    one and ``steered``), so the return of an episode is minus the query's latency.
 
     ## Starting State
 
@@ -219,10 +233,17 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     |                    | them, or None                    |              | (``CostProfile.step_table``; a  |
     |                    |                                  |              | list costs its mean); None: a   |
     |                    |                                  |              | chain of n positions            |
+    | `steered`          | bool                             | True         | charge the policy's own work    |
+    |                    |                                  |              | (False: a drafter run as it is  |
+    |                    |                                  |              | configured, no policy)          |
+    | `observed`         | path, CostProfile or None        | None         | the profile whose T(n) the      |
+    |                    |                                  |              | policy is shown (the one it was |
+    |                    |                                  |              | deployed with); None: `profile` |
 
     ``info`` after each step: ``accepted`` (draft tokens accepted), ``drafted`` (positions
-    verified), ``available`` (positions drafted), ``tokens`` (tokens emitted), ``seconds`` and
-    ``domain`` (the query's domain name).
+    verified), ``available`` (positions drafted), ``tokens`` (tokens emitted), ``seconds``,
+    ``draft_seconds`` (the part of them spent drafting and steering) and ``domain`` (the query's
+    domain name).
 
     ## Examples
 
@@ -243,9 +264,10 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
-                 draft_shape: DraftShape | None = None) -> None:
+                 draft_shape: DraftShape | None = None, steered: bool = True,
+                 observed: ProfileArg = None) -> None:
         self.batch = SpecLengthBatch(1, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
-                                     domain_weights, draft_shape)
+                                     domain_weights, draft_shape, steered, observed)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(LENGTH_CAP + 1)
         low, high = length_bounds()
@@ -269,13 +291,13 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
         terminated = bool(out["done"][0])
         self._running = not terminated
         info = {key: int(out[key][0]) for key in ("accepted", "drafted", "available", "tokens")}
-        info["seconds"] = float(out["seconds"][0])
+        info["seconds"], info["draft_seconds"] = float(out["seconds"][0]), float(out["draft_seconds"][0])
         info["domain"] = self.batch.model.domains[int(out["domain"][0])]
         return self._observation(), -info["seconds"], terminated, False, info
 
     def _observation(self) -> np.ndarray:
         b = self.batch
-        return length_features(b.draws.confidences[0], int(b.context[0]), b.step_seconds[0])
+        return length_features(b.draws.confidences[0], int(b.context[0]), b.shown_seconds[0])
 
 
 def default_phases(domains: Sequence[str], queries: int = 2000) -> Phases:

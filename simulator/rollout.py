@@ -31,6 +31,7 @@ class Outcome:
     tokens: float
     seconds: float
     iterations: float
+    draft_seconds: float = 0.0  # of ``seconds``: drafting and the length policy's own work
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,12 +59,12 @@ def _copy(policy: Policy, seed: int) -> Policy:
 
 
 def sequential_drafts(choose: Callable[[np.ndarray, np.ndarray], np.ndarray], obs: np.ndarray,
-                      available: np.ndarray) -> np.ndarray:
+                      available: np.ndarray, checks: np.ndarray | None = None) -> np.ndarray:
     """Positions a token-by-token drafter drafts under a length policy, per row of ``obs``: it stops
     at the first k at which the policy, shown the first k confidences and a certain next one, would
     verify no more than k (``real_engine.speculate.LengthControlled.keep_drafting``, the same rule),
     or when ``available`` (what the drafter can draft) runs out. ``choose(obs, rows)`` gives n for
-    the observations of those rows."""
+    the observations of those rows; ``checks``, when given, counts each row's calls."""
     conf = LENGTH_SLICES["confidences"]
     drafted = np.minimum(available, LENGTH_CAP).astype(np.int64)
     open_ = np.ones(len(obs), dtype=bool)
@@ -71,6 +72,8 @@ def sequential_drafts(choose: Callable[[np.ndarray, np.ndarray], np.ndarray], ob
         open_ &= k < drafted
         if not open_.any():
             break
+        if checks is not None:
+            checks += open_
         probe = obs[open_].copy()
         probe[:, conf] = np.where(np.arange(LENGTH_CAP) < k, probe[:, conf], 0.0)
         probe[:, conf.start + k] = 1.0
@@ -81,8 +84,10 @@ def sequential_drafts(choose: Callable[[np.ndarray, np.ndarray], np.ndarray], ob
     return drafted
 
 
-def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int) -> Outcome:
-    """Serve one query per slot of ``env`` with copies of a length ``policy``.
+def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int, decision_seconds: float = 0.0) -> Outcome:
+    """Serve one query per slot of ``env`` with copies of a length ``policy``, each of its decisions
+    costing ``decision_seconds`` more than the profile's ``steering`` series charges (measured with a
+    fixed length, whose decision is free: ``experiments.deploy.decision_cost``).
 
     Drives a copy of the env's batch core after ``reset`` and drops each query once it is done, so no
     work goes to finished slots; the env itself needs a ``reset`` before it is stepped again. As the
@@ -97,34 +102,39 @@ def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int) -> Outcome:
     env.reset(seed=seed)
     batch, rng = copy.copy(env.batch), env.np_random
     slot = np.arange(slots)  # which query each remaining row serves
-    tokens = seconds = iterations = 0.0
+    tokens = seconds = iterations = drafting = 0.0
 
     def choose(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
         if batched:
-            return policy.choose_batch(obs[:, conf], obs[:, steps])
+            return policy.act_batch(obs[:, conf], obs[:, steps])
         return np.array([copies[slot[r]].act(o) for r, o in zip(rows, obs, strict=True)], dtype=np.int64)
 
     while batch.num:
         obs = batch.observations()
+        checks = np.zeros(batch.num, dtype=np.int64)
         if batch.sequential:  # the chain stops where the policy would: it sees only what was drafted
-            drafted = sequential_drafts(choose, obs, batch.draws.drafted)
+            drafted = sequential_drafts(choose, obs, batch.draws.drafted, checks)
             obs[:, conf] = np.where(np.arange(LENGTH_CAP) < drafted[:, None], obs[:, conf], 0.0)
         else:  # drafted whole, unless the policy would verify nothing even were the first node certain
-            drafted = LENGTH_CAP * sequential_drafts(choose, obs, np.ones(batch.num, dtype=np.int64))
+            drafted = LENGTH_CAP * sequential_drafts(choose, obs, np.ones(batch.num, dtype=np.int64), checks)
         actions = choose(obs, np.arange(batch.num))
         info = batch.verify(actions, drafted)
+        decided = decision_seconds * (checks + (drafted > 0))  # the engine asks once more if it drafted
+        info["seconds"] = info["seconds"] + decided
+        info["draft_seconds"] = info["draft_seconds"] + decided
         done = info.pop("done")
         for k in [] if batched else range(batch.num):
             copies[slot[k]].observe(obs[k], int(actions[k]), -float(info["seconds"][k]),
                                     {key: v[k] for key, v in info.items()})
         tokens += float(info["tokens"].sum())
         seconds += float(info["seconds"].sum())
+        drafting += float(info["draft_seconds"].sum())
         iterations += batch.num
         if done.any():
             batch.keep(~done)
             slot = slot[~done]
         batch.draft(rng)
-    return Outcome(slots, tokens, seconds, iterations)
+    return Outcome(slots, tokens, seconds, iterations, drafting)
 
 
 def run_adapt(policy: Policy, env: AdaptStreamEnv, seed: int) -> Outcome:

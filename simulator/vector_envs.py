@@ -44,11 +44,12 @@ class SpecLengthVectorEnv(VectorEnv):
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
-                 draft_shape: DraftShape | None = None) -> None:
+                 draft_shape: DraftShape | None = None, steered: bool = True,
+                 observed: ProfileArg = None) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = SpecLengthBatch(num_envs, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
-                                     domain_weights, draft_shape)
+                                     domain_weights, draft_shape, steered, observed)
         self.single_action_space = spaces.Discrete(LENGTH_CAP + 1)
         self.action_space = batch_space(self.single_action_space, num_envs)
         low, high = length_bounds()

@@ -168,12 +168,12 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
     paper = load_profile(PAPER_PROFILE)
     assert with_samples(paper, None) is paper
     retimed = with_samples(paper, timed)
-    assert retimed.update_seconds("full") == timed["update"]["full"][0] != paper.update_seconds("full")
+    assert retimed.update_seconds("full") == timed["update"]["full"][0]
     assert retimed.update_windows == timed["update_windows"]
     row = timed["vanilla"][0]
     assert retimed.vanilla_seconds(row["context"]) == pytest.approx(row["seconds"][0])
-    shape = {"starts": 2, "blocks": 2}
-    assert retimed.draft_seconds("specblock", **shape) != paper.draft_seconds("specblock", **shape)
+    [drafted] = [r["seconds"] for r in timed["draft"]["specblock"] if (r["starts"], r["blocks"]) == (2, 2)]
+    assert retimed.draft_seconds("specblock", starts=2, blocks=2) == pytest.approx(float(np.median(drafted)))
     assert retimed.draft_seconds("eagle", depth=3) == paper.draft_seconds("eagle", depth=3)  # kept
     assert retimed.prefill_cost(32) > 0 == paper.prefill_cost(32)
     one = timed["update_single"]["head"][0]

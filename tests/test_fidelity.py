@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from simulator.costs import profile_from_json
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 TRACE_TOKENS = 128  # new tokens per prompt of the shipped traces (acceptance grows along a generation)
-SHIPPED = (DATA / "models" / "target" / "config.json", DATA / "profiles" / "cpu_shipped.json",
+SHIPPED = (DATA / "models" / "target" / "config.json", DATA / "models" / "draft" / "config.json",
            DATA / "traces" / "default.parquet")
 
 
@@ -103,50 +102,50 @@ def test_markdown_lists_every_config() -> None:
     assert "| chain 4 | 100.0 | 104.0 | +4.0% | +108.0% |" in text and "skipped eagle" in text
 
 
-@pytest.mark.skipif(not all(p.exists() for p in SHIPPED), reason="shipped target, profile or traces absent")
-def test_shipped_fidelity_within_15_percent() -> None:
-    """The shipped profile and traces predict a held-out run's speedup over vanilla within 15% (the
-    speedup, measured in one run, cancels how fast a shared machine happens to be right now; tokens/s
-    itself must be within 50%, which catches unit or modelling breakage)."""
+def test_fidelity_of_a_profile_measured_here() -> None:
+    """A cost profile measured in this process predicts a run measured right after it: the speedup over
+    vanilla within 20% and tokens/s within 50% (loose on purpose: they catch unit and modelling
+    breakage, while timing this machine; a profile measured elsewhere is never compared with here)."""
+    import dataclasses
+
     import torch
 
+    from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
-    from simulator.costs import load_profile
+    from simulator.costs import profile_from_json
     from simulator.traces import load_traces
 
-    target_config, profile_path, traces_path = SHIPPED
+    target_config, traces_path = SHIPPED[0], SHIPPED[2]
     traces = load_traces(traces_path)
-    drafter = str(traces["drafter"].iloc[0])  # the shipped traces: chains of this drafter
+    assert set(traces["drafter"]) == {"draft-model"}, "the shipped traces are draft-model chains"
     depth = int(max(d.max(initial=0) for d in traces["depths"]))  # replayed at the depth they were drafted
-    if drafter == "draft-model":
-        config = fidelity.Config(f"chain {depth}", "draft-model", "chain", depth, depth=depth)
-        draft_dir = DATA / "models" / "draft"
-        assert (draft_dir / "config.json").is_file(), "the shipped traces need the shipped draft model"
-        draft = load_model(draft_dir)
-    else:
-        config, draft = fidelity.Config(f"n-gram {depth}", "ngram", "ngram", depth, depth=depth), None
-    target = load_model(target_config.parent)
+    config = fidelity.Config(f"chain {depth}", "draft-model", "chain", depth, depth=depth)
+    target, draft = load_model(target_config.parent), load_model(DATA / "models" / "draft")
     tokenizer = Tokenizer.load(target_config.parent, target.args.vocab_size, target.args.eos_token_id)
+    prompts = load_prompts(prompt_domains(), 2, tokenizer.encode, "evaluation", max_tokens=256)
+    grid = dataclasses.replace(prof.QUICK, nodes=(1, 2, depth // 2 + 1, depth + 1), contexts=(64, 512),
+                               draft_tokens=tuple(range(1, depth + 1)), draft_context=256, repeats=5)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the shipped profile is measured with one thread
+    torch.set_num_threads(1)  # one thread on the process CPU clock, as the pipeline measures
     try:
+        data = prof.measure(target, target_name="target", draft=draft, draft_name="draft", grid=grid,
+                            feature=False, threads=1, clock_kind="cpu")
         engine = fidelity.Engine(target, draft, tokenizer.eos_id, TRACE_TOKENS, 0)
-        prompts = load_prompts(prompt_domains(), 2, tokenizer.encode, "evaluation")
         vanilla = fidelity.Config("vanilla", "none", "", 0)
         measured = engine.measure(prompts, [vanilla, config])
     finally:
         torch.set_num_threads(threads)
-    clock = json.loads(profile_path.read_text())["measurement"]["clock"]
-    profile = load_profile(profile_path)
+    profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     predicted = {c.name: fidelity.simulate(profile, traces, c, prompts, TRACE_TOKENS, 256, 0)
                  ["tokens_per_second"] for c in (vanilla, config)}
-    real = {name: m[clock]["tokens_per_second"] for name, m in measured.items()}
+    real = {name: m["cpu"]["tokens_per_second"] for name, m in measured.items()}
     predicted_speedup = predicted[config.name] / predicted["vanilla"]
     measured_speedup = real[config.name] / real["vanilla"]
-    assert abs(predicted_speedup / measured_speedup - 1) <= 0.15, (predicted, real)
-    assert abs(predicted[config.name] / real[config.name] - 1) <= 0.5, (predicted, real)
+    assert abs(predicted_speedup / measured_speedup - 1) <= 0.2, (predicted, real)
+    for name in predicted:
+        assert abs(predicted[name] / real[name] - 1) <= 0.5, (predicted, real)
 
 
 class FakeEngine:

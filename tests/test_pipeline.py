@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def specblock(*args: str) -> subprocess.CompletedProcess:
-    """The installed command, as a user runs it."""
+    """The command line, in this interpreter (however the project was installed)."""
     return subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "specblock"), *args],
+        [sys.executable, "-m", "experiments.cli", *args],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=580,
         cwd=ROOT,
     )
 
@@ -42,6 +43,8 @@ def test_quick_pipeline_writes_every_step_and_the_summary(quick_run: tuple[Path,
         "traces.parquet",
         "simulate.json",
         "deploy.json",
+        "deploy_profile.json",
+        "calibration.json",
         "report.md",
         "report.png",
         "lp.json",
@@ -52,6 +55,21 @@ def test_quick_pipeline_writes_every_step_and_the_summary(quick_run: tuple[Path,
     assert "vanilla" in policies and any(name.startswith("tuned-") for name in policies)
     for row in policies.values():
         assert row["measured_tokens_per_second"] > 0 and row["predicted_tokens_per_second"] > 0
+        for key in ("measured", "predicted"):  # a 95% interval around each figure
+            low, high = row[f"{key}_ci"]
+            assert 0 < low <= high
+    assert "libraspec-calibrated" in policies and "libraspec" in policies
+    low, high = summary["fidelity_error_ci"]
+    assert 0 <= low <= high
+    agreement = summary["rank_agreement"]
+    assert -1 <= agreement["kendall_tau"] <= 1
+    assert {agreement["predicted_best"], agreement["measured_best"]} <= set(policies)
+    assert isinstance(agreement["predicted_best_within_interval"], bool)
+    assert set(summary["against_best_fixed"]["policies"]) == {
+        name for name in policies if name.startswith(("tuned-libraspec", "tuned-threshold", "tuned-heuristic",
+                                                      "libraspec"))}
+    tuned = json.loads((out / "policies" / "tuned-libraspec.json").read_text())
+    assert tuned["calibration"] == json.loads((out / "calibration.json").read_text())
     errors = sorted(abs(r["error"]) for r in policies.values())
     assert summary["fidelity_error"] == pytest.approx(
         errors[len(errors) // 2]
@@ -59,7 +77,8 @@ def test_quick_pipeline_writes_every_step_and_the_summary(quick_run: tuple[Path,
         else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
     )
     report = (out / "report.md").read_text()
-    assert "fidelity error" in report and "LP bound" in report
+    assert "Fidelity error" in report and "Kendall's tau" in report and "LP bound" in report
+    assert "| never |" in report  # the adaptation table keeps the row it is measured against
 
 
 def test_resume_skips_finished_steps(quick_run: tuple[Path, dict]) -> None:

@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
+from test_fidelity import flat_profile  # made-up costs: no policy decision here rests on a measured profile
 
 from policies import make_policy
 from policies.errors import InputError
@@ -17,10 +18,7 @@ from real_engine.decode import generate, make_drafter
 from real_engine.model import ModelArgs, Transformer
 from real_engine.speculate import LengthControlled, node_confidences, ranked_nodes, subtree
 from real_engine.tree import DraftTree
-from simulator.costs import load_profile
 from simulator.instances import random_instance
-
-PROFILE = "data/profiles/cpu_shipped.json"
 
 
 def _tree() -> DraftTree:
@@ -130,7 +128,7 @@ def tiny() -> Transformer:
 
 
 def test_policies_change_decisions_and_greedy_output_stays(tiny: Transformer) -> None:
-    profile = load_profile(PROFILE)
+    profile = flat_profile()
     prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1))
     vanilla = generate(tiny, prompt, max_new_tokens=40).tokens
     chosen = {}
@@ -153,7 +151,7 @@ def test_policies_change_decisions_and_greedy_output_stays(tiny: Transformer) ->
 
 
 def test_a_chain_stops_drafting_where_the_policy_stops(tiny: Transformer) -> None:
-    profile = load_profile(PROFILE)
+    profile = flat_profile()
     prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(2))
     vanilla = generate(tiny, prompt, max_new_tokens=30).tokens
     for kind, params, expect in [("fixed", {"length": 2}, {2}), ("threshold", {"threshold": 1.0}, {1})]:
@@ -170,7 +168,7 @@ def test_a_chain_stops_drafting_where_the_policy_stops(tiny: Transformer) -> Non
 
 
 def test_length_zero_skips_drafting(tiny: Transformer) -> None:
-    profile = load_profile(PROFILE)
+    profile = flat_profile()
     prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(3))
     for shape in ({"depth": 4}, {"depth": 3, "width": 2, "budget": 6}):
         inner = make_drafter("draft-model", tiny, tiny, **shape)
@@ -183,7 +181,7 @@ def test_length_zero_skips_drafting(tiny: Transformer) -> None:
 def test_adaptation_policy_is_refused_with_the_fix(tiny: Transformer) -> None:
     with pytest.raises(InputError, match="drafter updates"):
         LengthControlled(
-            make_drafter("ngram", tiny), make_policy("cost_aware_bandit"), load_profile(PROFILE), "ngram"
+            make_drafter("ngram", tiny), make_policy("cost_aware_bandit"), flat_profile(), "ngram"
         )
 
 

@@ -8,23 +8,54 @@ else ``specblock`` when profiled, else the profile's first.
 Without ``--policy`` the baselines are fixed lengths 1, 2, 4 and 8. Vanilla decoding (length 0) is
 always evaluated: ``speedup`` is tokens/s over vanilla's. Length policies serve ``--queries`` queries
 (SpecLength); adaptation policies serve one stream of ``--queries`` queries (AdaptStream).
+
+Where the predictions hold: a profile's seconds are those of the machine it was measured on. Without
+``--profile``, the command says which device the shipped profile was measured on and when (its own date
+field, else the date of the git commit that last changed it, else the file's modification time; the
+output names the source), and runs a probe of about one second that times this machine's vanilla step
+of the shipped target (``data/models/target``) at one of the profile's contexts, on the clock and with
+the torch threads the profile records (median of runs of ``real_engine.profile.VANILLA_RUN`` steps, as
+the profile times it), and compares it with the profile's vanilla step there: ``ratio`` = this
+machine's milliseconds / the profile's (above 1: this machine is slower). The table output prints this
+on stderr; ``--json`` carries it under ``where``. ``--no-probe`` skips the probe (and torch); a profile
+given with ``--profile`` gets neither. The probe is skipped, with the reason, when the default profile
+is paper-derived, times a GPU this machine lacks, or times another target than the shipped one.
+
+``--measure`` profiles this machine first (``real_engine.profile.measure`` on a quick grid like the
+pipeline's, the shipped target and draft model, no feature drafters, CPU seconds with one torch
+thread: a few seconds) and simulates with that profile; it is written to ``--measure-out FILE``, else to
+a new temporary folder, and kept there to be reused with ``--profile``. The shipped traces stay the
+default acceptance model, as they were recorded with the shipped models the measured profile times.
+``--measure`` with ``--profile`` is bad input (exit 2).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
 import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import click
 
+from experiments.provenance import cpu_name
 from policies.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_PROFILE = ROOT / "data" / "profiles" / "cpu_shipped.json"
 SHIPPED_TRACES = ROOT / "data" / "traces" / "default.parquet"
+SHIPPED_MODELS = ROOT / "data" / "models"
 BASELINES = (1, 2, 4, 8)
+PROBE_SECONDS = 1.0  # wall seconds the probe times this machine's vanilla step for
+PROBE_CONTEXT = 256  # the probe runs at the profile's vanilla context nearest this
+PROBE_MIN_RUNS = 5
+DATE_FIELDS = ("date", "measured_at", "created")  # where a profile may record when it was measured
+DATE_SOURCES = {"git commit": "the date of the git commit that last changed the file",
+                "file mtime": "the file's modification time"}
 
 
 def default_drafter(profile: Any, traces: Any) -> str:
@@ -38,21 +69,192 @@ def default_drafter(profile: Any, traces: Any) -> str:
     return "specblock" if "specblock" in kinds else kinds[0]
 
 
-def _evaluate(profile_path: Path | None, traces_path: Path | None, policy_paths: tuple[Path, ...],
+def default_profile() -> Path:
+    """The profile ``simulate`` uses without ``--profile``: the shipped one, else the paper's."""
+    from simulator.costs import PAPER_PROFILE
+
+    return SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def profile_date(path: Path, data: dict[str, Any]) -> tuple[str, str]:
+    """When the profile at ``path`` (its JSON ``data``) was measured, and where that date comes from:
+    its own date field (``profile <field>``), else the last git commit that changed the file (``git
+    commit``; not when the file differs from that commit), else the file's modification time (``file
+    mtime``)."""
+    for where, block in (("measurement.", data.get("measurement") or {}), ("", data)):
+        for name in DATE_FIELDS:
+            if isinstance(block, dict) and block.get(name):
+                return str(block[name]), f"profile {where}{name}"
+    relative = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else None
+    if relative is not None:
+        log = _git("log", "-1", "--format=%cI", "--", relative)
+        clean = _git("diff", "--quiet", "HEAD", "--", relative)
+        if log is not None and log.returncode == 0 and log.stdout.strip() and clean is not None \
+                and clean.returncode == 0:
+            return log.stdout.strip(), "git commit"
+    mtime = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    return mtime.isoformat(timespec="seconds"), "file mtime"
+
+
+def _probe_context(profile: Any) -> int:
+    contexts = [int(c) for c in profile.fits["vanilla"].axes[0]]
+    return min(contexts, key=lambda c: (abs(c - PROBE_CONTEXT), c))
+
+
+def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> dict[str, Any]:
+    """Time this machine's vanilla step of the shipped target as ``profile`` (its JSON ``data``) timed it:
+    at the profile's vanilla context nearest ``PROBE_CONTEXT``, on its clock and torch threads, in runs
+    of ``VANILLA_RUN`` steps for about ``seconds`` (default ``PROBE_SECONDS``) of wall time; the median
+    against the profile's.
+    Raises ``LookupError`` with the reason when the probe cannot compare like with like."""
+    if profile.derived_from is not None:
+        raise LookupError("the profile is derived from publications, not measured")
+    target_dir = SHIPPED_MODELS / "target"
+    if not (target_dir / "config.json").is_file():
+        raise LookupError(f"no shipped target at {target_dir}")
+    import torch
+
+    from real_engine import profile as prof
+    from real_engine.decode import MAX_TREE_NODES, _vanilla_step, prefill
+    from real_engine.model import load_model
+    from real_engine.verify import TorchSampler
+
+    measurement = data.get("measurement") or {}
+    clock_kind = str(measurement.get("clock", "wall"))
+    threads = measurement.get("threads")
+    on_cpu = profile.device.startswith("CPU")
+    if not on_cpu and not torch.cuda.is_available():
+        raise LookupError(f"the profile times a GPU ({profile.device}) and this machine has none")
+    device = torch.device("cpu" if on_cpu else "cuda")
+    context = _probe_context(profile)
+    seconds = PROBE_SECONDS if seconds is None else seconds
+    before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(int(threads))
+        model = load_model(target_dir, getattr(torch, str(data.get("dtype", "float32"))), device)
+        name = prof.model_name(model, target_dir)
+        if name != profile.target:
+            raise LookupError(f"the profile times another target ({profile.target}) than {name}")
+        timer = prof.make_timer(device, clock_kind)
+        run = prof.VANILLA_RUN
+        gen = torch.Generator().manual_seed(0)
+        sampler = TorchSampler(torch.Generator(device=device).manual_seed(0))
+        vocab = model.args.vocab_size
+        step_seconds: list[float] = []
+        with torch.inference_mode():
+            cache = model.new_cache(context + 1 + MAX_TREE_NODES)
+            prefill(model, cache, torch.randint(1, vocab, (context,), generator=gen).to(device))
+            roots = torch.randint(1, vocab, (run,), generator=gen).tolist()
+            started = time.perf_counter()
+            for i in range(10_000):
+                start = timer()
+                for root in roots:
+                    _vanilla_step(model, cache, root, prof.GREEDY, sampler)
+                    cache.truncate(context)
+                if i > 0:  # the first run warms up
+                    step_seconds.append((timer() - start) / run)
+                if len(step_seconds) >= PROBE_MIN_RUNS and time.perf_counter() - started >= seconds:
+                    break
+            wall = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(before)
+    this_ms = 1e3 * statistics.median(step_seconds)
+    profile_ms = 1e3 * float(profile.vanilla_seconds(context))
+    return {"context": context, "this_machine_ms": this_ms, "profile_ms": profile_ms,
+            "ratio": this_ms / profile_ms, "clock": clock_kind, "threads": int(threads) if threads else None,
+            "runs": len(step_seconds), "steps_per_run": run, "wall_seconds": wall,
+            "this_device": prof.device_name(device)}
+
+
+def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
+    """Where the default profile comes from and, unless ``run_probe`` is false, how this machine's
+    vanilla step compares with it (``probe``; null with ``probe_skipped`` saying why)."""
+    from simulator.costs import load_profile
+
+    profile = load_profile(profile_path)
+    data = json.loads(profile_path.read_text())
+    date, source = profile_date(profile_path, data)
+    measurement = data.get("measurement") or {}
+    where: dict[str, Any] = {"profile_device": profile.device, "profile_date": date,
+                             "profile_date_source": source, "profile_clock": measurement.get("clock"),
+                             "profile_threads": measurement.get("threads"),
+                             "profile_torch": measurement.get("torch"), "this_device": f"CPU: {cpu_name()}",
+                             "probe": None, "measured_here": False}
+    if not run_probe:
+        where["probe_skipped"] = "--no-probe"
+        return where
+    try:
+        result = probe(profile, data)
+    except LookupError as err:
+        where["probe_skipped"] = str(err)
+        return where
+    where["this_device"] = result.pop("this_device")
+    where["probe"] = result
+    return where
+
+
+def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
+    """Profile this machine on a quick grid (the shipped target and draft model, CPU seconds, one torch
+    thread), write it to ``out`` (else a new temporary folder) and say where it comes from."""
+    import dataclasses
+    import tempfile
+
+    import torch
+
+    from real_engine import profile as prof
+    from real_engine.model import load_model
+
+    folders = {kind: SHIPPED_MODELS / kind for kind in ("target", "draft")}
+    for kind, folder in folders.items():
+        if not (folder / "config.json").is_file():
+            raise InputError(f"--measure needs the shipped {kind} model at {folder}: train it with "
+                             f"`specblock train {'target' if kind == 'target' else 'draft-model'}` "
+                             "or pass --profile FILE")
+    if out is None:
+        out = Path(tempfile.mkdtemp(prefix="specblock-measure-")) / "cost_profile.json"
+    # As the pipeline's quick profile, with drafts as long as the longest baseline.
+    grid = dataclasses.replace(prof.QUICK, nodes=(1, 2, 4, 7, 12, 17), contexts=(64, 256),
+                               draft_tokens=tuple(range(1, max(BASELINES) + 1)), draft_context=128)
+    before = torch.get_num_threads()
+    started = time.perf_counter()
+    try:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        target = load_model(folders["target"], torch.float32, device)
+        draft = load_model(folders["draft"], torch.float32, device)
+        data = prof.measure(target, target_name=prof.model_name(target, folders["target"]), draft=draft,
+                            draft_name=prof.model_name(draft, folders["draft"]), grid=grid, feature=False,
+                            threads=1, clock_kind="cpu", seed=seed)
+    finally:
+        torch.set_num_threads(before)
+    now = data["measurement"]["date"]
+    prof.save(data, out)
+    return out, {"profile_device": data["device"], "profile_date": now, "profile_date_source": "measured now",
+                 "profile_clock": "cpu", "profile_threads": 1, "profile_torch": torch.__version__,
+                 "this_device": data["device"], "probe": None,
+                 "probe_skipped": "the profile was measured on this machine", "measured_here": True,
+                 "measure": {"out": str(out), "grid": "quick", "feature_drafters": False,
+                             "wall_seconds": time.perf_counter() - started}}
+
+
+def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[Path, ...],
               queries: int, seed: int) -> dict[str, Any]:
     from policies.base import load_policy, make_policy
     from simulator.acceptance import TraceReplay, default_acceptance
-    from simulator.costs import PAPER_PROFILE, load_profile
+    from simulator.costs import load_profile
     from simulator.envs import AdaptStreamEnv, default_phases
     from simulator.rollout import is_adaptation, run_adapt, run_length
     from simulator.traces import load_traces
     from simulator.vector_envs import SpecLengthVectorEnv
 
-    if profile_path is None:
-        profile_path = SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
-        # The shipped traces belong with the shipped profile, never with a profile the user picked.
-        if traces_path is None and profile_path == SHIPPED_PROFILE and SHIPPED_TRACES.exists():
-            traces_path = SHIPPED_TRACES
     profile = load_profile(profile_path)
     traces = None if traces_path is None else load_traces(traces_path)
     drafter = default_drafter(profile, traces)
@@ -81,6 +283,33 @@ def _evaluate(profile_path: Path | None, traces_path: Path | None, policy_paths:
             "queries": queries, "seed": seed, "policies": rows}
 
 
+def _where_lines(where: dict[str, Any]) -> list[str]:
+    """The ``where`` block in words, for stderr."""
+    threads = where.get("profile_threads")
+    how = ", ".join(x for x in (f"{where['profile_clock']} clock" if where.get("profile_clock") else "",
+                                f"{threads} torch thread{'s' if threads != 1 else ''}" if threads else "")
+                    if x)
+    if where["measured_here"]:
+        return [f"measured this machine ({where['this_device']}; {how}, quick grid) in "
+                f"{where['measure']['wall_seconds']:.1f} s: predictions are in this machine's seconds; "
+                f"profile written to {where['measure']['out']} (reuse it with --profile)"]
+    lines = [f"predictions are in the seconds of the shipped profile's machine: {where['profile_device']}"
+             f"{f' ({how})' if how else ''}, dated {where['profile_date']} "
+             f"({DATE_SOURCES.get(where['profile_date_source'], where['profile_date_source'])})"]
+    probe = where["probe"]
+    if probe is None:
+        lines.append(f"this machine ({where['this_device']}) was not compared ({where['probe_skipped']}): "
+                     "pass --measure to profile this machine first")
+        return lines
+    ratio = probe["ratio"]
+    pace = f"{ratio:.2f}x slower" if ratio >= 1 else f"{1 / ratio:.2f}x faster"
+    lines.append(f"this machine ({where['this_device']}) is {pace}: its vanilla step at context "
+                 f"{probe['context']} takes {probe['this_machine_ms']:.3f} ms against the profile's "
+                 f"{probe['profile_ms']:.3f} ms ({probe['clock']} clock, median of {probe['runs']} runs); "
+                 "pass --measure to profile this machine first")
+    return lines
+
+
 def _table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -100,22 +329,53 @@ def _table(result: dict[str, Any]) -> None:
 @click.command("simulate")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path),
               help="Cost profile JSON [default: data/profiles/cpu_shipped.json, else the A100 paper "
-                   "profile].")
+                   "profile; then the output says which device and date it comes from and how this "
+                   "machine's vanilla step compares].")
+@click.option("--measure", is_flag=True,
+              help="Profile this machine first (quick grid, shipped target and draft model, CPU seconds "
+                   "on one thread: seconds) and simulate with that profile; not with --profile.")
+@click.option("--measure-out", type=click.Path(path_type=Path),
+              help="With --measure: write the measured profile here [default: a new temporary folder].")
+@click.option("--no-probe", is_flag=True,
+              help="Do not time this machine's vanilla step against the default profile (no torch); "
+                   "a --profile is never probed.")
 @click.option("--traces", "traces_path", type=click.Path(path_type=Path),
-              help="Acceptance traces (parquet) to replay [default: data/traces/default.parquet, "
-                   "else the parametric model].")
+              help="Acceptance traces (parquet) to replay [default: data/traces/default.parquet with the "
+                   "shipped or a --measure profile, else the parametric model].")
 @click.option("--policy", "policy_paths", type=click.Path(path_type=Path), multiple=True,
               help="Policy file to evaluate (repeatable) [default: fixed lengths 1, 2, 4, 8].")
 @click.option("--queries", type=int, default=100, show_default=True, help="Queries per policy.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated queries.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def command(profile_path: Path | None, traces_path: Path | None, policy_paths: tuple[Path, ...], queries: int,
-            seed: int, as_json: bool) -> None:
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the simulated queries (and of a --measure profile).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object instead of a table (with the default profile, its `where`).")
+def command(profile_path: Path | None, measure: bool, measure_out: Path | None, no_probe: bool,
+            traces_path: Path | None, policy_paths: tuple[Path, ...], queries: int, seed: int,
+            as_json: bool) -> None:
     """Predict tokens/s, tau and latency of speculation policies on the simulator."""
     if queries < 1:
         raise InputError(f"--queries {queries} is too few: simulate at least 1 query")
+    if measure and profile_path is not None:
+        raise InputError("--measure and --profile both choose the profile: drop --profile to measure "
+                         "this machine, or drop --measure to use that file")
+    if measure_out is not None and not measure:
+        raise InputError("--measure-out names where --measure writes its profile: add --measure")
+    where = None
+    if measure:
+        profile_path, where = measure_here(measure_out, seed)
+    elif profile_path is None:
+        profile_path = default_profile()
+        where = where_shipped(profile_path, not no_probe)
+    # The shipped traces were recorded with the shipped models: they go with the shipped profile and with
+    # one measured here (which times those models), never with a profile the user picked.
+    if traces_path is None and (measure or profile_path == SHIPPED_PROFILE) and SHIPPED_TRACES.exists():
+        traces_path = SHIPPED_TRACES
     result = _evaluate(profile_path, traces_path, policy_paths, queries, seed)
+    if where is not None:
+        result["where"] = where
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        _table(result)
+        return
+    for line in [] if where is None else _where_lines(where):
+        click.echo(f"specblock: {line}", err=True)
+    _table(result)

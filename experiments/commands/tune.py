@@ -60,6 +60,9 @@ def _table(task: str, report: dict[str, Any]) -> None:
 @click.option("--traces", "traces_path", type=click.Path(path_type=Path),
               help="Acceptance traces (parquet) [default: data/traces/default.parquet, else the "
                    "parametric model].")
+@click.option("--calibration", "calibration_path", type=click.Path(path_type=Path),
+              help="Confidence calibration JSON (the pipeline's calibration.json) that the length policies "
+                   "reading confidences (libraspec, threshold) carry, in the trials and the exported files.")
 @click.option("--address", default=None, help="Address of a running Ray cluster [default: local Ray].")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Study folder [default: runs/tune/TASK].")
@@ -67,11 +70,13 @@ def _table(task: str, report: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def command(task: str, samples: int, kinds: tuple[str, ...], search: str, scheduler: str, queries: int | None,
             chunks: int | None, seed: int, profile_path: Path | None, traces_path: Path | None,
-            address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
+            calibration_path: Path | None, address: str | None, out: Path | None, resume: bool,
+            as_json: bool) -> None:
     """Tune speculation-length or adaptation policies with Ray Tune; write the results and best policy."""
     from experiments.tune import StudyError, check_kinds, make_setting, tune_policies
 
-    setting = make_setting(task, profile_path, traces_path, queries, chunks, seed)
+    setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
+                           calibration=calibration_path)
     names = check_kinds(task, [k.strip() for group in kinds for k in group.split(",") if k.strip()])
     out = out or Path("runs") / "tune" / task
     try:

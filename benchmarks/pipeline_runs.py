@@ -1,0 +1,97 @@
+"""The main job's fidelity, run after run: ``specblock pipeline`` (``--quick`` unless ``--full``) several
+times in fresh processes, as ``make run`` runs it, and each run's fidelity error with its interval,
+worst policy, rank agreement, and the adaptive policies against the best fixed length, side by side.
+Saves ``benchmarks/results/<tag>.json`` (every run's summary, with provenance) and ``<tag>.md``.
+
+    .venv/bin/python benchmarks/pipeline_runs.py [--runs 3] [--full] [--tag pipeline_quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from experiments.provenance import RESULTS_DIR, save_result
+from policies.io import write_text
+
+
+def run_once(out: Path, full: bool) -> dict[str, Any]:
+    """One pipeline run in its own process; its ``--json`` summary."""
+    command = [sys.executable, "-m", "experiments.cli", "pipeline", "--out", str(out), "--json"]
+    proc = subprocess.run([*command, *([] if full else ["--quick"])], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"pipeline run failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return json.loads(proc.stdout)
+
+
+def row(summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures the issue asks for, from one run's summary."""
+    policies = summary["policies"]
+    worst = max(policies, key=lambda n: abs(policies[n]["error"]))
+    return {"fidelity_error": summary["fidelity_error"], "fidelity_error_ci": summary["fidelity_error_ci"],
+            "worst_policy": worst, "worst_error": policies[worst]["error"],
+            "rank_agreement": summary["rank_agreement"], "against_best_fixed": summary["against_best_fixed"],
+            "seconds": summary["seconds"],
+            "policies": {n: {k: p[k] for k in ("measured_tokens_per_second", "measured_ci",
+                                              "predicted_tokens_per_second", "predicted_ci", "error")}
+                         for n, p in policies.items()}}
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    """One line per run, then every policy's measured tokens/s with its interval in the last run."""
+    lines = [f"# Pipeline fidelity, run after run (`{command}`)", "",
+             "| run | fidelity error [95% CI] | worst policy | Kendall's tau | predicted best = measured "
+             "best within interval | adaptive policies / best fixed [95% CI] | seconds |",
+             "|---:|---|---|---:|---|---|---:|"]
+    for i, r in enumerate(rows, start=1):
+        agreement, against = r["rank_agreement"], r["against_best_fixed"]
+        ratios = "; ".join(f"{n} {v['ratio']:.3f} [{v['ratio_ci'][0]:.3f}, {v['ratio_ci'][1]:.3f}]"
+                           for n, v in sorted(against.get("policies", {}).items()))
+        lines.append(
+            f"| {i} | {r['fidelity_error']:.1%} [{r['fidelity_error_ci'][0]:.1%}, "
+            f"{r['fidelity_error_ci'][1]:.1%}] | {r['worst_policy']} {r['worst_error']:+.1%} "
+            f"| {agreement['kendall_tau']:.2f} "
+            f"| {agreement['predicted_best']} / {agreement['measured_best']}: "
+            f"{'yes' if agreement['predicted_best_within_interval'] else 'no'} "
+            f"| vs {against.get('best_fixed', '-')}: {ratios} | {r['seconds']:.0f} |")
+    lines += ["", f"Median of the runs' fidelity errors: "
+              f"{statistics.median(r['fidelity_error'] for r in rows):.1%}.", "",
+              "Last run, measured and predicted tokens/s (95% intervals):", "",
+              "| policy | measured | predicted | error |", "|---|---|---|---:|"]
+    for name, p in sorted(rows[-1]["policies"].items(), key=lambda kv: -kv[1]["measured_tokens_per_second"]):
+        lines.append(f"| {name} | {p['measured_tokens_per_second']:.1f} [{p['measured_ci'][0]:.1f}, "
+                     f"{p['measured_ci'][1]:.1f}] | {p['predicted_tokens_per_second']:.1f} "
+                     f"[{p['predicted_ci'][0]:.1f}, {p['predicted_ci'][1]:.1f}] | {p['error']:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="consecutive pipeline runs")
+    parser.add_argument("--full", action="store_true", help="the full pipeline instead of --quick")
+    parser.add_argument("--tag", default=None, help="results name [pipeline_quick or pipeline_full]")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: give 1 or more")
+    tag = args.tag or ("pipeline_full" if args.full else "pipeline_quick")
+    command = f"specblock pipeline{'' if args.full else ' --quick'}"
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for i in range(args.runs):
+            print(f"run {i + 1}/{args.runs}: {command}", file=sys.stderr, flush=True)
+            rows.append(row(run_once(Path(folder) / f"run{i}", args.full)))
+            print(f"  fidelity error {rows[-1]['fidelity_error']:.1%}", file=sys.stderr, flush=True)
+    save_result(tag, rows, {"command": command, "runs": args.runs}, seed=0)
+    write_text(RESULTS_DIR / f"{tag}.md", markdown(rows, command))
+    print(markdown(rows, command))
+
+
+if __name__ == "__main__":
+    main()
