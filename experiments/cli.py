@@ -29,6 +29,34 @@ COMMANDS = {
 }
 
 
+MAX_SEED = 2**32 - 1  # seeds numpy, gymnasium and torch all take (torch's and numpy's own are wider)
+SEED = click.IntRange(0, MAX_SEED)  # the type of every --seed option
+
+
+def resolve_device(device: str | None) -> str:
+    """The torch device a --device option names (None: cuda when available, else cpu); InputError for a
+    name torch does not know, or a device this machine or torch build lacks."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {device!r} is not a torch device: give cpu, or cuda (cuda:N) on a "
+                         "machine with CUDA") from None
+    if chosen.type == "cpu":
+        return device
+    backend = getattr(torch, chosen.type, None)
+    available = getattr(backend, "is_available", lambda: False)()
+    count = getattr(backend, "device_count", lambda: 1)() if available else 0
+    if (chosen.index or 0) >= count:
+        raise InputError(f"--device {device}: this machine and torch {torch.__version__} have "
+                         f"{count} {chosen.type} device(s): give --device cpu"
+                         f"{f' or {chosen.type}:0 to {chosen.type}:{count - 1}' if count else ''}")
+    return device
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use, so `--help` never imports torch."""
 

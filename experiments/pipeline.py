@@ -445,23 +445,49 @@ def _check_models(model_dir: Path, draft_dir: Path) -> None:
             )
 
 
-def _state(out: Path, plan: Plan, resume: bool) -> dict[str, Any]:
-    """The run record: new, or the resumed one after checking it was made with the same plan."""
+def _state(
+    out: Path, plan: Plan, resume: bool, log: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
+    """The run record: new, or the resumed one after checking its shape and plan, less the steps to run
+    again when its cost profile is older than ``experiments.folders.PROFILE_MAX_AGE_HOURS``."""
+    from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, measurement_age
+
     record = out / "run.json"
     if not resume:
-        if out.exists() and any(out.iterdir()):
+        if out.exists() and any(path.name != LOCK for path in out.iterdir()):
             raise InputError(
                 f"{out} is not empty: pass --resume to continue that run, or choose another --out"
             )
         return {"plan": asdict(plan), "steps": {}}
     if not record.exists():
         raise InputError(f"no pipeline run in {out} to resume: drop --resume to start one there")
-    state = json.loads(record.read_text())
+    try:
+        state = json.loads(record.read_text())
+        steps = state["steps"]
+        if not all(name in STEPS and isinstance(steps[name]["seconds"], (int, float)) for name in steps):
+            raise ValueError("its steps are not the pipeline's")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        detail = str(err).splitlines()[0] if isinstance(err, ValueError) else "wrong shape"
+        raise InputError(
+            f"{record} is not a pipeline run record ({detail}): choose another --out, "
+            "or delete the folder to start over"
+        ) from None
     if state.get("plan") != json.loads(json.dumps(asdict(plan))):
         raise InputError(
             f"{out} was run with another plan (see its run.json): resume with the same "
             "options (--quick or not), or choose another --out"
         )
+    if "profile" not in steps:
+        return state
+    age = measurement_age(out / "cost_profile.json")
+    if age is not None and age <= PROFILE_MAX_AGE_HOURS * 3600:
+        log(f"profile: reusing cost_profile.json, measured {age / 3600:.1f} h ago")
+        return state
+    rerun = ("profile", "simulate", "tune", "deploy", "report")  # the steps that read the profile
+    measured = "missing" if age is None else f"measured {age / 3600:.1f} h ago"
+    log(f"profile: cost_profile.json is {measured}, over the {PROFILE_MAX_AGE_HOURS:g} h limit: "
+        f"running {', '.join(rerun)} again")
+    state["steps"] = {name: step for name, step in steps.items() if name not in rerun}
     return state
 
 
@@ -476,30 +502,40 @@ def run_pipeline(
     log: Callable[[str], None] = lambda _: None,
     advance: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Run (or resume) every step into ``out``; return the summary that ``--json`` prints."""
+    """Run (or resume) every step into ``out``, held by this process alone; return the summary that
+    ``--json`` prints, with the age of the cost profile its results rest on."""
+    from experiments.folders import check_writable, hold, measurement_age
+    from experiments.ray_session import check_address
+
     _check_models(model_dir, draft_dir)
+    address = check_address(address)
     out = Path(out).resolve()
-    state = _state(out, plan, resume)
-    out.mkdir(parents=True, exist_ok=True)
-    run = Run(out, plan, Path(model_dir), Path(draft_dir), address, log)
-    start = time.perf_counter()
-    for name in STEPS:
-        if name in state["steps"]:
-            log(f"{name}: done before, skipped")
+    check_writable(out)
+    with hold(out):
+        state = _state(out, plan, resume, log)
+        reused = "profile" in state["steps"]
+        run = Run(out, plan, Path(model_dir), Path(draft_dir), address, log)
+        start = time.perf_counter()
+        for name in STEPS:
+            if name in state["steps"]:
+                log(f"{name}: done before, skipped")
+                advance(name)
+                continue
+            log(f"{name} ...")
+            t0 = time.perf_counter()
+            summary = STEP_FUNCTIONS[name](run)
+            state["steps"][name] = {"seconds": round(time.perf_counter() - t0, 2), "summary": summary}
+            write_json(out / "run.json", state)
+            log(f"{name}: {state['steps'][name]['seconds']:.1f} s {json.dumps(summary)[:160]}")
             advance(name)
-            continue
-        log(f"{name} ...")
-        t0 = time.perf_counter()
-        summary = STEP_FUNCTIONS[name](run)
-        state["steps"][name] = {"seconds": round(time.perf_counter() - t0, 2), "summary": summary}
-        write_json(out / "run.json", state)
-        log(f"{name}: {state['steps'][name]['seconds']:.1f} s {json.dumps(summary)[:160]}")
-        advance(name)
-    deploy = json.loads(run.path("deploy.json").read_text())
+        deploy = json.loads(run.path("deploy.json").read_text())
+        age = measurement_age(run.path("cost_profile.json"))
     return {
         "run_dir": str(out),
         "seconds": round(time.perf_counter() - start, 2),
         "steps": {k: v["seconds"] for k, v in state["steps"].items()},
+        "profile_age_hours": None if age is None else round(age / 3600, 3),
+        "profile_reused": reused,
         "policies": {
             name: {key: r[key] for key in SUMMARY_KEYS if key in r} for name, r in deploy["policies"].items()
         },

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from experiments.provenance import RESULTS_DIR, save_result
-from experiments.tune import Setting, Traffic, evaluate, make_setting, start_ray, tune_policies
+from experiments.ray_session import start_ray
+from experiments.tune import Setting, Traffic, evaluate, make_setting, tune_policies
 from policies.errors import InputError
 from policies.features import LENGTH_CAP
 from policies.io import atomic_write, write_text

@@ -10,9 +10,17 @@ the ASHA scheduler stops early on.
 
 ``length`` chunks split ``queries`` queries into ``chunks`` batches; ``adapt`` chunks are
 ``chunks`` independent streams of ``queries`` queries each (a stream cannot be cut without changing
-what the policy learns). Out folder: ``results.parquet`` and ``results.csv`` (one row per trial),
-``best_policy.json`` (the best complete trial's policy file), ``best_<kind>.json`` per kind,
-``study.json`` (the configuration and summary), and ``ray/study/`` (Ray Tune's state, for ``resume``).
+what the policy learns).
+
+Out folder: ``study.json`` (the configuration, then the summary), ``trials/NNNNN.json`` (one record per
+finished trial, written as it ends: its policy, tokens/s, tau, chunks run and error; NNNNN is the
+configuration's index in the study), ``results.parquet`` and ``results.csv`` (the records as a table, one
+row per trial), ``best_policy.json`` (the best complete trial's policy file), ``best_<kind>.json`` per
+kind, and ``ray/`` (Ray Tune's working files of the last run: logs, never read back). ``resume`` runs the
+configurations that have no record, or an error record, and rebuilds the table from the records; the
+configurations and their simulated work are fixed by ``study.json``, so a resumed FIFO study ends where
+an uninterrupted one does (ASHA's stops depend on the order trials finish in). Nothing is unpickled. While
+a study runs, ``.lock`` holds the folder for it alone (``experiments.folders``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import itertools
 import json
 import logging
 import math
-import os
+import shutil
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +42,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.folders import check_writable, hold
+from experiments.ray_session import check_address, start_ray  # also quiets Ray before it loads
 from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
 from policies.errors import InputError
@@ -44,10 +54,6 @@ from simulator.envs import AdaptStreamEnv, default_phases
 from simulator.rollout import Outcome, is_adaptation, run_adapt, run_length
 from simulator.traces import load_traces
 from simulator.vector_envs import SpecLengthVectorEnv
-
-for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
-                      ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1"), ("RAY_AIR_NEW_OUTPUT", "0")):
-    os.environ.setdefault(_name, _value)  # read when ray is imported, so set before any import of it
 
 TASKS: Mapping[str, tuple[str, ...]] = {
     "length": ("libraspec", "threshold", "heuristic", "fixed"),
@@ -60,6 +66,11 @@ SEARCHES = ("random", "grid")
 SCHEDULERS = ("fifo", "asha")
 MAX_GRID = 4096
 """Most trials one kind's grid search may hold."""
+MAX_SAMPLES = 4096
+"""Most ``samples`` a study takes (configurations per kind, or values per parameter of a grid): more
+would only fill memory with configurations before the first trial runs."""
+TRIALS = "trials"
+"""The folder of trial records under a study's out folder."""
 METRIC = "tokens_per_second"
 EXPERIMENT = "study"
 """Name of the Ray Tune experiment under ``out/ray``."""
@@ -304,8 +315,8 @@ def _trial(config: dict[str, Any], setting: Setting) -> None:
 
 
 def _trial_dirname(trial: Any) -> str:
-    """Short trial folder names (Ray's default spells the whole configuration out)."""
-    return trial.trial_id
+    """Trial folders named by the configuration's index (Ray's default spells the configuration out)."""
+    return f"{trial.config['policy']['index']:05d}"
 
 
 class StudyError(RuntimeError):
@@ -322,44 +333,98 @@ class TuneResult:
     out: Path
     seconds: float
     tune_seconds: float
+    trials_run: int = -1
+    """Trials Ray Tune ran in this call (the others were resumed from their records); -1: all of them."""
 
     @property
     def trials_per_minute(self) -> float:
-        """Trials per minute of Ray Tune time (the experiment's fit; Ray's start excluded)."""
-        return 60.0 * len(self.table) / self.tune_seconds if self.tune_seconds > 0 else math.nan
+        """Trials run per minute of Ray Tune time (the experiment's fit; Ray's start excluded); NaN when
+        none ran."""
+        ran = len(self.table) if self.trials_run < 0 else self.trials_run
+        return 60.0 * ran / self.tune_seconds if ran and self.tune_seconds > 0 else math.nan
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready summary (the ``specblock tune --json`` object, less the command's own keys)."""
-        return {"trials": len(self.table), "best": self.best, "best_by_kind": self.best_by_kind,
-                "out": str(self.out), "seconds": self.seconds, "tune_seconds": self.tune_seconds,
-                "trials_per_minute": self.trials_per_minute}
+        rate = self.trials_per_minute
+        ran = len(self.table) if self.trials_run < 0 else self.trials_run
+        return {"trials": len(self.table), "trials_run": ran, "best": self.best,
+                "best_by_kind": self.best_by_kind, "out": str(self.out), "seconds": self.seconds,
+                "tune_seconds": self.tune_seconds, "trials_per_minute": None if math.isnan(rate) else rate}
 
 
-def start_ray(address: str | None = None) -> bool:
-    """Connect to Ray at ``address`` or start a private, quiet local Ray on 2 CPUs (``address="local"``:
-    never a cluster an earlier ``ray start`` left recorded); False when Ray was already up."""
-    import ray
+def _recorder(folder: Path) -> Any:
+    """A Ray Tune callback (run in this process) that writes each trial's record as the trial ends."""
+    from ray.tune import Callback
 
-    if ray.is_initialized():
-        return False
-    if address:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
-    return True
+    class Recorder(Callback):
+        def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            if (trial.last_result or {}).get("chunks"):  # a trial that never reported did not run
+                _write_record(folder, trial.config["policy"], trial.last_result, None)
+
+        def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            _write_record(folder, trial.config["policy"], trial.last_result or {}, _error_line(trial))
+
+    return Recorder()
 
 
-def _tuner(setting: Setting, policies: list[dict[str, Any]], scheduler: str, storage: Path,
-           resume: bool) -> Any:
+def _error_line(trial: Any) -> str:
+    """The last line of a failed trial's error text (the exception), never unpickled."""
+    try:
+        text = Path(trial.error_file).read_text(errors="replace") if trial.error_file else ""
+    except OSError:  # a missing error file must not lose the record
+        text = ""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else "the trial failed"
+
+
+def _write_record(folder: Path, policy: Mapping[str, Any], result: Mapping[str, Any],
+                  error: str | None) -> None:
+    """Write one trial's record (``trials/NNNNN.json``): its policy and last report."""
+    def number(key: str) -> float | None:
+        value = result.get(key)
+        return None if value is None or not math.isfinite(float(value)) else float(value)
+
+    record = {"index": int(policy["index"]), "policy": {"kind": policy["kind"], "params": policy["params"]},
+              METRIC: number(METRIC), "tau": number("tau"), "chunks": int(result.get("chunks", 0)),
+              "error": error}
+    write_json(folder / f"{record['index']:05d}.json", record)
+
+
+def _read_records(folder: Path, policies: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The trial records in ``folder`` by index, each checked against the study's configurations."""
+    records = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        record = _read_record(path, policies)
+        records[record["index"]] = record
+    return records
+
+
+def _read_record(path: Path, policies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    fix = "delete it to run that trial again"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{path} is not a trial record ({str(err).splitlines()[0]}): {fix}") from None
+    index = record.get("index") if isinstance(record, dict) else None
+    numbers = (int, float, type(None))
+    valid = (type(index) is int and 0 <= index < len(policies) and path.stem == f"{index:05d}"
+             and type(record.get("chunks")) is int and isinstance(record.get("error"), (str, type(None)))
+             and all(isinstance(record.get(key), numbers) for key in (METRIC, "tau")))
+    if not valid:
+        raise InputError(f"{path} is not a trial record of this study (wrong shape): {fix}")
+    expected = {key: policies[index][key] for key in ("kind", "params")}
+    if record.get("policy") != json.loads(json.dumps(expected)):
+        raise InputError(f"{path} records another configuration than trial {index} of this study: {fix}")
+    return record
+
+
+def _tuner(setting: Setting, policies: list[dict[str, Any]], scheduler: str, out: Path) -> Any:
+    """A fresh Ray Tune experiment over ``policies`` whose trials record themselves in ``out/trials``."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
     trainable = tune.with_parameters(_trial, setting=setting)
-    path = storage / EXPERIMENT
-    if resume and tune.Tuner.can_restore(str(path)):
-        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, restart_errored=True)
     stopper = (ASHAScheduler(time_attr="chunks", max_t=setting.chunks, grace_period=1, reduction_factor=2)
                if scheduler == "asha" else FIFOScheduler())
     return tune.Tuner(
@@ -368,23 +433,23 @@ def _tuner(setting: Setting, policies: list[dict[str, Any]], scheduler: str, sto
         tune_config=tune.TuneConfig(metric=METRIC, mode="max", search_alg=BasicVariantGenerator(),
                                     scheduler=stopper, reuse_actors=True,
                                     trial_dirname_creator=_trial_dirname),
-        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(storage), verbose=0),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(out / "ray"), verbose=0,
+                                  callbacks=[_recorder(out / TRIALS)]),
     )
 
 
-def _table(grid: Any, policies: list[dict[str, Any]], chunks: int) -> pd.DataFrame:
+def _table(records: Mapping[int, Mapping[str, Any]], chunks: int) -> pd.DataFrame:
+    """The results table: one row per trial record, in the study's order."""
     rows = []
-    for result in grid:
-        metrics = result.metrics or {}
-        index = int(Path(result.path).name.rsplit("_", 1)[1])  # trial ids count up the grid's list
-        policy = result.config["policy"] if result.config else policies[index]  # no report: no config
-        done = int(metrics.get("chunks", 0))
-        rows.append({"kind": policy["kind"], "trial_id": metrics.get("trial_id", Path(result.path).name),
+    for index, record in sorted(records.items()):
+        policy, done = record["policy"], record["chunks"]
+        rows.append({"kind": policy["kind"], "trial_id": f"{index:05d}",
                      **{f"params/{name}": value for name, value in policy["params"].items()},
-                     METRIC: float(metrics.get(METRIC, math.nan)), "tau": float(metrics.get("tau", math.nan)),
-                     "chunks": done, "complete": done == chunks and result.error is None,
-                     "error": None if result.error is None else str(result.error).splitlines()[0]})
-    table = pd.DataFrame(rows).sort_values("trial_id", ignore_index=True)
+                     **{key: math.nan if record[key] is None else float(record[key])
+                        for key in (METRIC, "tau")},
+                     "chunks": done, "complete": done == chunks and record["error"] is None,
+                     "error": record["error"]})
+    table = pd.DataFrame(rows)
     params = sorted(name for name in table.columns if name.startswith("params/"))
     return table[["kind", "trial_id", *params, METRIC, "tau", "chunks", "complete", "error"]]
 
@@ -412,45 +477,68 @@ def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16
     """Tune the policy kinds ``kinds`` (the task's defaults when empty) on ``setting`` in one Ray Tune run.
 
     ``samples``: configurations per kind (``configurations``). Writes the out folder described in the
-    module docstring. ``resume`` continues the study already in ``out`` (it must have the same
-    configuration); without it, ``out`` must not hold a study yet. ``progress`` receives one line once
-    the inputs are checked.
+    module docstring, held by this process alone while it runs. ``resume`` continues the study already in
+    ``out`` (it must have the same configuration), running only the trials it has no record of; without
+    it, ``out`` must not hold a study yet. ``progress`` receives one line once the inputs are checked.
     """
     start = time.perf_counter()
     kinds = check_kinds(setting.task, kinds)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise InputError(f"samples = {samples!r} is invalid: use an integer >= 1 (configurations per kind)")
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= MAX_SAMPLES:
+        raise InputError(f"samples = {samples!r} is invalid: use an integer from 1 to {MAX_SAMPLES} "
+                         "(configurations per kind)")
     if scheduler not in SCHEDULERS:
         raise InputError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)}")
-    policies = [{"kind": kind, "params": params} for kind in kinds
-                for params in configurations(kind, search, samples, setting.seed)]
+    address = check_address(address)
     out = Path(out).resolve()
+    check_writable(out)
+    policies = [{"index": index, **policy} for index, policy in enumerate(
+        {"kind": kind, "params": params} for kind in kinds
+        for params in configurations(kind, search, samples, setting.seed))]
     config = {"setting": setting.describe(), "kinds": list(kinds), "samples": samples, "search": search,
               "scheduler": scheduler}
-    _check_out(out, config, resume)
-    write_json(out / "study.json", {"config": config})
-    if progress:
-        progress(f"tuning {len(policies)} configurations of {', '.join(kinds)} ({search} search, "
-                 f"{scheduler}) on {address or 'local Ray'}: drafter {setting.drafter}, "
-                 f"profile {setting.profile}")
-    started = start_ray(address)
+    with hold(out):
+        _check_out(out, config, resume)
+        done = {i: r for i, r in _read_records(out / TRIALS, policies).items() if r["error"] is None}
+        pending = [policy for policy in policies if policy["index"] not in done]
+        if progress:
+            resumed = f" ({len(done)} resumed from their records)" if done else ""
+            progress(f"tuning {len(policies)} configurations{resumed} of {', '.join(kinds)} ({search} "
+                     f"search, {scheduler}) on {address or 'local Ray'}: drafter {setting.drafter}, "
+                     f"profile {setting.profile}")
+        tune_seconds = _run(setting, pending, scheduler, out, address, config)
+        return _finish(setting, config, policies, out, start, tune_seconds, len(pending))
+
+
+def _run(setting: Setting, pending: list[dict[str, Any]], scheduler: str, out: Path, address: str | None,
+         config: dict[str, Any]) -> float:
+    """Run the ``pending`` trials (Ray is started, or joined, only for some); their fit's seconds."""
+    started = start_ray(address) if pending else False
     quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")  # it warns that no result.json
     level = quiet.level  # exists: the automatic result loggers are off on purpose
-    quiet.setLevel(logging.ERROR)
     try:
+        write_json(out / "study.json", {"config": config})
+        if not pending:
+            return 0.0
+        shutil.rmtree(out / "ray", ignore_errors=True)  # scratch of an earlier run: never read back
+        quiet.setLevel(logging.ERROR)
         fit_start = time.perf_counter()
-        grid = _tuner(setting, policies, scheduler, out / "ray", resume).fit()
-        tune_seconds = time.perf_counter() - fit_start
+        _tuner(setting, pending, scheduler, out).fit()
+        return time.perf_counter() - fit_start
     finally:
         quiet.setLevel(level)
         if started:
             import ray
 
             ray.shutdown()
-    if any(result.error is None and not (result.metrics or {}).get("chunks") for result in grid):
-        raise StudyError(f"the study in {out} stopped before every trial ran: "
-                               "continue it with --resume")
-    table = _table(grid, policies, setting.chunks)
+
+
+def _finish(setting: Setting, config: dict[str, Any], policies: list[dict[str, Any]], out: Path,
+            start: float, tune_seconds: float, ran: int) -> TuneResult:
+    """Build the table from the trial records; write the results, the best policies and the summary."""
+    records = _read_records(out / TRIALS, policies)
+    if len(records) < len(policies):
+        raise StudyError(f"the study in {out} stopped before every trial ran: continue it with --resume")
+    table = _table(records, setting.chunks)
     best = best_rows(table)
     if best.empty or not best["complete"].iloc[0]:
         errors = table["error"].dropna()
@@ -464,20 +552,26 @@ def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16
     save_policy(make_tuned(setting, overall["kind"], overall["params"]), out / "best_policy.json")
     atomic_write(out / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     atomic_write(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
-    result = TuneResult(table, overall, by_kind, out, time.perf_counter() - start, tune_seconds)
+    result = TuneResult(table, overall, by_kind, out, time.perf_counter() - start, tune_seconds, ran)
     write_json(out / "study.json", {"config": config, "summary": result.summary()})
     return result
 
 
 def _check_out(out: Path, config: dict[str, Any], resume: bool) -> None:
+    """Without ``resume``, ``out`` must hold no study; with it, only a study of the same configuration."""
     stored = out / "study.json"
     if not resume:
-        if (out / "ray").exists():
+        if any((out / name).exists() for name in ("study.json", TRIALS, "ray")):
             raise InputError(f"{out} already holds a tune study: pass --resume to continue it, "
                              "or choose another --out")
         return
-    if stored.exists():
-        previous = json.loads(stored.read_text()).get("config")
-        if previous != json.loads(json.dumps(config)):
-            raise InputError(f"{out} holds a study with another configuration: resume it with the same "
-                             "options (see its study.json), or choose another --out")
+    if not stored.exists():
+        return
+    try:
+        previous = json.loads(stored.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{stored} is not a study record ({str(err).splitlines()[0]}): "
+                         "choose another --out, or delete the folder to start over") from None
+    if not isinstance(previous, dict) or previous.get("config") != json.loads(json.dumps(config)):
+        raise InputError(f"{out} holds a study with another configuration: resume it with the same "
+                         "options (see its study.json), or choose another --out")

@@ -9,7 +9,6 @@ when loaded; nothing is unpickled.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from numbers import Integral, Real
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from policies.calibration import Calibration
 from policies.errors import InputError
-from policies.io import write_json
+from policies.io import MAX_POLICY_BYTES, read_json, write_json
 
 POLICY_FILE_VERSION = 1
 
@@ -146,15 +145,7 @@ def policy_from_dict(data: Any, seed: int | None = None, source: str = "policy")
 
 def load_policy(path: str | Path, seed: int | None = None) -> Policy:
     """Read and validate a policy file written by ``save_policy``."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such policy file: pass the path of a file written by save_policy") \
-            from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not a JSON policy file ({str(err).splitlines()[0]}): "
-                         "pass a file written by save_policy") from None
+    data = read_json(path, MAX_POLICY_BYTES, "policy file", "pass a file written by save_policy")
     return policy_from_dict(data, seed=seed, source=str(path))
 
 

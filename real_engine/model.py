@@ -8,9 +8,9 @@ returns the logits with the hidden states of three layers (low, middle, high) th
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,12 +21,22 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from policies.errors import InputError
+from policies.io import MAX_CONFIG_BYTES, read_json
 from real_engine.kv_cache import KVCache
 from real_engine.packed import Fused, Linear, use_half
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SHARD_BYTES = 20 * 2**20  # the largest weights file save_model writes: every shipped file stays under 30 MiB
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "head_dim")  # a config's sizes: positive integers
 INDEX = "model.safetensors.index.json"  # a sharded checkpoint's weight map, as transformers writes it
+
+
+def _check_sizes(sizes: dict[str, Any]) -> None:
+    """InputError naming the first of a config's sizes that is not a positive integer."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise InputError(f"config {name} = {value!r} is invalid: give a positive integer")
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class ModelArgs:
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        _check_sizes({name: getattr(self, name) for name in SIZES})
         if self.model_type not in ARCHITECTURES:
             raise InputError(f"unsupported model_type {self.model_type!r}: "
                              f"use one of {sorted(ARCHITECTURES)}")
@@ -66,6 +77,7 @@ class ModelArgs:
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelArgs:
         """Read a Hugging Face ``config.json`` dict (Llama or Qwen3)."""
+        _check_sizes({name: config[name] for name in SIZES if name in config})
         try:
             heads = config["num_attention_heads"]
             eos = config.get("eos_token_id")
@@ -307,10 +319,12 @@ class Transformer(nn.Module):
 def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     index = folder / INDEX
     if index.exists():
+        fix = "re-save the checkpoint"
+        weight_map = read_json(index, MAX_CONFIG_BYTES, "safetensors index", fix)
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as exc:
-            raise InputError(f"{index} is not a valid safetensors index: re-save the checkpoint") from exc
+            shards = sorted(set(weight_map["weight_map"].values()))
+        except (KeyError, AttributeError, TypeError) as exc:
+            raise InputError(f"{index} is not a valid safetensors index: {fix}") from exc
     else:
         shards = ["model.safetensors"]
     state: dict[str, torch.Tensor] = {}
@@ -333,10 +347,10 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     config_path = folder / "config.json"
     if not config_path.exists():
         raise InputError(f"no config.json in {folder}: give a Hugging Face checkpoint folder")
-    try:
-        args = ModelArgs.from_hf(json.loads(config_path.read_text()))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{config_path} is not valid JSON: fix or re-save it") from exc
+    config = read_json(config_path, MAX_CONFIG_BYTES, "model config", "fix or re-save it")
+    if not isinstance(config, dict):
+        raise InputError(f"{config_path} is not a JSON object: give a Llama or Qwen3 config.json")
+    args = ModelArgs.from_hf(config)
     state = _load_state_dict(folder)
     with torch.device("meta"):
         model = Transformer(args)
@@ -347,6 +361,12 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     if missing:
         raise InputError(f"{folder} lacks weights such as {missing[0]!r}: it is not a complete "
                          f"{args.model_type} checkpoint")
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    wrong = next((k for k in sorted(expected) if state[k].shape != shapes[k]), None)
+    if wrong is not None:
+        raise InputError(f"{config_path} does not fit the weights in {folder}: {wrong} is "
+                         f"{list(state[wrong].shape)} there but {list(shapes[wrong])} by the config: use the "
+                         "config.json saved with these weights (vocab_size, hidden_size, heads, layers)")
     model.load_state_dict(state, strict=False, assign=True)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -12,6 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from policies.errors import InputError
+from policies.io import MAX_TOKENIZER_BYTES, read_text
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizer.json"
 EOS_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
@@ -36,10 +37,12 @@ class Tokenizer:
         if not path.exists():
             raise InputError(f"no tokenizer.json in {folder} nor at {fallback}: copy the model's tokenizer "
                              "into its folder")
+        fix = "give a valid Hugging Face tokenizer.json"
+        text = read_text(path, MAX_TOKENIZER_BYTES, "tokenizer", fix)
         try:
-            inner = HFTokenizer.from_file(str(path))
+            inner = HFTokenizer.from_str(text)
         except Exception as exc:  # the tokenizers library raises a bare Exception on a bad file
-            raise InputError(f"cannot read {path} ({exc}): give a valid Hugging Face tokenizer.json") from exc
+            raise InputError(f"cannot read {path} ({exc}): {fix}") from exc
         tokenizer = cls(inner, eos_id)
         if vocab_size is not None and tokenizer.vocab_size > vocab_size:
             raise InputError(f"the tokenizer {path} has {tokenizer.vocab_size} tokens but the model only "

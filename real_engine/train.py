@@ -30,9 +30,10 @@ from policies.io import atomic_write, write_json
 from real_engine import corpus
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 
-DATA_DIR = Path("data")
+ROOT = Path(__file__).resolve().parents[1]  # the repository: its shipped data, and runs/ for caches
+DATA_DIR = ROOT / "data"
 TOKENIZER_PATH = DATA_DIR / "tokenizer.json"
-TOKEN_CACHE = Path("runs") / "tokens"
+TOKEN_CACHE = ROOT / "runs" / "tokens"
 
 
 @dataclass(frozen=True)

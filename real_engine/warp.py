@@ -3,15 +3,24 @@
 The target's warped law is the distribution a lossless verifier reproduces; a drafter warps its own
 logits with the same settings to get its draft law ``q``. Temperature 0 means greedy decoding: the
 law is a point mass on the argmax (ties to the lowest token id, as ``torch.argmax``).
+
+A sampling temperature is finite and at least ``MIN_TEMPERATURE``, else InputError: dividing by a
+smaller one overflows float32 for logits above 3.4e38 x temperature (NaN probabilities, and draws
+outside the vocabulary), and one below float32's smallest number rounds to 0. From ``MIN_TEMPERATURE``
+up, every logit below 3.4e34 in magnitude (any model's) divides to a finite number, so the law is a
+proper distribution and every draw a token id; a huge temperature gives the uniform law.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from policies.errors import InputError
+
+MIN_TEMPERATURE = 1e-4  # the smallest sampling temperature; below it use 0 (greedy), which it approaches
 
 
 @dataclass(frozen=True)
@@ -23,8 +32,14 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
+        if not math.isfinite(self.temperature):
+            raise InputError(f"temperature {self.temperature} is not a finite number: give 0 (greedy) or a "
+                             "positive temperature such as 1")
+        if self.temperature < 0:
             raise InputError(f"temperature {self.temperature} is negative: give 0 (greedy) or more")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise InputError(f"temperature {self.temperature:g} is below {MIN_TEMPERATURE:g}, where logits / "
+                             f"temperature overflow: use 0 (greedy) or {MIN_TEMPERATURE:g} or more")
         if self.top_k < 0:
             raise InputError(f"top-k {self.top_k} is negative: give 0 (off) or a positive count")
         if not 0 < self.top_p <= 1:

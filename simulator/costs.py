@@ -91,7 +91,7 @@ from typing import Any
 import numpy as np
 
 from policies.errors import InputError
-from policies.io import write_json
+from policies.io import MAX_PROFILE_BYTES, read_json, write_json
 from simulator.interpolation import ESTIMATORS, Grid, Series, blend, bracket
 
 SCHEMA_VERSION = 1
@@ -538,15 +538,7 @@ def _check_fits(stored: Any, fitted: dict[str, Any], path: str = "fits") -> None
 
 def load_profile(path: str | Path) -> CostProfile:
     """Read and validate a cost profile JSON file (InputError naming the file, the field and the fix)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such cost profile: pass a file written by `specblock profile`") \
-            from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not a JSON cost profile ({str(err).splitlines()[0]}): "
-                         "pass a file written by `specblock profile`") from None
+    data = read_json(path, MAX_PROFILE_BYTES, "cost profile", "pass a file written by `specblock profile`")
     try:
         return profile_from_json(data)
     except InputError as err:

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from policies.errors import InputError
-from policies.io import atomic_write
+from policies.io import MAX_TRACE_BYTES, atomic_write, check_size
 
 SCHEMA = pa.schema([
     ("query_id", pa.int64()),
@@ -205,14 +205,12 @@ def save_traces(traces: pd.DataFrame, path: str | Path) -> Path:
 
 def load_traces(path: str | Path) -> pd.DataFrame:
     """Read a parquet trace file and validate every column (InputError naming the file and the fix)."""
-    path = Path(path)
+    path, fix = Path(path), "pass a file written by `specblock trace`"
+    check_size(path, MAX_TRACE_BYTES, "trace file", fix)
     try:
         table = pq.read_table(path)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such trace file: pass a file written by `specblock trace`") from None
     except (OSError, pa.ArrowException) as err:
-        raise InputError(f"{path}: not a parquet trace file ({str(err).splitlines()[0]}): "
-                         "pass a file written by `specblock trace`") from None
+        raise InputError(f"{path}: not a parquet trace file ({str(err).splitlines()[0]}): {fix}") from None
     try:
         return _validate(table).to_pandas()
     except InputError as err:

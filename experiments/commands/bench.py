@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from experiments.cli import SEED, resolve_device
 from policies.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -37,8 +38,15 @@ def _temperatures(value: str) -> tuple[float, ...]:
         temps = tuple(dict.fromkeys(float(v) for v in value.split(",") if v.strip()))
     except ValueError as exc:
         raise InputError(f"--temperatures {value!r} is not a list of numbers: give e.g. 0,1") from exc
-    if not temps or min(temps) < 0:
+    if not temps:
         raise InputError(f"--temperatures {value!r}: give one or more temperatures >= 0, e.g. 0,1")
+    from real_engine.warp import Sampling
+
+    for temp in temps:
+        try:
+            Sampling(temp)
+        except InputError as exc:
+            raise InputError(f"--temperatures: {exc}") from None
     return temps
 
 
@@ -92,7 +100,7 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--prompts-dir", type=click.Path(path_type=Path), default=REPO / "data" / "prompts",
               show_default="data/prompts", help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Prompt j decodes with seed + j.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Prompt j decodes with seed + j.")
 @click.option("--draft-length", type=int, default=None,
               help="Draft depth of n-gram and of the draft model's chain and tree [default: 4, and for the "
                    "draft model's chain the depth and early stop that `specblock shapes --apply` deployed, "
@@ -132,6 +140,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
             raise InputError(f"{flag} is {value}: give at least 1")
     if tag is not None and (not tag or not tag.replace("-", "").replace("_", "").isalnum()):
         raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
+    device = resolve_device(device)
     chain = None
     if draft_length is None and (draft_dir / "config.json").is_file():
         from real_engine.drafters.draft_model import CHAIN_OPTIONS
@@ -173,7 +182,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
 
 
 def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: Path, hf: bool,
-         threads: int | None, device: str | None, notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+         threads: int | None, device: str, notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load the models, plan and measure; return (results, config for provenance)."""
     import dataclasses
 
@@ -197,7 +206,6 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
 
     if threads is not None:
         torch.set_num_threads(threads)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_model(model_dir, torch.float32, device)
     draft = load_model(draft_dir, torch.float32, device) if draft_dir is not None else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)

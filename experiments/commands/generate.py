@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
+from experiments.cli import SEED, resolve_device
 from policies.errors import InputError
+from policies.io import MAX_PROMPT_BYTES, read_text
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_MODEL = REPO / "data" / "models" / "target"
@@ -50,11 +52,19 @@ def _check_policy(path: Path, drafter: str, paths: int | None) -> Any:
     return policy
 
 
-def _read(path: Path) -> str:
+def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt: --prompt, else --prompt-file's text (at most ``MAX_PROMPT_BYTES``, read only then);
+    InputError when it is not UTF-8 (an argument's undecodable bytes reach Python as surrogates)."""
+    if (prompt is None) == (prompt_file is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if prompt is None:
+        return read_text(prompt_file, MAX_PROMPT_BYTES, "prompt file", "give --prompt-file a UTF-8 text file")
     try:
-        return path.read_text()
-    except UnicodeDecodeError as exc:
-        raise InputError(f"--prompt-file {path} is not UTF-8 text ({exc.reason}): give a text file") from exc
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"--prompt is not UTF-8 text (character {exc.start} is an undecodable byte): give "
+                         "UTF-8 text, or --prompt-file FILE") from None
+    return prompt
 
 
 def _sampled_chain(drafter: str, tree_width: int | None) -> bool:
@@ -132,7 +142,7 @@ class _Stream:
 @click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k likeliest tokens (0: off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus mass to keep (1: off).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds every random draw.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds every random draw.")
 @click.option("--draft-length", type=int, default=None, show_default="4; trained: as trained",
               help="Draft depth: tokens per chain or path, levels of a tree (EAGLE, Medusa too).")
 @click.option("--tree-width", type=int, default=None, show_default="1; EAGLE: as trained",
@@ -184,8 +194,7 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
 
     Without --json the text streams to stdout and a stats line goes to stderr.
     """
-    if (prompt is None) == (prompt_file is None):
-        raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    text = _prompt_text(prompt, prompt_file)
     length_policy = None if policy is None else _check_policy(policy, drafter, paths)
     _check_options(drafter, {"--drafter-model": drafter_dir, "--draft-length": draft_length,
                              "--tree-width": tree_width, "--tree-budget": tree_budget, "--paths": paths,
@@ -212,7 +221,7 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
         width = deployed_shape(drafter, folder).get("width", 1 if drafter == "draft-model" else None)
     verifier = verifier or _auto_verifier(temperature, drafter, width, paths or 1)
     _check_verifier(verifier, drafter, width)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
     draft = None
     if drafter == "draft-model":
@@ -227,7 +236,6 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
 
         spec = LengthControlled(spec, length_policy, load_profile(profile_path), drafter)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
-    text = prompt if prompt is not None else _read(prompt_file)
     ids = tokenizer.encode(text)
     if not ids:
         raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from experiments.cli import SEED
 from policies.errors import InputError
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ MULTI_DRAFT = ("rrs", "seqbv", "gbv")
 COLUMNS = ("lp", "token", "bv", *MULTI_DRAFT)
 MAX_ENUMERATED = 4096  # draft tuples V^(L*K) the exact evaluation walks through (about 1 min per instance)
 DEFAULT_INSTANCES = 5
+MAX_INSTANCES = 10_000  # instances are built up front: more would hold memory for hours of solving
 
 
 def _parse_vector(text: str, flag: str) -> list[float]:
@@ -50,6 +52,8 @@ def _check_flags(vocab: int | None, length: int, drafts: int, count: int | None,
     count = DEFAULT_INSTANCES if count is None else count
     if count < 1:
         raise InputError(f"--instances {count} is too few: evaluate at least 1 instance")
+    if count > MAX_INSTANCES:
+        raise InputError(f"--instances {count} is too many: evaluate at most {MAX_INSTANCES:,} instances")
     check_shape(vocab, length)
     check_drafts(drafts)
     check_size(vocab, length, drafts)
@@ -96,7 +100,7 @@ def _table(rows: list[dict[str, float]], vocab: int, length: int, drafts: int) -
 @click.option("--length", type=int, required=True, help="Draft length L.")
 @click.option("--drafts", type=int, default=1, show_default=True, help="Number K of i.i.d. draft paths.")
 @click.option("--instances", "count", type=int, help=f"Random instances [default: {DEFAULT_INSTANCES}].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random instances.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random instances.")
 @click.option("--step-p", help="Target distribution at every step, e.g. 0.3333,0.6667 (with --step-q).")
 @click.option("--step-q", help="Draft distribution at every step (with --step-p).")
 @click.option("--drafter", type=click.Choice(["indep", "mix"]), default="indep", show_default=True,

@@ -1,4 +1,10 @@
-"""`specblock pipeline`: the main job, from measuring the engine to a simulated-versus-measured report."""
+"""`specblock pipeline`: the main job, from measuring the engine to a simulated-versus-measured report.
+
+One process at a time may write a run folder (``experiments.folders``). ``--resume`` reuses the cost
+profile of the run when it is at most ``PROFILE_MAX_AGE_HOURS`` (6 h) old, else measures it again with
+every step that reads it; the log and the ``--json`` summary (``profile_age_hours``, ``profile_reused``)
+say how old the profile behind the results is.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +36,17 @@ def _latest() -> Path:
     help="Run folder [default: runs/pipeline/<date-time>; with --resume, the latest one].",
 )
 @click.option("--quick", is_flag=True, help="Small sizes: the whole loop in a few minutes on 2 CPU cores.")
-@click.option("--resume", is_flag=True, help="Continue the run in --out, skipping its finished steps.")
 @click.option(
-    "--address", default=None, help="A running Ray cluster for the tuning step [default: local Ray]."
+    "--resume",
+    is_flag=True,
+    help="Continue the run in --out, skipping its finished steps (a cost profile over 6 h old is "
+    "measured again, with the steps that read it).",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="A running Ray cluster for the tuning step: host:port, ray://host:port or auto, checked before "
+    "any step [default: a private local Ray].",
 )
 @click.option(
     "--model",
@@ -96,6 +110,9 @@ def command(
         sys.stdout.write(json.dumps(result) + "\n")
         return
     click.echo(f"run folder: {result['run_dir']} ({result['seconds']:.0f} s)")
+    if result["profile_age_hours"] is not None:
+        how = "reused" if result["profile_reused"] else "measured in this run"
+        click.echo(f"cost profile: {how}, {result['profile_age_hours']:.1f} h old")
     click.echo(f"{'policy':>22} {'measured':>10} {'simulated':>10} {'error':>8}")
     for name, row in sorted(result["policies"].items(), key=lambda kv: -kv[1]["measured_tokens_per_second"]):
         click.echo(

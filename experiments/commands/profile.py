@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from experiments.cli import SEED, resolve_device
 from policies.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--clock", "clock_kind", type=click.Choice(("wall", "cpu")), default="wall", show_default=True,
               help="wall: elapsed time; cpu: CPU seconds of this process (reproducible on a shared CPU "
                    "machine; use with --threads 1).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the random tokens and weights.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds the random tokens and weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the summary) on stdout.")
 def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_feature_drafters: bool,
             repeats: int | None, device: str | None, dtype: str, threads: int | None, clock_kind: str,
@@ -72,7 +73,7 @@ def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_
 
     if threads is not None:
         torch.set_num_threads(threads)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     target = load_model(model_dir, getattr(torch, dtype), device)
     draft = None if draft_dir is None else load_model(draft_dir, getattr(torch, dtype), device)
     grid = prof.QUICK if quick else prof.FULL

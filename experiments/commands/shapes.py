@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from experiments.cli import SEED
 from policies.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ MODELS = REPO / "data" / "models"
 @click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
               help="Folder holding <drafter>/ weights and the draft model's draft/.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=REPO / "benchmarks" / "results",
               show_default="benchmarks/results", help="Results folder.")
 @click.option("--tag", default="shapes", show_default=True, help="Results file name.")

@@ -7,7 +7,8 @@ is used and the traces exist, else it is the paper-derived parametric model
 else ``specblock`` when profiled, else the profile's first.
 Without ``--policy`` the baselines are fixed lengths 1, 2, 4 and 8. Vanilla decoding (length 0) is
 always evaluated: ``speedup`` is tokens/s over vanilla's. Length policies serve ``--queries`` queries
-(SpecLength); adaptation policies serve one stream of ``--queries`` queries (AdaptStream).
+(SpecLength); adaptation policies serve one stream of ``--queries`` queries (AdaptStream); at most
+``MAX_QUERIES``.
 
 Where the predictions hold: a profile's seconds are those of the machine it was measured on. Without
 ``--profile``, the command says which device the shipped profile was measured on and when (its own date
@@ -42,6 +43,7 @@ from typing import Any
 
 import click
 
+from experiments.cli import SEED
 from experiments.provenance import cpu_name
 from policies.errors import InputError
 
@@ -50,6 +52,7 @@ SHIPPED_PROFILE = ROOT / "data" / "profiles" / "cpu_shipped.json"
 SHIPPED_TRACES = ROOT / "data" / "traces" / "default.parquet"
 SHIPPED_MODELS = ROOT / "data" / "models"
 BASELINES = (1, 2, 4, 8)
+MAX_QUERIES = 100_000  # queries per policy: ~90 s and 0.5 GiB on 2 CPU cores; estimates are tight long before
 PROBE_SECONDS = 1.0  # wall seconds the probe times this machine's vanilla step for
 PROBE_CONTEXT = 256  # the probe runs at the profile's vanilla context nearest this
 PROBE_MIN_RUNS = 5
@@ -177,10 +180,12 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
 def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
     """Where the default profile comes from and, unless ``run_probe`` is false, how this machine's
     vanilla step compares with it (``probe``; null with ``probe_skipped`` saying why)."""
+    from policies.io import MAX_PROFILE_BYTES, read_json
     from simulator.costs import load_profile
 
     profile = load_profile(profile_path)
-    data = json.loads(profile_path.read_text())
+    data = read_json(profile_path, MAX_PROFILE_BYTES, "cost profile",
+                     "pass a file written by `specblock profile`")
     date, source = profile_date(profile_path, data)
     measurement = data.get("measurement") or {}
     where: dict[str, Any] = {"profile_device": profile.device, "profile_date": date,
@@ -344,8 +349,9 @@ def _table(result: dict[str, Any]) -> None:
                    "shipped or a --measure profile, else the parametric model].")
 @click.option("--policy", "policy_paths", type=click.Path(path_type=Path), multiple=True,
               help="Policy file to evaluate (repeatable) [default: fixed lengths 1, 2, 4, 8].")
-@click.option("--queries", type=int, default=100, show_default=True, help="Queries per policy.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--queries", type=int, default=100, show_default=True,
+              help=f"Queries per policy (at most {MAX_QUERIES:,}).")
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the simulated queries (and of a --measure profile).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object instead of a table (with the default profile, its `where`).")
@@ -355,6 +361,8 @@ def command(profile_path: Path | None, measure: bool, measure_out: Path | None, 
     """Predict tokens/s, tau and latency of speculation policies on the simulator."""
     if queries < 1:
         raise InputError(f"--queries {queries} is too few: simulate at least 1 query")
+    if queries > MAX_QUERIES:
+        raise InputError(f"--queries {queries} is too many: simulate at most {MAX_QUERIES:,} queries")
     if measure and profile_path is not None:
         raise InputError("--measure and --profile both choose the profile: drop --profile to measure "
                          "this machine, or drop --measure to use that file")

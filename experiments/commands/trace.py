@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from experiments.cli import SEED, resolve_device
 from policies.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
               help="Default: greedy at temperature 0, else block (chain) or rrs (tree).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Query i decodes with seed + i.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Query i decodes with seed + i.")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
@@ -103,7 +104,7 @@ def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path
     sampling = Sampling(temperature)
     tree_drafter = (tree_width or 1) > 1 or drafter in ("specblock", "eagle", "medusa")
     verifier = verifier or ("greedy" if temperature == 0 else "rrs" if tree_drafter else "block")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     target = load_model(model_dir, getattr(torch, dtype), device)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     room = target.args.max_position_embeddings - max_new_tokens - (draft_length or 16) - 1

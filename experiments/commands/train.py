@@ -5,6 +5,8 @@ LM, shipped to data/models/target), ``draft-model`` (a small model distilled fro
 shipped to data/models/draft) and the feature drafters ``specblock``, ``eagle`` and ``medusa``
 (trained on the target's rows, cached under runs/drafter-data; shipped to data/models/<kind>, see
 ``real_engine.drafter_recipes``). Checkpoints live under runs/<kind>/ and ``--resume`` continues them.
+The default paths (data/..., runs/...) lie in the repository wherever the command runs; a path given
+on the command line is relative to the working directory.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from policies.errors import InputError
 
 DRAFTERS = ("specblock", "eagle", "medusa")
 KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
-DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/models/draft"),
-               **{kind: Path("data/models") / kind for kind in DRAFTERS}}
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "data" / "models"
+RUNS = REPO / "runs"
+DEFAULT_OUT = {"target": MODELS / "target", "draft-model": MODELS / "draft",
+               **{kind: MODELS / kind for kind in DRAFTERS}}
 
 
 @click.command("train")
@@ -34,12 +39,13 @@ DEFAULT_OUT = {"target": Path("data/models/target"), "draft-model": Path("data/m
               help="Wall-clock budget: the schedule spans it (target, draft-model), or the run stops there, "
                    "checkpointed for --resume (specblock, eagle, medusa).")
 @click.option("--steps", type=int, default=None, help="A fixed number of steps instead of a time budget.")
-@click.option("--target", "target_dir", type=click.Path(path_type=Path), default=Path("data/models/target"),
+@click.option("--target", "target_dir", type=click.Path(path_type=Path), default=MODELS / "target",
+              show_default="data/models/target",
               help="The target to distil from, or to train a drafter for (all but tokenizer and target).")
 @click.option("--sequences", type=int, default=None,
               help="Corpus windows of the target's rows to train on (drafters; default 1920).")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("runs/drafter-data"),
-              show_default=True, help="Cache of the target's rows (drafters).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=RUNS / "drafter-data",
+              show_default="runs/drafter-data", help="Cache of the target's rows (drafters).")
 @click.option("--init", "init_dir", type=click.Path(path_type=Path), default=None,
               help="Start from this model's weights, with a fresh optimiser and schedule: continue a target "
                    "or draft model of the recipe's shape, or warm-start a drafter of the kind (e.g. the one "
@@ -99,7 +105,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         recipe = DataRecipe(**{k: v for k, v in (("sequences", sequences), ("on_policy", on_policy))
                                 if v is not None})
         out = out or DEFAULT_OUT[kind]
-        log = train_drafter(kind, target_dir, out, run_dir or Path("runs") / kind, data_dir=data_dir,
+        log = train_drafter(kind, target_dir, out, run_dir or RUNS / kind, data_dir=data_dir,
                             recipe=recipe, overrides=overrides, resume=resume, minutes=minutes, init=init_dir)
         result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
         result["out"] = str(out)
@@ -110,7 +116,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
                      if v is not None}
         cfg = dataclasses.replace(base, **overrides)
         out = out or DEFAULT_OUT[kind]
-        run_dir = run_dir or Path("runs") / kind
+        run_dir = run_dir or RUNS / kind
         if kind == "target":
             log = train.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
         else:

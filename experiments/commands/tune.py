@@ -3,7 +3,8 @@
 ``length`` tunes speculation-length policies on SpecLength queries, ``adapt`` adaptation policies on
 AdaptStream streams with a domain shift (``experiments.tune`` describes the objective, the common
 random numbers and the out folder). Local Ray on 2 CPUs by default; ``--address`` joins a running
-cluster. ``--resume`` continues an interrupted study in the same ``--out``.
+cluster (checked, and joined within 30 s, before any work). ``--resume`` continues an interrupted study
+in the same ``--out`` from its trial records; one process at a time may write a study folder.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ def _table(task: str, report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    rate = report["trials_per_minute"]
     table = Table(title=f"Tuned {task} policies: best configuration per kind (simulated)",
-                  caption=f"{report['trials']} trials in {report['tune_seconds']:.1f} s "
-                          f"({report['trials_per_minute']:.1f} trials/min); files in {report['out']}")
+                  caption=f"{report['trials']} trials ({report['trials_run']} run now) in "
+                          f"{report['tune_seconds']:.1f} s"
+                          f"{'' if rate is None else f' ({rate:.1f} trials/min)'}; files in {report['out']}")
     for name in ("kind", "tokens/s", "params"):
         table.add_column(name, justify="right" if name == "tokens/s" else "left")
     for chosen in report["best_by_kind"].values():
@@ -39,7 +42,7 @@ def _table(task: str, report: dict[str, Any]) -> None:
 @click.argument("task", metavar="length|adapt", type=click.Choice(TASKS))
 @click.option("--samples", type=int, default=16, show_default=True,
               help="Configurations per policy kind (random: the defaults, then random draws; "
-                   "grid: values per parameter).")
+                   "grid: values per parameter); at most 4096.")
 @click.option("--policy-kind", "kinds", multiple=True,
               help="Policy kind to tune (repeatable or comma-separated) [default: length -> libraspec, "
                    "threshold, heuristic, fixed; adapt -> cost_aware_bandit, epsilon_greedy].")
@@ -63,10 +66,13 @@ def _table(task: str, report: dict[str, Any]) -> None:
 @click.option("--calibration", "calibration_path", type=click.Path(path_type=Path),
               help="Confidence calibration JSON (the pipeline's calibration.json) that the length policies "
                    "reading confidences (libraspec, threshold) carry, in the trials and the exported files.")
-@click.option("--address", default=None, help="Address of a running Ray cluster [default: local Ray].")
+@click.option("--address", default=None,
+              help="A running Ray cluster: host:port, ray://host:port, or auto (the one `ray start` "
+                   "recorded) [default: a private local Ray].")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Study folder [default: runs/tune/TASK].")
-@click.option("--resume", is_flag=True, help="Continue the study already in --out.")
+@click.option("--resume", is_flag=True,
+              help="Continue the study already in --out: run the trials it has no record of.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def command(task: str, samples: int, kinds: tuple[str, ...], search: str, scheduler: str, queries: int | None,
             chunks: int | None, seed: int, profile_path: Path | None, traces_path: Path | None,

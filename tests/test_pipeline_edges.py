@@ -1,0 +1,173 @@
+"""Edges of `specblock pipeline`: one writer per run folder, unwritable --out, a corrupt run.json, and the
+age of the cost profile a resumed run reuses. No model is loaded: the steps are faked where they run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from experiments import pipeline
+from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, hold
+from experiments.pipeline import QUICK, STEPS, run_pipeline
+from policies.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = {"policies": {}, "fidelity_error": 0.1, "fidelity_error_ci": [0.05, 0.2], "worst_error": 0.3,
+          "rank_agreement": {}, "against_best_fixed": {}}
+
+
+def specblock(*args: str) -> subprocess.CompletedProcess:
+    """The command line, in this interpreter."""
+    return subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
+                          timeout=150, cwd=ROOT)
+
+
+def assert_one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> list[str]:
+    """``--model`` and ``--draft-model`` options naming folders that pass the model check."""
+    for name in ("target", "draft"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    return ["--model", str(tmp_path / "target"), "--draft-model", str(tmp_path / "draft")]
+
+
+def finished_run(out: Path, profile_hours: float | None, dated: bool = True) -> None:
+    """A run folder whose every step is recorded, its cost profile measured ``profile_hours`` ago."""
+    out.mkdir()
+    steps = {name: {"seconds": 1.0, "summary": {}} for name in STEPS}
+    (out / "run.json").write_text(json.dumps({"plan": asdict(QUICK), "steps": steps}))
+    (out / "deploy.json").write_text(json.dumps(DEPLOY))
+    if profile_hours is None:
+        return
+    taken = datetime.now(timezone.utc) - timedelta(hours=profile_hours)
+    profile = out / "cost_profile.json"
+    profile.write_text(json.dumps({"schema": 1, **({"measurement": {"date": taken.isoformat()}} if dated
+                                                    else {})}))
+    os.utime(profile, (taken.timestamp(), taken.timestamp()))
+
+
+def fake_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Replace every step by one that records its name (the profile step writes a profile dated now)."""
+    ran: list[str] = []
+
+    def step(name: str):
+        def run(run: pipeline.Run) -> dict:
+            ran.append(name)
+            if name == "profile":
+                now = datetime.now(timezone.utc).isoformat()
+                run.path("cost_profile.json").write_text(json.dumps({"measurement": {"date": now}}))
+            if name == "deploy":
+                run.path("deploy.json").write_text(json.dumps(DEPLOY))
+            return {"fake": name}
+        return run
+
+    for name in STEPS:
+        monkeypatch.setitem(pipeline.STEP_FUNCTIONS, name, step(name))
+    return ran
+
+
+def resume(out: Path, tmp_path: Path, log: list[str]) -> dict:
+    return run_pipeline(out, QUICK, resume=True, model_dir=tmp_path / "target", draft_dir=tmp_path / "draft",
+                        log=log.append)
+
+
+def test_a_fresh_profile_is_reused_and_its_age_stated(tmp_path: Path, models: list[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    out, log = tmp_path / "run", []
+    finished_run(out, 1.0)
+    ran = fake_steps(monkeypatch)
+    before = (out / "run.json").read_text()
+    summary = resume(out, tmp_path, log)
+    assert ran == [] and (out / "run.json").read_text() == before
+    assert summary["profile_reused"] is True
+    assert summary["profile_age_hours"] == pytest.approx(1.0, abs=0.05)
+    assert any("reusing cost_profile.json, measured 1.0 h ago" in line for line in log), log
+    assert not (out / LOCK).exists()
+
+
+@pytest.mark.parametrize("dated", [True, False])  # the measurement date, else the file's time
+def test_a_stale_profile_is_measured_again_with_the_steps_that_read_it(
+        dated: bool, tmp_path: Path, models: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    out, log = tmp_path / "run", []
+    finished_run(out, PROFILE_MAX_AGE_HOURS + 4, dated)
+    ran = fake_steps(monkeypatch)
+    summary = resume(out, tmp_path, log)
+    assert ran == ["profile", "simulate", "tune", "deploy", "report"]  # models and traces kept
+    assert summary["profile_reused"] is False and summary["profile_age_hours"] < 0.1
+    assert any("measured 10.0 h ago, over the 6 h limit" in line for line in log), log
+    steps = json.loads((out / "run.json").read_text())["steps"]
+    assert set(steps) == set(STEPS) and steps["profile"]["summary"] == {"fake": "profile"}
+
+
+def test_a_missing_profile_is_measured_again(tmp_path: Path, models: list[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    out, log = tmp_path / "run", []
+    finished_run(out, None)
+    ran = fake_steps(monkeypatch)
+    resume(out, tmp_path, log)
+    assert ran[0] == "profile" and any("is missing" in line for line in log), log
+
+
+@pytest.mark.parametrize("text", [
+    "{not json",
+    "[1, 2]",
+    json.dumps({"plan": asdict(QUICK)}),
+    json.dumps({"plan": asdict(QUICK), "steps": ["models"]}),
+    json.dumps({"plan": asdict(QUICK), "steps": {"bogus": {"seconds": 1}}}),
+    json.dumps({"plan": asdict(QUICK), "steps": {"models": {"seconds": "soon"}}}),
+])
+def test_a_corrupt_run_record_is_one_line(text: str, tmp_path: Path, models: list[str]) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(text)
+    proc = specblock("pipeline", "--quick", "--resume", "--out", str(out), *models)
+    assert_one_line_exit_2(proc, "is not a pipeline run record", "choose another --out")
+
+
+def test_a_held_run_folder_refuses_a_second_writer(tmp_path: Path, models: list[str]) -> None:
+    out = tmp_path / "run"
+    with hold(out):
+        proc = specblock("pipeline", "--quick", "--out", str(out), *models)
+    assert_one_line_exit_2(proc, "in use by process", str(os.getpid()), "choose another --out")
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_an_out_that_cannot_be_a_folder_is_one_line(where: str, tmp_path: Path, models: list[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = blocker if where == "file" else blocker / "run"
+    proc = specblock("pipeline", "--quick", "--out", str(out), *models)
+    assert_one_line_exit_2(proc, str(blocker), "choose a folder")
+
+
+def test_a_read_only_parent_is_refused_before_any_work(tmp_path: Path, models: list[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # As root a chmod'ed folder stays writable, so the permission check itself is made to say no.
+    monkeypatch.setattr("experiments.folders.os.access", lambda path, mode: False)
+    ran = fake_steps(monkeypatch)
+    with pytest.raises(InputError, match="not writable"):
+        run_pipeline(tmp_path / "run", QUICK, model_dir=tmp_path / "target", draft_dir=tmp_path / "draft")
+    assert ran == [] and not (tmp_path / "run").exists()
+
+
+def test_a_bad_address_fails_before_any_step(tmp_path: Path, models: list[str]) -> None:
+    start = time.monotonic()
+    proc = specblock("pipeline", "--quick", "--out", str(tmp_path / "run"), "--address", "nowhere", *models)
+    assert_one_line_exit_2(proc, "ray start --head")
+    assert time.monotonic() - start < 60 and not (tmp_path / "run").exists()
