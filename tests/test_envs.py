@@ -11,10 +11,11 @@ from gymnasium.utils.env_checker import check_env
 
 import simulator  # noqa: F401  (registers the environments)
 from policies.adaptation import ADAPT_INFO_KEYS
-from policies.features import LENGTH_CAP, adapt_features, length_features
-from simulator.acceptance import AdaptationDynamics, default_acceptance, synthetic_traces
+from policies.errors import InputError
+from policies.features import ADAPT_INDEX, LENGTH_CAP, adapt_features, length_features
+from simulator.acceptance import AdaptationDynamics, default_acceptance, level_rates, synthetic_traces
 from simulator.costs import PAPER_PROFILE, load_profile
-from simulator.envs import AdaptStreamEnv, SpecLengthEnv
+from simulator.envs import AdaptStreamEnv, SpecLengthEnv, _push, default_phases
 from simulator.traces import save_traces
 from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
 
@@ -54,18 +55,24 @@ def test_rollouts_are_deterministic_under_a_seed(cls, kwargs, policy):
 
 
 def test_speclength_return_is_minus_latency_and_tokens_add_up():
-    env = SpecLengthEnv(**SHORT)
-    env.reset(seed=2)
+    """The return is minus the query's seconds as the profile prices each step's context and length."""
+    profile = load_profile(PAPER_PROFILE)
+    env = SpecLengthEnv(profile, **SHORT)
+    obs, _ = env.reset(seed=2)
+    context = int(obs[0])
     total, tokens, seconds, forwards = 0.0, 0, 0.0, 0
     terminated = False
     while not terminated:
         _, reward, terminated, _, info = env.step(8)
+        n = min(8, info["available"])
+        assert info["drafted"] == n
+        seconds += float(profile.step_seconds("specblock", [n], context)[0] + profile.steering_seconds(n))
         total += reward
+        context += info["tokens"]
         tokens += info["tokens"]
-        seconds += info["seconds"]
         forwards += 1
-        assert 0 <= info["accepted"] <= info["drafted"] <= 8 and info["tokens"] <= info["accepted"] + 1
-    assert tokens == SHORT["tokens_per_query"] and total == pytest.approx(-seconds)
+        assert 0 <= info["accepted"] <= n and info["tokens"] <= info["accepted"] + 1
+    assert tokens == SHORT["tokens_per_query"] and total == pytest.approx(-seconds, rel=1e-12)
     assert forwards < tokens  # speculation emits more than one token per target forward on average
 
 
@@ -280,3 +287,116 @@ def test_vector_adaptstream_with_one_slot_replays_the_single_env_exactly():
         single.reset()
         vobs, vreward, *_ = vector.step(np.array([1]))
         assert vreward[0] == 0.0 and not vobs.any()
+
+
+@pytest.mark.parametrize("draft_length", [4, 8])
+def test_adapt_stream_query_seconds_follow_the_profile_and_the_acceptance_model(draft_length):
+    """With no query noise and no update, a query's seconds are its iterations (tokens over 1 + the
+    expected accepted length, rounded up) times the mean step the verified-length shares weigh, at the
+    query's middle context, plus its prefill; computed here from the profile and the acceptance model."""
+    profile, model = load_profile(PAPER_PROFILE), default_acceptance()
+    domain = model.domains[1]
+    env = AdaptStreamEnv(profile, model, draft_length=draft_length, tokens_per_query=100,
+                         prompt_tokens=(300, 300), phases=((3, {domain: 1.0}),),
+                         dynamics=AdaptationDynamics(query_noise=0.0))
+    env.reset(seed=0)
+    d = model.domains.index(domain)
+    accepted = float(level_rates(model.survival(draft_length)[d], np.array(1.0)))
+    iterations = np.ceil(100 / (1.0 + accepted))
+    steps = profile.step_seconds("specblock", range(draft_length + 1), 300 + 50)
+    mean_step = float(steps @ model.verified_shares(draft_length)[d])
+    seconds = iterations * mean_step + float(profile.prefill_cost(300))
+    for _ in range(3):
+        _, reward, _, _, info = env.step(0)
+        assert info["domain"] == domain and info["update_seconds"] == 0.0 and not info["updated"]
+        assert info["query_seconds"] == pytest.approx(seconds, rel=1e-9)
+        assert reward == pytest.approx(-seconds, rel=1e-9)
+        assert info["tau"] == pytest.approx(100 / iterations, rel=1e-12)
+        assert info["tokens_per_second"] == pytest.approx(100 / seconds, rel=1e-9)
+
+
+def test_adapt_stream_query_noise_is_log_normal_with_mean_one():
+    """Each query's tau is its expectation times exp(sigma Z - sigma^2 / 2), clipped to [1, 1 + L]: the
+    mean over 20,000 streams matches that law's mean, integrated here over Z (within 4 standard errors)."""
+    profile, model = load_profile(PAPER_PROFILE), default_acceptance()
+    sigma, streams, domain = 0.5, 20_000, model.domains[1]
+    env = AdaptStreamVectorEnv(streams, profile, model, draft_length=8, tokens_per_query=100_000,
+                               prompt_tokens=(300, 300), phases=((2, {domain: 1.0}),),
+                               dynamics=AdaptationDynamics(query_noise=sigma))
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(np.zeros(streams, dtype=np.int64))
+    accepted = float(level_rates(model.survival(8)[model.domains.index(domain)], np.array(1.0)))
+    z = np.linspace(-9.0, 9.0, 400_001)
+    law = np.clip((1.0 + accepted) * np.exp(sigma * z - sigma**2 / 2), 1.0, 9.0)
+    expected = np.trapezoid(law * np.exp(-z**2 / 2) / np.sqrt(2 * np.pi), z)
+    tau = info["tau"]
+    assert abs(tau.mean() - expected) < 4 * tau.std() / np.sqrt(streams)
+    assert tau.min() >= 1.0 and tau.max() <= 9.0 and tau.std() > 0.5
+
+
+def test_push_keeps_the_newest_positions_and_their_share_of_windows():
+    """``_push`` by hand: the oldest positions leave past capacity, windows leave with them."""
+    rows, domain = np.arange(1), np.array([0])
+    buffer, windows = _push(np.array([[3.0, 1.0]]), np.array([2.0]), rows, domain, np.array([2]), 5.0)
+    np.testing.assert_allclose(buffer, [[3.0 * 0.75 + 2.0, 0.75]])  # keep 3 of the 4 held, add 2
+    np.testing.assert_allclose(windows, [2.0 * 0.75 + 1.0])
+    same, kept = _push(buffer, windows, rows, domain, np.array([0]), 5.0)  # nothing rejected: no window
+    np.testing.assert_allclose(same, buffer)
+    np.testing.assert_allclose(kept, windows)
+    full, one = _push(buffer, windows, rows, np.array([1]), np.array([7]), 5.0)  # more than it holds
+    np.testing.assert_allclose(full, [[0.0, 5.0]])
+    np.testing.assert_allclose(one, [1.0])
+    empty, first = _push(np.zeros((2, 2)), np.zeros(2), np.arange(2), np.array([1, 0]), np.array([3, 1]), 5.0)
+    np.testing.assert_allclose(empty, [[0.0, 3.0], [1.0, 0.0]])
+    np.testing.assert_allclose(first, [1.0, 1.0])
+
+
+def test_default_phases_and_stream_arguments_are_checked():
+    assert default_phases(("a", "b"), 2000) == ((500, {"a": 1.0}), (1500, None))
+    assert default_phases(("a", "b"), 9) == ((2, {"a": 1.0}), (7, None))
+    assert default_phases(("a", "b"), 4) == ((1, {"a": 1.0}), (3, None))
+    assert default_phases(("a", "b"), 1) == ((1, None),)
+    assert AdaptStreamEnv(draft_length=1, phases=((1, None),)).batch.queries == 1
+    assert AdaptStreamEnv(draft_length=LENGTH_CAP).batch.draft_length == LENGTH_CAP
+    for bad in (0, LENGTH_CAP + 1):
+        with pytest.raises(InputError, match=f"draft_length = {bad} is invalid: use 1..{LENGTH_CAP}"):
+            AdaptStreamEnv(draft_length=bad)
+    for length in (0, True, 1.5):
+        with pytest.raises(InputError, match=f"phase length {length!r} is invalid"):
+            AdaptStreamEnv(phases=((length, None),))
+
+
+def test_adapt_stream_state_follows_its_queries_and_updates():
+    """Counters, EWMAs, buffers and the update's reset, from what each step reports."""
+    model = default_acceptance()
+    domain = model.domains[0]
+    env = AdaptStreamEnv(load_profile(PAPER_PROFILE), model, tokens_per_query=256, prompt_tokens=(300, 300),
+                         phases=((6, {domain: 1.0}),), dynamics=AdaptationDynamics(query_noise=0.0))
+    obs, _ = env.reset(seed=3)
+    taus, recent, long = [], None, None
+    for step in range(1, 4):
+        obs, _, terminated, _, info = env.step(0)
+        taus.append(info["tau"])
+        recent = info["tau"] if recent is None else 0.7 * recent + 0.3 * info["tau"]
+        long = info["tau"] if long is None else 0.95 * long + 0.05 * info["tau"]
+        assert obs[ADAPT_INDEX["recent_tau"]] == pytest.approx(recent)
+        assert obs[ADAPT_INDEX["tau_trend"]] == pytest.approx(recent - long)
+        assert obs[ADAPT_INDEX["queries_since_update"]] == step
+        held = obs[ADAPT_INDEX["head_fill"]] * 128
+        assert held == pytest.approx(min(obs[ADAPT_INDEX["trigger"]], 128))  # every rejection is buffered
+        assert not terminated
+    onehot = np.eye(len(model.domains))[model.domains.index(domain)]
+    np.testing.assert_allclose(obs[len(ADAPT_INDEX):], onehot)
+    trigger = obs[ADAPT_INDEX["trigger"]]
+    assert trigger > 0
+    obs, _, _, _, info = env.step(1)  # a head update on what the buffer holds
+    assert info["updated"] and info["update_seconds"] > 0
+    assert obs[ADAPT_INDEX["queries_since_update"]] == 1
+    assert obs[ADAPT_INDEX["trigger"]] < trigger + 1e-9  # restarted, then this query's rejections only
+    assert env.batch.state["level"][0, model.domains.index(domain)] != 1.0  # the update moved acceptance
+    env.revert()  # never checkpointed: back to the drafter as profiled
+    assert env.batch.state["level"][0].tolist() == [1.0] * len(model.domains)
+    assert env.batch.state["draft"][0] == 1.0
+    for _ in range(2):
+        _, _, terminated, _, _ = env.step(0)
+    assert terminated  # the sixth query ends the stream

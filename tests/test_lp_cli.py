@@ -23,8 +23,8 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return exit_info.value.code, out, err
 
 
-def test_json_schema_through_the_installed_command():
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "specblock"), "lp", "--vocab", "2", "--length", "2",
+def test_json_schema_through_the_command_line():
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "lp", "--vocab", "2", "--length", "2",
                            "--drafts", "2", "--instances", "2", "--seed", "3", "--json"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

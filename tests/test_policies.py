@@ -7,6 +7,7 @@ import pytest
 
 from policies import InputError, make_policy
 from policies.adaptation import FULL, HEAD, SKIP, CostAwareBandit
+from policies.calibration import Calibration
 from policies.features import (
     ADAPT_FEATURES,
     ADAPT_INDEX,
@@ -20,7 +21,7 @@ from policies.features import (
     length_features,
     tree_confidences,
 )
-from policies.length import expected_tokens, speedup_curve
+from policies.length import LibraSpecLength, LibraSpecParams, expected_tokens, speedup_curve
 
 STEPS = np.linspace(1.0, 2.6, LENGTH_CAP + 1)
 
@@ -326,5 +327,167 @@ def test_bandit_requires_its_info_keys():
     policy = make_policy("cost_aware_bandit")
     info = dict(INFO)
     del info["update_seconds"]
-    with pytest.raises(InputError, match="update_seconds"):
+    with pytest.raises(InputError, match="update_seconds") as raised:
         policy.observe(adapt_obs(), SKIP, 0.0, info)
+    assert "cost_aware_bandit" in str(raised.value)
+
+
+@pytest.mark.parametrize("previous", [[], [2.5], [2.5, 2.25]])
+def test_bandit_equal_tau_windows_are_never_drops(previous):
+    """A window whose mean tau equals the one it is compared with is not a drop: it marks the drafter good
+    and resets the count, however many follow (after the warm-up baseline, or after drops)."""
+    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4, "revert_windows": 3,
+                                                 "cold_start_events": 100}, seed=0)
+    for _ in range(2):
+        step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
+    for tau in previous:  # falls, but fewer than revert_windows in a row
+        run_window(policy, tau)
+        assert not policy.checkpoint_good and not policy.should_revert()
+    level = previous[-1] if previous else 3.0
+    for _ in range(4):
+        run_window(policy, level)
+        assert policy.checkpoint_good and not policy.should_revert()
+        assert policy.good_tau == level
+    for _ in range(2):
+        run_window(policy, level - 0.5)
+        run_window(policy, level - 0.5)  # equal to the window before, which was a drop: not a drop
+        assert policy.checkpoint_good and not policy.should_revert()
+
+
+def test_bandit_gain_weighs_throughput_by_query_seconds():
+    """Window throughput is tokens over seconds: queries of 0.25 s at 160 tokens/s after a 100 tokens/s
+    baseline, with 0.25 s of update, gain 160 * 1 / 1.25 / 100 - 1 = 0.28."""
+    policy = make_policy("cost_aware_bandit", {"warmup": 1, "window": 4, "throughput_alpha": 0.0}, seed=0)
+    step(policy, adapt_obs(head=0.0, full=0.0), query_seconds=0.25)
+    assert step(policy, adapt_obs(full=0.0), tokens_per_second=160.0, query_seconds=0.25,
+                update_seconds=0.25) == HEAD
+    for _ in range(3):
+        step(policy, adapt_obs(head=0.0, full=0.0), tokens_per_second=160.0, query_seconds=0.25)
+    assert policy.gains[HEAD] == pytest.approx(0.28)
+
+
+@pytest.mark.parametrize(("baseline", "seconds", "measured"), [(0.5, 1.0, True), (0.0, 1.0, False),
+                                                               (100.0, 0.0, False)])
+def test_bandit_gain_needs_time_spent_and_a_reference(baseline, seconds, measured):
+    """A window with no seconds, or no reference throughput, has no gain; small positive ones do."""
+    policy = make_policy("cost_aware_bandit", {"warmup": 1, "window": 1, "throughput_alpha": 0.0}, seed=0)
+    step(policy, adapt_obs(head=0.0, full=0.0), tokens_per_second=baseline)
+    assert step(policy, adapt_obs(full=0.0), tokens_per_second=0.75, query_seconds=seconds) == HEAD
+    if measured:
+        assert policy.gains[HEAD] == pytest.approx(0.75 / baseline - 1.0)
+    else:
+        assert np.isnan(policy.gains[HEAD])
+
+
+def test_bandit_after_a_revert_counts_drops_afresh_and_keeps_measuring():
+    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4, "cold_start_events": 100}, seed=0)
+    for _ in range(2):
+        step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
+    for tau in (2.9, 2.8, 2.7):
+        run_window(policy, tau)
+    assert policy.should_revert() is True
+    policy.acknowledge_revert()
+    assert policy.should_revert() is False
+    for tau in (2.6, 2.5):  # compared with the last good tau (3.0), then with each other: two drops
+        run_window(policy, tau)
+        assert policy.should_revert() is False
+    run_window(policy, 2.4)
+    assert policy.should_revert() is True
+
+
+def test_bandit_cold_start_tries_an_unmeasured_update_first():
+    policy = make_policy("cost_aware_bandit", {"warmup": 0, "epsilon_start": 0.0, "epsilon_end": 0.0}, seed=0)
+    policy.gains.update({HEAD: 0.5, FULL: float("nan")})
+    assert policy.act(adapt_obs()) == FULL
+    policy.gains.update({HEAD: float("nan"), FULL: 0.5})
+    assert policy.act(adapt_obs()) == HEAD
+    policy.gains.update({HEAD: 0.1, FULL: 0.5})
+    assert policy.act(adapt_obs()) == FULL
+
+
+def test_epsilon_greedy_names_itself_when_tau_is_missing():
+    policy = make_policy("epsilon_greedy")
+    info = {k: v for k, v in INFO.items() if k != "tau"}
+    with pytest.raises(InputError, match="epsilon_greedy"):
+        policy.observe(adapt_obs(), SKIP, 0.0, info)
+
+
+def batch_inputs(rows: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random drafts (zeros past a random drafted length) and step times, with rows built to tie: a path
+    confidence exactly at 0.25, a gain exactly equal to its cost, equal speedups at two lengths."""
+    rng = np.random.default_rng(seed)
+    conf = rng.uniform(0.2, 1.0, (rows, LENGTH_CAP))
+    conf[np.arange(LENGTH_CAP) >= rng.integers(0, LENGTH_CAP + 1, rows)[:, None]] = 0.0
+    steps = np.cumsum(rng.uniform(0.001, 0.02, (rows, LENGTH_CAP + 1)), axis=1)
+    conf[0], steps[0] = 0.5, 1.0  # P_2 = 0.25 exactly; equal T: S(n) grows while P_n > 0
+    conf[1], steps[1] = 0.0, 2.0 + np.arange(LENGTH_CAP + 1)  # nothing drafted
+    conf[2, 0], conf[2, 1:], steps[2, 0], steps[2, 1:] = 0.5, 0.0, 2.0, 3.0  # gain 0.5 = cost 0.5; S ties
+    return conf, steps
+
+
+@pytest.mark.parametrize(("kind", "params"), [("fixed", {"length": 5}), ("threshold", {}),
+                                              ("threshold", {"threshold": 0.25, "max_length": 9}),
+                                              ("libraspec", {}), ("libraspec", {"max_length": 7}),
+                                              ("libraspec_exhaustive", {}),
+                                              ("libraspec_exhaustive", {"max_length": 5})])
+def test_batch_choices_equal_the_single_ones(kind, params):
+    policy = make_policy(kind, params)
+    conf, steps = batch_inputs()
+    got = policy.act_batch(conf, steps)
+    assert got.dtype == np.int64
+    assert got.tolist() == [policy.choose(c, s) for c, s in zip(conf, steps, strict=True)]
+
+
+def test_hand_worked_choices_on_ties():
+    conf, steps = batch_inputs(rows=3)
+    assert make_policy("threshold", {"threshold": 0.25}).choose(conf[0], steps[0]) == 2  # 0.25 is enough
+    assert make_policy("libraspec").choose(conf[2], steps[2]) == 0  # a gain equal to its cost: stop
+    assert make_policy("libraspec_exhaustive").choose(conf[2], steps[2]) == 0  # S(0) = S(1) = 0.5: smallest
+    assert make_policy("libraspec_exhaustive").choose(conf[1], steps[1]) == 0
+
+
+def test_a_calibration_maps_confidences_before_every_choice():
+    sure = Calibration((((0.0, 1.0), (1.0, 1.0)),))  # any drafted confidence is certain
+    policy = make_policy("libraspec", calibration=sure)
+    conf = np.full((1, LENGTH_CAP), 0.05)
+    steps = np.full((1, LENGTH_CAP + 1), 1.0) + 0.1 * np.arange(LENGTH_CAP + 1)
+    assert make_policy("libraspec").act_batch(conf, steps).tolist() == [0]
+    assert policy.act_batch(conf, steps).tolist() == [LENGTH_CAP]
+    assert policy.act(length_features(conf[0], 100, steps[0])) == LENGTH_CAP
+    assert LibraSpecLength().params == LibraSpecParams()
+
+
+def test_expected_tokens_and_speedup_curve_refuse_bad_input():
+    for bad in ([0.5, 1.5], [-0.1], [[0.5]]):
+        with pytest.raises(InputError, match=r"^confidences must be a 1-D array of values in \[0, 1\]"):
+            expected_tokens(np.array(bad))
+    good = np.array([0.5, 0.5])
+    for steps in ([[1.0, 1.0, 1.0]], [], [1.0, 0.0, 1.0], [1.0, 1.0]):
+        with pytest.raises(InputError, match=r"^step_seconds must be a 1-D array of positive times"):
+            speedup_curve(good, np.array(steps))
+    assert speedup_curve(good, np.array([1.0, 2.0, 4.0])).tolist() == pytest.approx([1.0, 0.75, 1.75 / 4])
+    assert speedup_curve(np.array([]), np.array([2.0])).tolist() == [0.5]  # nothing drafted: T(0) alone
+
+
+def test_heuristic_bounds_may_equal_the_initial_length_and_missing_info_names_it():
+    policy = make_policy("heuristic", {"initial": 3, "min_length": 3, "max_length": 3})
+    assert policy.act(length_obs(np.zeros(LENGTH_CAP))) == 3
+    with pytest.raises(InputError, match=r"min_length=1, initial=5, max_length=4 are invalid: use min_length "
+                                         r"<= initial <= max_length"):
+        make_policy("heuristic", {"initial": 5, "max_length": 4})
+    for missing in ("accepted", "drafted"):
+        info = {"accepted": 1, "drafted": 1}
+        del info[missing]
+        with pytest.raises(InputError, match=missing) as raised:
+            policy.observe(length_obs(np.zeros(LENGTH_CAP)), 3, 0.0, info)
+        assert "heuristic" in str(raised.value)
+
+
+def test_bandit_starts_clean_and_a_warm_up_without_seconds_takes_the_reported_throughput():
+    policy = make_policy("cost_aware_bandit", {"warmup": 2}, seed=0)
+    assert policy.should_revert() is False and policy.checkpoint_good is False
+    assert np.isnan(policy.baseline_tps) and np.isnan(policy.baseline_tau)
+    step(policy, adapt_obs(), tokens_per_second=80.0, query_seconds=0.0)
+    assert policy.checkpoint_good is False
+    step(policy, adapt_obs(), tokens_per_second=90.0, query_seconds=0.0)
+    assert policy.baseline_tps == 90.0  # no seconds to weigh by: the last reported throughput

@@ -27,8 +27,8 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return exit_info.value.code, out, err
 
 
-def test_json_schema_through_the_installed_command():
-    command = [str(ROOT / ".venv" / "bin" / "specblock"), "simulate", "--profile", str(PAPER_PROFILE),
+def test_json_schema_through_the_command_line():
+    command = [sys.executable, "-m", "experiments.cli", "simulate", "--profile", str(PAPER_PROFILE),
                "--queries", "6", "--json"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,505 @@
+"""Mutation testing of the core modules with mutmut, each module against its own test files only.
+
+For every module in ``MODULES`` the checkout (tracked and untracked, not ignored files) is copied to a
+scratch folder, a ``setup.cfg`` there tells mutmut which one file to mutate and which test files to run
+(nothing in the checkout's pyproject is read for it), and ``mutmut run`` works one mutant at a time
+until it is done or the module's share of the time budget is spent; then it is stopped, and what it did
+not reach is counted as not run. Saves ``benchmarks/results/mutation.json`` (counts per module and
+every surviving mutant's diff) and ``mutation.md`` (the same, with what was done about each survivor,
+from ``NOTES``).
+
+    .venv/bin/python benchmarks/mutation.py [--budget-minutes 40] [--only real_engine/tree.py ...]
+    .venv/bin/python benchmarks/mutation.py --render   # rewrite mutation.md from the saved JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from experiments.provenance import RESULTS_DIR, save_result  # noqa: E402
+
+NAME = "mutation"
+SCRATCH = Path("/tmp/specblock-mutation")
+PACKAGES = ("real_engine", "simulator", "policies", "experiments")
+MODULES: dict[str, tuple[str, ...]] = {
+    "real_engine/verify.py": ("tests/test_verify_api.py", "tests/test_verify_sampling.py",
+                              "tests/test_verify_lossless.py"),
+    "real_engine/kv_cache.py": ("tests/test_model.py", "tests/test_feedback_paths.py"),
+    "real_engine/tree.py": ("tests/test_verify_api.py", "tests/test_model.py", "tests/test_eagle.py",
+                            "tests/test_feedback_paths.py"),
+    "real_engine/decode.py": ("tests/test_decode.py", "tests/test_feedback_paths.py"),
+    "simulator/interpolation.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
+    "simulator/costs.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
+    "simulator/envs.py": ("tests/test_envs.py", "tests/test_speclength_accounting.py",
+                          "tests/test_costs_shapes.py", "tests/test_steering.py",
+                          "tests/test_rollout_batch.py", "tests/test_trace_replay_bias.py"),
+    "policies/length.py": ("tests/test_policies.py", "tests/test_steering.py"),
+    "policies/adaptation.py": ("tests/test_policies.py",),
+}
+DESELECT: dict[str, tuple[str, ...]] = {
+    "real_engine/decode.py": ("tests/test_decode.py::test_trained_drafters_sampled_chains_follow_the_target",
+                              "tests/test_decode.py::test_a_trained_drafters_chain_is_sampled_from_its_law_at_"
+                              "temperature_one"),
+}
+"""Tests of a module's files left out of its runs: the trained drafters' own sampling checks (12 of the
+decode file's 35 seconds, on drafter code, not the loop's), so that more of the loop's mutants are run."""
+SHARE = {"real_engine/verify.py": 0.17, "real_engine/kv_cache.py": 0.06, "real_engine/tree.py": 0.10,
+         "real_engine/decode.py": 0.25, "simulator/interpolation.py": 0.04, "simulator/costs.py": 0.12,
+         "simulator/envs.py": 0.14, "policies/length.py": 0.06, "policies/adaptation.py": 0.06}
+"""Each module's share of the time budget (by its size and how long its tests take)."""
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+          35: "suspicious", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+          37: "type check", -11: "segfault", -9: "segfault", None: "not run"}
+"""mutmut's exit codes (``mutmut.stats.status_by_exit_code``) as the columns of the report."""
+COLUMNS = ("killed", "survived", "timeout", "no tests", "not run")
+
+STRICT = ("equivalent: the zipped sequences have equal lengths wherever this runs (``strict=True`` only "
+          "guards against a bug elsewhere)")
+DEVICE = ("equivalent on CPU, where every tensor is on the default device (the GPU check, "
+          "``experiments/gpu_check.py``, runs this code on CUDA)")
+MESSAGE = ("error text only: the same error is raised where it was; the tests match the field or value it "
+           "names, not every word")
+DTYPE = "equivalent: the values already have that type (Python ints become int64, float inputs stay float64)"
+LAST_TAU = "equivalent: the last window's tau is read only after a drop, and every drop sets it first"
+NOTES: dict[str, str] = {
+    # real_engine/kv_cache.py
+    "real_engine.kv_cache.xǁKVCacheǁkeep__mutmut_1[03]": DTYPE,
+    "real_engine.kv_cache.xǁKVCacheǁkeep__mutmut_2": (
+        "equivalent: a list prefix then takes the compacting path and a tensor prefix the commit path; both "
+        "leave the same cache (test_feedback_paths keeps a tensor prefix and checks the rows)"),
+    # real_engine/tree.py
+    "real_engine.tree.x_expand_topk__mutmut_21": "equivalent: float('-INF') is float('-inf')",
+    "real_engine.tree.xǁDraftTreeǁ__post_init____mutmut_7[47]": DTYPE,
+    "real_engine.tree.xǁDraftTreeǁchain__mutmut_[57]": DTYPE,
+    "real_engine.tree.xǁDraftTreeǁchain__mutmut_1[25]": DTYPE,
+    # real_engine/verify.py
+    "real_engine.verify.x__selected_law__mutmut_23": "equivalent: float('INF') is float('inf')",
+    "real_engine.verify.x__greatest_path__mutmut_17": (
+        "equivalent: the keys are compared at the first position where the tokens differ, so the two tuples "
+        "are never equal"),
+    "real_engine.verify.x__greatest_path__mutmut_5": (
+        "equivalent: comparing the best path with itself finds no differing token and changes nothing"),
+    "real_engine.verify.x__selected_law__mutmut_14": (
+        "equivalent: where q = 0 the key becomes inf or NaN, both sorted last, and those tokens carry no "
+        "q-mass into the cumulative sums"),
+    "real_engine.verify.x__selected_law__mutmut_27": "equivalent: argsort's default dimension is the last, 1",
+    "real_engine.verify.x_gbv_law__mutmut_52": (
+        "equivalent: a drafted token was drawn from q, so its q is positive"),
+    "real_engine.verify.x_gbv_law__mutmut_44": (
+        "equivalent: q's rows are cast to p's dtype by the division that follows"),
+    "real_engine.verify.x_rrs_law__mutmut_26": (
+        "equivalent: q's rows are cast to p's dtype by the arithmetic with the residual"),
+    "real_engine.verify.x_greedy__mutmut_14": "equivalent: for [nodes, vocab] logits dimension 1 is the last",
+    "real_engine.verify.x_greedy__mutmut_4": "equivalent: None is as false as False",
+    "real_engine.verify.x__chains__mutmut_4": (
+        "equivalent: node 1's parent is always the root, which the merge check leaves out anyway"),
+    "real_engine.verify.x__min_ratio__mutmut_7": (
+        "equivalent: where p = 0 the ratio is already 0; only p = q = 0 differs (NaN, which the Bernoulli "
+        "reads as a rejection), and a drafted token has q > 0"),
+    "real_engine.verify.x__path__mutmut_34": (
+        "equivalent: q's rows are cast to p's dtype by the arithmetic with p"),
+    "real_engine.verify.x__rows__mutmut_[28]": (
+        "equivalent: the condition then never holds, so the rows are copied instead of viewed: same values"),
+    "real_engine.verify.x_gbv_law__mutmut_83": (
+        "equivalent: with nothing drafted BV returns the root row whatever the draft law"),
+    "real_engine.verify.xǁTorchSamplerǁbernoulli__mutmut_9": (
+        "equivalent but for a measure-zero event (U exactly equal to prob)"),
+    "real_engine.verify.xǁTorchSamplerǁcategorical__mutmut_2[78]": (
+        "equivalent but for a measure-zero event (U times the total exactly on a cumulative weight)"),
+    "real_engine.verify.x_greedy_law__mutmut_10": (
+        "equivalent: every reader normalizes the law (a point mass of weight 2 is the same law)"),
+    "real_engine.verify.x_gbv_law__mutmut_61": "equivalent: float('INF') is float('inf')",
+    # simulator/interpolation.py
+    "simulator.interpolation.x_blend__mutmut_13": "equivalent: at w = 1 both branches give hi",
+    "simulator.interpolation.x_bracket__mutmut_20": (
+        "equivalent: on an interior grid point side='left' brackets the left segment at weight 1, which "
+        "blend turns into the same grid value"),
+    "simulator.interpolation.x_bracket__mutmut_9": (
+        "equivalent: x is first raised to grid[0], so the index is never below 0"),
+    "simulator.interpolation.xǁGridǁ__call____mutmut_3[02]": (
+        "equivalent: coordinates become float in the arithmetic with the float64 axes"),
+    "simulator.interpolation.xǁSeriesǁgrid__mutmut_1[35]": (
+        "equivalent: integer axes give the same brackets and weights (true division) and the same JSON"),
+    # simulator/costs.py
+    "simulator.costs.x__check_fits__mutmut_1[8]": (
+        "equivalent: numbers give float64 anyway; text gives a string array, which allclose refuses with "
+        "the TypeError that marks the fits stale"),
+    "simulator.costs.x__check_fits__mutmut_20": (
+        "equivalent: numbers give float64 anyway; text gives a string array, which allclose refuses with "
+        "the TypeError that marks the fits stale"),
+    "simulator.costs.x__check_fits__mutmut_35": "equivalent: None is as false as False",
+    "simulator.costs.x__need__mutmut_[78]": MESSAGE,
+    "simulator.costs.xǁCostProfileǁchain_draft_seconds__mutmut_18": (
+        "equivalent: a profile with SpecBlock must have its block size (checked at load), and no other kind "
+        "reaches this branch"),
+    "simulator.costs.xǁCostProfileǁstep_seconds__mutmut_25": (
+        "equivalent: a table one column wider is built and only the asked columns are read"),
+    "simulator.costs.xǁCostProfileǁstep_seconds__mutmut_28": DTYPE,
+    "simulator.costs.xǁCostProfileǁstep_seconds__mutmut_30": DTYPE,
+    "simulator.costs.xǁCostProfileǁstep_table__mutmut_59": (
+        "equivalent on this numpy: reshape reads any negative size as 'the rest'"),
+    "simulator.costs.xǁCostProfileǁupdate_cost__mutmut_27": (
+        "equivalent: at one window both branches give one"),
+    "simulator.costs.xǁCostProfileǁupdate_cost__mutmut_4[35]": DTYPE,
+    "simulator.costs.xǁCostProfileǁupdate_cost__mutmut_[57]": DTYPE,
+    "simulator.costs.xǁStepTableǁ__call____mutmut_[35]": DTYPE,
+    # policies/length.py
+    "policies.length.x_expected_tokens__mutmut_[35]": DTYPE,
+    "policies.length.x_speedup_curve__mutmut_[358]": DTYPE,
+    "policies.length.x_speedup_curve__mutmut_10": DTYPE,
+    "policies.length.xǁFixedLengthǁchoose_batch__mutmut_[36]": DTYPE,
+    "policies.length.xǁ_LengthPolicyǁ__init____mutmut_6": (
+        "equivalent: the length policies' reset ignores the seed"),
+    "policies.length.x_speedup_curve__mutmut_17": (
+        "killed by test_policies.py (T(0) alone, nothing drafted), added after the second pass"),
+    # real_engine/decode.py
+    "real_engine.decode.x_make_drafter__mutmut_*": (
+        "killed by the tests added to test_decode.py (each first-pass survivor applied with `mutmut apply` "
+        "and those tests run: 37 of 37 fail); the second pass ran the loop's step functions only"),
+    "real_engine.decode.xǁStatsǁto_dict__mutmut_*": (
+        "killed by test_decode.py::test_stats_to_dict_is_plain_json (added; checked with `mutmut apply`)"),
+    "real_engine.decode.x_prefill__mutmut_*": (
+        "killed by test_decode.py::test_a_one_token_prompt_prefills_nothing_and_decodes (added after the "
+        "second pass; checked by applying the mutant)"),
+    "real_engine.decode.x__speculative_step__mutmut_[12]": (
+        "killed by test_decode.py::test_the_largest_tree_the_cache_holds_is_verified_and_a_larger_one_"
+        "refused (added after the second pass; checked by applying the mutant)"),
+    "real_engine.decode.x__speculative_step__mutmut_14": (
+        "killed by test_feedback_paths.py (a tree whose last node is two deep is not a chain; added after "
+        "the second pass; checked by applying the mutant)"),
+    "real_engine.decode.x__speculative_step__mutmut_31": (
+        "killed by test_decode.py::test_overhead_is_what_the_forwards_leave_of_the_seconds (added after the "
+        "second pass; checked by applying the mutant)"),
+    "real_engine.decode.x__vanilla_step__mutmut_14": (
+        "killed by test_decode.py::test_overhead_is_what_the_forwards_leave_of_the_seconds (added after the "
+        "second pass; checked by applying the mutant)"),
+    "real_engine.decode.x__check__mutmut_23": (
+        "killed by test_decode.py::test_the_prompt_and_new_tokens_may_fill_the_context_exactly (added after "
+        "the second pass; checked by applying the mutant)"),
+    "real_engine.decode.x__speculative_step__mutmut_8": (
+        "equivalent: a chain's tree mask is the causal mask the model builds; only the shortcut is lost"),
+    "real_engine.decode.x__speculative_step__mutmut_1[013]": (
+        "equivalent: the test then fails for chains (or holds only for a two-node chain), and a chain's tree "
+        "mask is the causal mask the model builds; only the shortcut is lost"),
+    "real_engine.decode.x__speculative_step__mutmut_27": (
+        "equivalent: a chain's tree mask is the causal mask the model builds; only the shortcut is lost"),
+    "real_engine.decode.x__speculative_step__mutmut_2[459]": DEVICE,
+    "real_engine.decode.x__speculative_step__mutmut_4[478]": (
+        "equivalent: at temperature 0 (the only one the greedy verifier takes) warp gives the argmax's "
+        "point mass, whose argmax is the logits' (ties to the lower id in both)"),
+    "real_engine.decode.x__vanilla_step__mutmut_21": (
+        "equivalent: at temperature 0 warp gives the argmax's point mass, which the draw returns (the draw "
+        "moves the generator, which nothing else reads at temperature 0)"),
+    # policies/adaptation.py
+    "policies.adaptation.xǁCostAwareBanditǁacknowledge_revert__mutmut_6": LAST_TAU,
+    "policies.adaptation.xǁCostAwareBanditǁreset__mutmut_24": LAST_TAU,
+    "policies.adaptation.xǁCostAwareBanditǁact__mutmut_11": (
+        "equivalent but for a measure-zero event (a uniform draw exactly equal to epsilon)"),
+    "policies.adaptation.xǁEpsilonGreedyAdaptǁact__mutmut_2": (
+        "equivalent but for a measure-zero event (a uniform draw exactly equal to epsilon)"),
+    "policies.adaptation.xǁCostAwareBanditǁobserve__mutmut_50": (
+        "equivalent: a cooldown below 0 reads as none (act tests > 0) and every event resets it"),
+    "policies.adaptation.xǁCostAwareBanditǁreset__mutmut_1[678]": (
+        "equivalent: the warm-up window's action, trigger and reference throughput are never read"),
+    "policies.adaptation.xǁCostAwareBanditǁreset__mutmut_22": (
+        "equivalent: the warm-up window's action, trigger and reference throughput are never read"),
+}
+"""What was done about a survivor, by mutant name or glob (the first matching pattern wins); survivors
+that a test added here kills are gone from the second pass, and ``category`` covers the recurring kinds."""
+
+
+def checkout_files(root: Path) -> list[str]:
+    """Tracked and untracked, not ignored files of the checkout (what a fresh copy of the work tree holds)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
+                         capture_output=True, check=True).stdout.decode()
+    return [f for f in out.split("\0") if f and (root / f).is_file()]
+
+
+def prepare(module: str, tests: tuple[str, ...], root: Path = ROOT) -> Path:
+    """A scratch copy of the checkout with a setup.cfg that mutates ``module`` against ``tests`` only
+    (less ``DESELECT``)."""
+    work = SCRATCH / module.replace("/", "__").removesuffix(".py")
+    shutil.rmtree(work, ignore_errors=True)
+    for name in checkout_files(root):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, work / name)
+    lines = ["[mutmut]", "source_paths =", *(f"    {p}" for p in PACKAGES), f"only_mutate = {module}",
+             "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
+             *(f"    --deselect\n    {t}" for t in DESELECT.get(module, ())),
+             "pytest_add_cli_args =", "    -p", "    no:cacheprovider", "also_copy =", "    data",
+             "use_git_change_detection = false", ""]
+    (work / "setup.cfg").write_text("\n".join(lines))
+    return work
+
+
+def run_mutmut(work: Path, seconds: float, names: list[str]) -> tuple[float, bool, int | None]:
+    """``mutmut run`` in ``work`` for at most ``seconds`` (only mutants matching ``names`` when given):
+    (elapsed, finished, exit code). Stopped with SIGINT (mutmut saves what it has), then killed, as a
+    process group."""
+    start = time.monotonic()
+    with open(work / "mutmut.log", "wb") as log:
+        command = [sys.executable, "-m", "mutmut", "run", "--max-children", "1", *names]
+        proc = subprocess.Popen(command, cwd=work,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=seconds)
+            return time.monotonic() - start, code == 0, code
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return time.monotonic() - start, False, None
+
+
+DIFFS = """
+import json, sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant
+out = {}
+for name in json.load(sys.stdin):
+    try:
+        out[name] = get_diff_for_mutant(name, path=find_mutant(name).path)
+    except Exception as exc:  # a mutant mutmut cannot show is reported, not fatal
+        out[name] = f"(no diff: {exc!r})"
+print(json.dumps(out))
+"""
+
+
+def diffs(work: Path, names: list[str]) -> dict[str, str]:
+    """Each mutant's diff against the original source, from mutmut itself (one process for all)."""
+    if not names:
+        return {}
+    proc = subprocess.run([sys.executable, "-c", DIFFS], cwd=work, input=json.dumps(names), text=True,
+                          capture_output=True, timeout=600)
+    if proc.returncode != 0:
+        return {name: f"(no diff: {proc.stderr.strip()[-300:]})" for name in names}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compact(diff: str) -> str:
+    """Only the changed lines of a diff."""
+    lines = diff.splitlines()
+    return "\n".join(x for x in lines if x.startswith(("-", "+")) and not x.startswith(("---", "+++")))
+
+
+def collect(work: Path, module: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Counts per status and the mutants that were not killed, from mutmut's saved results; with ``base``
+    (an earlier row), its outcomes stand for the mutants this run did not select (``--functions``)."""
+    meta = work / "mutants" / f"{module}.meta"
+    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    earlier = {} if base is None else {s["name"]: s["diff"] for s in base["survivors"]}
+    for name, code in (base or {}).get("codes", {}).items():
+        if codes.get(name) is None:
+            codes[name] = code
+    counts = dict.fromkeys(COLUMNS, 0)
+    other: dict[str, int] = {}
+    by_status: dict[str, list[str]] = {}
+    for name, code in sorted(codes.items()):
+        status = STATUS.get(code, "suspicious")
+        if status in counts:
+            counts[status] += 1
+        else:
+            other[status] = other.get(status, 0) + 1
+        by_status.setdefault(status, []).append(name)
+    shown = [n for s in ("survived", "no tests", "timeout", "suspicious") for n in by_status.get(s, [])]
+    text = {**earlier, **diffs(work, [n for n in shown if n not in earlier])}
+    return {"mutants": len(codes), **counts, "other": other, "codes": codes,
+            "survivors": [{"name": n, "status": STATUS.get(codes[n], "suspicious"),
+                           "diff": compact(text.get(n, ""))} for n in shown]}
+
+
+def digest(paths: list[str]) -> dict[str, str]:
+    """sha256 (12 hex digits) of each file, so a result names the exact tests it ran."""
+    return {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest()[:12] for p in paths}
+
+
+def _changed(diff: str) -> tuple[list[str], list[str]]:
+    """The removed and added lines of a mutant's diff."""
+    lines = [line for line in diff.splitlines() if not line.startswith(("---", "+++"))]
+    return [x[1:] for x in lines if x.startswith("-")], [x[1:] for x in lines if x.startswith("+")]
+
+
+TEXT_ARGS = {"_need(": (2, 4), "_text(": (2,), "_series(": (2,), "_seconds(": (1,), "read_json(": (2, 3),
+             ".grid(": (0,)}
+"""Calls whose arguments at these positions only word an error message (the field's path, what to put)."""
+
+
+def _call_args(line: str, call: str) -> list[str] | None:
+    """The top-level arguments of the first ``call`` in ``line`` (None when it is not there)."""
+    start = line.find(call)
+    if start < 0:
+        return None
+    args, depth, quote, current = [], 0, "", ""
+    for ch in line[start + len(call):]:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                return [*args, current.strip()]
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args, current = [*args, current.strip()], ""
+            continue
+        current += ch
+    return None
+
+
+def _text_only(old: str, new: str) -> bool:
+    """Whether ``new`` changes only message-wording arguments of a ``TEXT_ARGS`` call to another text."""
+    for call, positions in TEXT_ARGS.items():
+        a, b = _call_args(old, call), _call_args(new, call)
+        if a is None or b is None or len(a) != len(b):
+            continue
+        changed = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        literal = re.compile(r"^(f?[\"'].*[\"']|None)$")
+        if changed and all(i in positions and literal.match(b[i]) for i in changed) and \
+                old[:old.find(call)] == new[:new.find(call)]:
+            return True
+    return False
+
+
+def category(diff: str) -> str | None:
+    """A note for the mutants that are alike wherever they occur: ``strict`` zips, devices, error text."""
+    old, new = _changed(diff)
+    if not old or len(old) != len(new):
+        return None
+    pairs = list(zip(old, new, strict=True))
+    if all(re.sub(r",? ?strict=\w+", "", a) == re.sub(r",? ?strict=\w+", "", b).replace(", )", ")")
+           or re.sub(r",? ?strict=\w+", "", a).replace(", )", ")") == re.sub(r",? ?strict=\w+", "", b)
+           .replace(", )", ")") for a, b in pairs) and "strict" in " ".join(old):
+        return STRICT
+    if all(re.sub(r",? ?device=[\w.]+", "", a).replace(", )", ")")
+           == re.sub(r",? ?device=[\w.]+", "", b).replace(", )", ")") for a, b in pairs):
+        return DEVICE
+    if all(_text_only(a, b) for a, b in pairs):
+        return MESSAGE
+    if all(re.search(r"raise |Error\(", a) or re.match(r"\s*f?[\"']", a) for a in old) and all(
+            "XX" in b or b.lower() == a.lower() or re.search(r"Error\(None\)|join\(None\)", b)
+            for a, b in pairs):
+        return MESSAGE
+    return None
+
+
+def note(name: str, diff: str = "") -> str:
+    """What was done about survivor ``name``: ``NOTES`` (by name or glob), else its ``category``."""
+    found = (text for pattern, text in NOTES.items() if fnmatch.fnmatchcase(name, pattern))
+    return next(found, None) or category(diff) or "not reviewed"
+
+
+def _short(name: str, module: str) -> str:
+    """A mutant's name without its module's prefix."""
+    return name.removeprefix(module.removesuffix(".py").replace("/", ".") + ".")
+
+
+def _table(rows: dict[str, Any]) -> list[str]:
+    """The per-module counts as a markdown table."""
+    out = ["| module | tests | mutants | killed | survived | timed out | no tests | not run | minutes | "
+           "first pass |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for module, row in rows.items():
+        tests = ", ".join(Path(t).stem.removeprefix("test_") for t in row["tests"])
+        before = row.get("previous")
+        first = "" if before is None else (f"{before['killed']} killed, {before['survived']} survived, "
+                                           f"{before['no tests']} no tests, {before['not run']} not run")
+        out.append(f"| `{module}` | {tests} | {row['mutants']} | {row['killed']} | {row['survived']} | "
+                   f"{row['timeout']} | {row['no tests']} | {row['not run']} | {row['elapsed_s'] / 60:.1f} | "
+                   f"{first} |")
+    return out
+
+
+def render(data: dict[str, Any]) -> str:
+    """mutation.md: the table per module, then every survivor and what was done about it: those alike by
+    kind in one list per kind, the others one by one with their diff."""
+    rows = data["results"]["modules"]
+    out = ["# Mutation testing", "",
+           f"mutmut {data['config']['mutmut']}, one mutant at a time, each module against its own test "
+           "files within its share of a 40-minute budget, then again for the modules whose tests were added "
+           f"to (`benchmarks/mutation.py`; commit {data.get('git_commit')}; the test files hashed in the "
+           "JSON).", "", *_table(rows), "",
+           "\"not run\": mutants mutmut did not reach within the module's budget (it was stopped); "
+           "\"no tests\": mutants in code none of the module's tests runs; \"first pass\": the figures "
+           "before the tests written against that pass's survivors, where the module was run again. "
+           "Functions under a decorator (``generate``, ``propose``) are not mutated by mutmut.", ""]
+    for module, row in rows.items():
+        if not row["survivors"]:
+            continue
+        out += [f"## `{module}`", ""]
+        kinds: dict[str, list[str]] = {}
+        single = []
+        for s in row["survivors"]:
+            text = note(s["name"], s["diff"])
+            if text in (STRICT, DEVICE, MESSAGE, DTYPE):
+                kinds.setdefault(text, []).append(f"`{_short(s['name'], module)}`")
+            else:
+                single.append((s, text))
+        for text, names in kinds.items():
+            out += [f"- {text}: {', '.join(names)}", ""]
+        for s, text in single:
+            out += [f"- `{_short(s['name'], module)}` ({s['status']}): {text}", "", "  ```diff",
+                    *(f"  {line}" for line in s["diff"].splitlines()), "  ```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:
+    """Run every module (or ``--only`` ones, merged into the saved results), save JSON and markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-minutes", type=float, default=40.0, help="total time for all modules")
+    parser.add_argument("--only", nargs="+", choices=sorted(MODULES), help="run these modules only")
+    parser.add_argument("--functions", nargs="+", default=[],
+                        help="with --only: run only the mutants of these functions, as mutmut names them "
+                             "after its 'x' (_f for f, Cǁm for C.m; globs allowed)")
+    parser.add_argument("--render", action="store_true", help="only rewrite mutation.md from the JSON")
+    args = parser.parse_args()
+    saved = RESULTS_DIR / f"{NAME}.json"
+    if args.render:
+        (RESULTS_DIR / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
+        return
+    modules = dict(MODULES) if not args.only else {m: MODULES[m] for m in args.only}
+    old = json.loads(saved.read_text())["results"]["modules"] if args.only and saved.exists() else {}
+    results: dict[str, Any] = dict(old)
+    for module, tests in modules.items():
+        budget = SHARE[module] * args.budget_minutes * 60
+        print(f"{module}: {budget / 60:.1f} min against {', '.join(tests)}", flush=True)
+        work = prepare(module, tests)
+        names = [f"{module.removesuffix('.py').replace('/', '.')}.x{f}__mutmut_*" for f in args.functions]
+        elapsed, finished, code = run_mutmut(work, budget, names)
+        row = {"tests": list(tests), "deselected": list(DESELECT.get(module, ())),
+               "functions": args.functions, "test_sha256": digest(list(tests)), "budget_s": round(budget, 1),
+               "elapsed_s": round(elapsed, 1), "finished": finished, "exit_code": code,
+               **collect(work, module, old.get(module) if args.functions else None)}
+        if module in old:  # a rerun (after new tests): keep the first pass's figures beside the new ones
+            first = old[module].get("previous") if args.functions else None
+            row["previous"] = first or {k: old[module][k] for k in ("mutants", *COLUMNS, "test_sha256")}
+        results[module] = row
+        counts = ", ".join(f"{c} {row[c]}" for c in COLUMNS)
+        print(f"  {counts} of {row['mutants']} in {elapsed / 60:.1f} min", flush=True)
+    ordered = {m: results[m] for m in MODULES if m in results}
+    config = {"mutmut": importlib.metadata.version("mutmut"), "budget_minutes": args.budget_minutes,
+              "share": SHARE, "modules": {m: list(t) for m, t in MODULES.items()}, "max_children": 1}
+    save_result(NAME, {"modules": ordered}, config, seed=None)
+    (RESULTS_DIR / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
+
+
+if __name__ == "__main__":
+    main()
