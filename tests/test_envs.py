@@ -13,7 +13,13 @@ import simulator  # noqa: F401  (registers the environments)
 from policies.adaptation import ADAPT_INFO_KEYS
 from policies.errors import InputError
 from policies.features import ADAPT_INDEX, LENGTH_CAP, adapt_features, length_features
-from simulator.acceptance import AdaptationDynamics, default_acceptance, level_rates, synthetic_traces
+from simulator.acceptance import (
+    AdaptationDynamics,
+    default_acceptance,
+    level_rates,
+    resolve_acceptance,
+    synthetic_traces,
+)
 from simulator.costs import PAPER_PROFILE, load_profile
 from simulator.envs import AdaptStreamEnv, SpecLengthEnv, _push, default_phases
 from simulator.traces import save_traces
@@ -289,21 +295,30 @@ def test_vector_adaptstream_with_one_slot_replays_the_single_env_exactly():
         assert vreward[0] == 0.0 and not vobs.any()
 
 
-@pytest.mark.parametrize("draft_length", [4, 8])
-def test_adapt_stream_query_seconds_follow_the_profile_and_the_acceptance_model(draft_length):
+@pytest.mark.parametrize(("draft_length", "shape", "replay"), [(4, None, False), (8, None, False),
+                                                                (8, {"starts": 1, "blocks": 1}, False),
+                                                                (6, None, True)])
+def test_adapt_stream_query_seconds_follow_the_profile_and_the_acceptance_model(draft_length, shape, replay,
+                                                                                 tmp_path):
     """With no query noise and no update, a query's seconds are its iterations (tokens over 1 + the
     expected accepted length, rounded up) times the mean step the verified-length shares weigh, at the
-    query's middle context, plus its prefill; computed here from the profile and the acceptance model."""
+    query's middle context (a tree drafted whole however much of it is verified), plus its prefill;
+    computed here from the profile and the acceptance model (parametric, or a trace replay)."""
     profile, model = load_profile(PAPER_PROFILE), default_acceptance()
+    if replay:
+        traces = synthetic_traces(model, queries=8, iterations=30, seed=1)
+        model = resolve_acceptance(save_traces(traces, tmp_path / "t.pq"))
     domain = model.domains[1]
     env = AdaptStreamEnv(profile, model, draft_length=draft_length, tokens_per_query=100,
                          prompt_tokens=(300, 300), phases=((3, {domain: 1.0}),),
-                         dynamics=AdaptationDynamics(query_noise=0.0))
+                         dynamics=AdaptationDynamics(query_noise=0.0), draft_shape=shape)
     env.reset(seed=0)
     d = model.domains.index(domain)
     accepted = float(level_rates(model.survival(draft_length)[d], np.array(1.0)))
     iterations = np.ceil(100 / (1.0 + accepted))
-    steps = profile.step_seconds("specblock", range(draft_length + 1), 300 + 50)
+    steps = profile.step_seconds("specblock", range(draft_length + 1), 300 + 50, shape)
+    if shape is not None:  # nothing verified still drafted the whole tree
+        steps[0] += profile.draft_seconds("specblock", **shape)
     mean_step = float(steps @ model.verified_shares(draft_length)[d])
     seconds = iterations * mean_step + float(profile.prefill_cost(300))
     for _ in range(3):
@@ -331,7 +346,7 @@ def test_adapt_stream_query_noise_is_log_normal_with_mean_one():
     expected = np.trapezoid(law * np.exp(-z**2 / 2) / np.sqrt(2 * np.pi), z)
     tau = info["tau"]
     assert abs(tau.mean() - expected) < 4 * tau.std() / np.sqrt(streams)
-    assert tau.min() >= 1.0 and tau.max() <= 9.0 and tau.std() > 0.5
+    assert 1.0 <= tau.min() < 2.0 and tau.max() <= 9.0 and tau.std() > 0.5  # the clip bounds only the tails
 
 
 def test_push_keeps_the_newest_positions_and_their_share_of_windows():
@@ -349,6 +364,11 @@ def test_push_keeps_the_newest_positions_and_their_share_of_windows():
     empty, first = _push(np.zeros((2, 2)), np.zeros(2), np.arange(2), np.array([1, 0]), np.array([3, 1]), 5.0)
     np.testing.assert_allclose(empty, [[0.0, 3.0], [1.0, 0.0]])
     np.testing.assert_allclose(first, [1.0, 1.0])
+    rows = np.arange(2)  # two streams, each kept by its own total (one below a position)
+    two, kept = _push(np.array([[0.25, 0.25], [4.0, 2.0]]), np.array([1.0, 3.0]), rows, np.array([0, 1]),
+                      np.array([1, 2]), 3.0)
+    np.testing.assert_allclose(two, [[1.25, 0.25], [4.0 / 6.0, 2.0 / 6.0 + 2.0]])
+    np.testing.assert_allclose(kept, [2.0, 3.0 / 6.0 + 1.0])
 
 
 def test_default_phases_and_stream_arguments_are_checked():
@@ -357,6 +377,15 @@ def test_default_phases_and_stream_arguments_are_checked():
     assert default_phases(("a", "b"), 4) == ((1, {"a": 1.0}), (3, None))
     assert default_phases(("a", "b"), 1) == ((1, None),)
     assert AdaptStreamEnv(draft_length=1, phases=((1, None),)).batch.queries == 1
+    env = AdaptStreamEnv()
+    assert env.batch.queries == 2000 and env.action_space.n == 3
+    with pytest.raises(AssertionError, match="reset"):
+        env.step(0)
+    env.reset(seed=0)
+    with pytest.raises(AssertionError, match="invalid"):
+        env.step(3)
+    env.revert()  # the last good drafter of a new stream is the drafter as profiled
+    assert env.batch.state["level"][0].tolist() == [1.0] * len(env.batch.model.domains)
     assert AdaptStreamEnv(draft_length=LENGTH_CAP).batch.draft_length == LENGTH_CAP
     for bad in (0, LENGTH_CAP + 1):
         with pytest.raises(InputError, match=f"draft_length = {bad} is invalid: use 1..{LENGTH_CAP}"):
@@ -367,36 +396,60 @@ def test_default_phases_and_stream_arguments_are_checked():
 
 
 def test_adapt_stream_state_follows_its_queries_and_updates():
-    """Counters, EWMAs, buffers and the update's reset, from what each step reports."""
+    """Counters, EWMAs, buffers and the updates' resets, from what each step reports."""
     model = default_acceptance()
-    domain = model.domains[0]
+    domain, last = model.domains[0], model.domains[2]
     env = AdaptStreamEnv(load_profile(PAPER_PROFILE), model, tokens_per_query=256, prompt_tokens=(300, 300),
-                         phases=((6, {domain: 1.0}),), dynamics=AdaptationDynamics(query_noise=0.0))
+                         phases=((7, {domain: 1.0}), (1, {last: 1.0})),
+                         dynamics=AdaptationDynamics(query_noise=0.0))
     obs, _ = env.reset(seed=3)
-    taus, recent, long = [], None, None
-    for step in range(1, 4):
+    obs, _, _, _, info = env.step(1)  # a head update with nothing buffered does not run
+    assert not info["updated"] and info["update_seconds"] == 0.0
+    recent = long = info["tau"]
+    for step in range(2, 5):
         obs, _, terminated, _, info = env.step(0)
-        taus.append(info["tau"])
-        recent = info["tau"] if recent is None else 0.7 * recent + 0.3 * info["tau"]
-        long = info["tau"] if long is None else 0.95 * long + 0.05 * info["tau"]
+        recent, long = 0.7 * recent + 0.3 * info["tau"], 0.95 * long + 0.05 * info["tau"]
         assert obs[ADAPT_INDEX["recent_tau"]] == pytest.approx(recent)
         assert obs[ADAPT_INDEX["tau_trend"]] == pytest.approx(recent - long)
         assert obs[ADAPT_INDEX["queries_since_update"]] == step
         held = obs[ADAPT_INDEX["head_fill"]] * 128
         assert held == pytest.approx(min(obs[ADAPT_INDEX["trigger"]], 128))  # every rejection is buffered
+        assert env.batch.state["head"].sum() <= 128 + 1e-9
+        assert obs[ADAPT_INDEX["full_fill"]] * 1024 == pytest.approx(obs[ADAPT_INDEX["trigger"]])
         assert not terminated
     onehot = np.eye(len(model.domains))[model.domains.index(domain)]
     np.testing.assert_allclose(obs[len(ADAPT_INDEX):], onehot)
     trigger = obs[ADAPT_INDEX["trigger"]]
-    assert trigger > 0
-    obs, _, _, _, info = env.step(1)  # a head update on what the buffer holds
-    assert info["updated"] and info["update_seconds"] > 0
+    assert 0 < trigger <= 4 * 256 / info["tau"]  # at most one buffered position per iteration
+    env.checkpoint()
+    fill, windows = obs[ADAPT_INDEX["head_fill"]], env.batch.state["head_windows"][0]
+    obs, _, _, _, info = env.step(1)  # a head update on what the head buffer holds
+    assert info["updated"]
+    cost = load_profile(PAPER_PROFILE).update_cost("head", fill, windows)
+    assert info["update_seconds"] == pytest.approx(cost)
     assert obs[ADAPT_INDEX["queries_since_update"]] == 1
-    assert obs[ADAPT_INDEX["trigger"]] < trigger + 1e-9  # restarted, then this query's rejections only
-    assert env.batch.state["level"][0, model.domains.index(domain)] != 1.0  # the update moved acceptance
-    env.revert()  # never checkpointed: back to the drafter as profiled
+    rejected = obs[ADAPT_INDEX["trigger"]]  # restarted: this query's rejections only, all in the head buffer
+    assert obs[ADAPT_INDEX["head_fill"]] * 128 == pytest.approx(min(rejected, 128))
+    assert obs[ADAPT_INDEX["full_fill"]] * 1024 == pytest.approx(trigger + rejected)  # the full one kept
+    level = env.batch.state["level"][0].copy()
+    assert not np.array_equal(level, np.ones(len(model.domains)))  # the update moved acceptance
+    obs, _, _, _, info = env.step(2)  # a full update empties both buffers
+    assert info["updated"]
+    rejected = obs[ADAPT_INDEX["trigger"]]
+    assert obs[ADAPT_INDEX["full_fill"]] * 1024 == pytest.approx(rejected)
+    env.revert()  # back to the checkpoint, taken before either update
     assert env.batch.state["level"][0].tolist() == [1.0] * len(model.domains)
     assert env.batch.state["draft"][0] == 1.0
-    for _ in range(2):
-        _, _, terminated, _, _ = env.step(0)
-    assert terminated  # the sixth query ends the stream
+    _, _, terminated, _, info = env.step(0)
+    assert not terminated and info["domain"] == domain
+    _, _, terminated, _, info = env.step(0)
+    assert terminated and info["domain"] == last  # the eighth query comes from the last phase
+
+
+def test_adapt_stream_slots_draw_their_own_prompts():
+    env = AdaptStreamVectorEnv(8, load_profile(PAPER_PROFILE), default_acceptance(), tokens_per_query=64,
+                               prompt_tokens=(0, 3000), phases=((2, {default_acceptance().domains[0]: 1.0}),),
+                               dynamics=AdaptationDynamics(query_noise=0.0))
+    env.reset(seed=0)
+    info = env.step(np.zeros(8, dtype=np.int64))[4]
+    assert len(set(info["query_seconds"].round(12).tolist())) > 4
