@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from real_engine.model import Transformer, load_model
+
 CHARS = string.ascii_letters + string.digits + " .,:;()=+-*/_'\"\n"
 EOS = "<|endoftext|>"
 # Two busy cores shared with other jobs: one intra-op thread avoids oversubscription stalls.
@@ -105,3 +107,15 @@ def ray_session() -> Iterator[None]:
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def target(llama_dir: Path) -> Transformer:
+    """The tiny Llama target, loaded once per test module."""
+    return load_model(llama_dir)
+
+
+@pytest.fixture(scope="module")
+def draft(draft_dir: Path) -> Transformer:
+    """The tiny draft model, loaded once per test module."""
+    return load_model(draft_dir)
