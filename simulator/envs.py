@@ -84,8 +84,7 @@ class SpecLengthBatch:
         self.whole = draft_shape is not None
         self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP, draft_shape)
         # The policy's own work per iteration in the engine, by positions drafted (zero when not steered).
-        self.steering = (self.profile.steering_seconds(np.arange(LENGTH_CAP + 1)) if steered
-                         else np.zeros(LENGTH_CAP + 1))
+        self.steering = steered * np.asarray(self.profile.steering_seconds(np.arange(LENGTH_CAP + 1)))
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         self.tokens, self.prompt_low, self.prompt_high = _check_query(tokens_per_query, prompt_tokens)
         every = np.arange(self.prompt_high + self.tokens + 1)

@@ -119,3 +119,12 @@ def target(llama_dir: Path) -> Transformer:
 def draft(draft_dir: Path) -> Transformer:
     """The tiny draft model, loaded once per test module."""
     return load_model(draft_dir)
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a test module (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

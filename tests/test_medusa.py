@@ -28,12 +28,7 @@ from real_engine.warp import Sampling, warp
 VOCAB = 48
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_target(seed: int = 0) -> Transformer:

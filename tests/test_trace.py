@@ -12,20 +12,10 @@ import torch
 
 from experiments.cli import main
 from real_engine.decode import Iteration, generate, make_drafter
-from real_engine.model import Transformer, load_model
+from real_engine.model import Transformer
 from real_engine.trace import Prompt, load_prompts, node_columns, record
 from real_engine.tree import DraftTree
 from simulator.traces import load_traces, save_traces
-
-
-@pytest.fixture(scope="module")
-def target(llama_dir: Path) -> Transformer:
-    return load_model(llama_dir)
-
-
-@pytest.fixture(scope="module")
-def draft(draft_dir: Path) -> Transformer:
-    return load_model(draft_dir)
 
 
 @pytest.fixture(scope="module")
