@@ -40,7 +40,6 @@ and ``.png``. Run: ``python -m experiments.adapt_live`` (``--quick`` for a one-m
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +50,7 @@ from typing import Any
 import click
 import numpy as np
 
+from experiments.cli import SEED
 from policies.adaptation import ACTIONS, SKIP
 from policies.errors import InputError
 from policies.io import atomic_write, write_text
@@ -557,7 +557,7 @@ def run(
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts
     from simulator.acceptance import AdaptationDynamics, TraceReplay, adaptation_tau, fit_adaptation
-    from simulator.costs import load_profile
+    from simulator.costs import load_profile, profile_measurement
 
     torch.set_num_threads(1)
     target = load_model(model_dir)
@@ -589,7 +589,7 @@ def run(
               "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
               "update_windows": dict(profile.update_windows),
               "update_single": dict(profile.fits.get("update_single", {})),
-              "update_model": json.loads(profile_path.read_text()).get("measurement", {}).get("update_model")}
+              "update_model": profile_measurement(profile_path).get("update_model")}
     lengths = [len(tokens) for _, tokens in stream]
     stream_domains = [d for d, _ in stream]
     result: dict[str, Any] = {
@@ -694,7 +694,7 @@ def run(
     help="CPU cost profile the simulator starts from.",
 )
 @click.option("--quick", is_flag=True, help="A one-minute smoke run (12 short queries, 4 simulated streams).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--name", default=None, help="Result file name [adapt_live; adapt_live_quick with --quick].")
 def main(
     model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, seed: int, name: str | None

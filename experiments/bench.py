@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from policies.errors import InputError
+from policies.io import MAX_PROMPT_SET_BYTES, read_text
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.trained import TRAINED
@@ -157,7 +158,9 @@ def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dic
     prompts: dict[str, list[str]] = {}
     for domain in chosen:
         path, texts = folder / f"{domain}.jsonl", []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = read_text(path, MAX_PROMPT_SET_BYTES, "prompt set",
+                         "give a JSON-lines file of {\"text\": ...} objects")
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:

@@ -38,7 +38,6 @@ Run: ``python -m experiments.fidelity`` (``--help`` for the sizes).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -50,6 +49,7 @@ from typing import Any
 import click
 import numpy as np
 
+from experiments.cli import SEED
 from policies.errors import InputError
 from policies.io import write_text
 
@@ -401,7 +401,7 @@ def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
                    "drifts by several percent within an hour.")
 @click.option("--profile-repeats", type=int, default=15, show_default=True,
               help="Timed repeats per configuration of --measure-profile.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int, evaluation: int,
          max_new_tokens: int, queries: int, threads: int, only: str | None, name: str,
          trace_files: tuple[str, ...], fresh_path: Path | None, profile_repeats: int, seed: int) -> None:
@@ -415,7 +415,7 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
-    from simulator.costs import load_profile
+    from simulator.costs import load_profile, profile_measurement
 
     if profile_repeats < 1:
         raise InputError(f"--profile-repeats {profile_repeats} is too few: give 1 or more")
@@ -447,7 +447,7 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
                                grid=grid, threads=threads, clock_kind="cpu", seed=seed), fresh_path)
         profile_path = fresh_path
         profile = load_profile(profile_path)
-    clock = json.loads(profile_path.read_text()).get("measurement", {}).get("clock", "wall")
+    clock = profile_measurement(profile_path).get("clock", "wall")
     result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
     meta = {"profile": str(profile_path), "model": str(model_dir),
             "draft_model": str(draft_dir) if draft is not None else None,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.errors import InputError
+from simulator.costs import profile_measurement
 
 LOCK = ".lock"
 """The lock file inside a held folder (removed when the holder lets go)."""
@@ -119,15 +120,15 @@ def _holder(fd: int) -> str:
 
 
 def measurement_age(path: str | Path) -> float | None:
-    """Seconds since the measurement in the JSON file ``path`` was taken: its ``measurement.date`` when it
-    records one, else the file's modification time; None when the file is missing."""
+    """Seconds since the cost profile at ``path`` was measured: its ``measurement.date`` when it records
+    one, else the file's modification time; None when the file is missing."""
     path = Path(path)
     try:
         modified = path.stat().st_mtime
     except OSError:
         return None
     try:
-        date = json.loads(path.read_text())["measurement"]["date"]
+        date = profile_measurement(path)["date"]
         taken = datetime.fromisoformat(date)
         taken = taken if taken.tzinfo else taken.replace(tzinfo=timezone.utc)
         return max(0.0, datetime.now(timezone.utc).timestamp() - taken.timestamp())

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.errors import InputError
-from policies.io import write_json
+from policies.io import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "data" / "models"
@@ -377,7 +377,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
 
     policies = adapt_live.default_policies()
     for path in sorted((run.out / "policies").glob("tuned-*.json")):
-        spec = json.loads(path.read_text())
+        spec = read_json(path, MAX_POLICY_BYTES, "policy file", "delete it to tune it again")
         if spec["kind"] in ADAPTATION_KINDS:
             policies[path.stem] = {"kind": spec["kind"], "params": spec["params"]}
     profile = run.path("cost_profile.json")
@@ -461,17 +461,15 @@ def _state(
         return {"plan": asdict(plan), "steps": {}}
     if not record.exists():
         raise InputError(f"no pipeline run in {out} to resume: drop --resume to start one there")
+    fix = "choose another --out, or delete the folder to start over"
+    state = read_json(record, MAX_RECORD_BYTES, "pipeline run record", fix)
     try:
-        state = json.loads(record.read_text())
         steps = state["steps"]
         if not all(name in STEPS and isinstance(steps[name]["seconds"], (int, float)) for name in steps):
             raise ValueError("its steps are not the pipeline's")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError) as err:
         detail = str(err).splitlines()[0] if isinstance(err, ValueError) else "wrong shape"
-        raise InputError(
-            f"{record} is not a pipeline run record ({detail}): choose another --out, "
-            "or delete the folder to start over"
-        ) from None
+        raise InputError(f"{record} is not a pipeline run record ({detail}): {fix}") from None
     if state.get("plan") != json.loads(json.dumps(asdict(plan))):
         raise InputError(
             f"{out} was run with another plan (see its run.json): resume with the same "
@@ -528,7 +526,8 @@ def run_pipeline(
             write_json(out / "run.json", state)
             log(f"{name}: {state['steps'][name]['seconds']:.1f} s {json.dumps(summary)[:160]}")
             advance(name)
-        deploy = json.loads(run.path("deploy.json").read_text())
+        deploy = read_json(run.path("deploy.json"), MAX_RECORD_BYTES, "deploy result",
+                           "resume to remeasure it")
         age = measurement_age(run.path("cost_profile.json"))
     return {
         "run_dir": str(out),

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from policies.io import atomic_write, write_json, write_text
+from policies.io import MAX_POLICY_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json, write_text
 
 
 def lp_table(quick: bool, seed: int = 0) -> list[dict[str, Any]]:
@@ -62,7 +62,7 @@ def verdict(deploy: dict[str, Any]) -> list[str]:
 
 def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     """Write the report of the run in ``out`` (its ``deploy.json`` and ``policies/``)."""
-    deploy = json.loads((out / "deploy.json").read_text())
+    deploy = read_json(out / "deploy.json", MAX_RECORD_BYTES, "deploy result", "resume the run")
     lp = lp_table(quick, seed)
     write_json(out / "lp.json", lp)
     rows = deploy["policies"]
@@ -96,7 +96,8 @@ def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     lines += _adaptation(deploy.get("adaptation", {}))
     lines += ["", "## Tuned policies", ""]
     for path in sorted((out / "policies").glob("*.json")):
-        lines.append(f"- `{path.name}`: `{json.dumps(json.loads(path.read_text()))}`")
+        spec = read_json(path, MAX_POLICY_BYTES, "policy file", "delete it to tune it again")
+        lines.append(f"- `{path.name}`: `{json.dumps(spec)}`")
     lines += [
         "",
         "## Verification LP (expected accepted draft tokens, vocabulary 3, mean of random instances)",

@@ -8,22 +8,22 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import socket
-import threading
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 from policies.errors import InputError
+from policies.io import read_text
 
 for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
                       ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1"), ("RAY_AIR_NEW_OUTPUT", "0")):
     os.environ.setdefault(_name, _value)  # read when ray is imported, so set before any import of it
 
-CONNECT_SECONDS = 30
-"""Longest wait for ``ray.init`` to join the cluster at ``--address`` (Ray notices the alarm when its
-current call to the GCS returns)."""
-PROBE_SECONDS = 10
+CONNECT_SECONDS = 20
+"""Longest wait for a trial ``ray.init`` to join the cluster at ``--address`` (with the probe's two
+steps, at most 30 s before a bad address is refused)."""
+PROBE_SECONDS = 5
 """Longest wait for each step of the probe of ``--address`` before Ray is started: a TCP connection, then
 the gRPC server's first frame."""
 ADDRESS_FIX = ("start a cluster with `ray start --head` and pass the address it prints, "
@@ -33,8 +33,8 @@ _ADDRESS = re.compile(r"(?P<scheme>ray://)?(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*
 
 def check_address(address: str | None) -> str | None:
     """The Ray address to join, checked: ``host:port`` or ``ray://host:port`` where a gRPC server (a Ray
-    GCS or Ray Client server) answers, ``auto`` resolved to the cluster ``ray start`` recorded; None (no
-    address) for a private local Ray. InputError, naming the fix, within ``PROBE_SECONDS`` or so."""
+    GCS or Ray Client server) answers and a trial join succeeds, ``auto`` resolved to the cluster ``ray
+    start`` recorded; None (no address) for a private local Ray. InputError, naming the fix, within 30 s."""
     if address is None:
         return None
     text = _recorded_address() if address.strip() == "auto" else address.strip()
@@ -49,6 +49,7 @@ def check_address(address: str | None) -> str | None:
     if not grpc:
         raise InputError(f"the server at --address {text} is not a Ray cluster (it does not speak gRPC): "
                          f"{ADDRESS_FIX}")
+    _trial_join(text)
     return text
 
 
@@ -78,8 +79,8 @@ def _recorded_address() -> str:
     tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
     path = Path(tmp) / "ray" / "ray_current_cluster"
     try:
-        recorded = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
+        recorded = read_text(path, 4096, "Ray address file", ADDRESS_FIX).strip()  # one host:port line
+    except InputError:
         recorded = ""
     if not recorded:
         raise InputError(f"--address auto finds no running Ray cluster (none recorded in {path}, "
@@ -88,45 +89,35 @@ def _recorded_address() -> str:
 
 
 def start_ray(address: str | None = None) -> bool:
-    """Join the Ray cluster at ``address`` (``check_address``; at most ``CONNECT_SECONDS``) or start a
+    """Join the Ray cluster at ``address`` (one ``check_address`` returned) or start a
     private, quiet local Ray on 2 CPUs (``address="local"``: never a cluster an earlier ``ray start`` left
     recorded); False when Ray was already up."""
     import ray
 
     if ray.is_initialized():
         return False
-    address = check_address(address)
     if address:
-        _join(address)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     else:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.WARNING)
     return True
 
 
-class _Expired(BaseException):
-    """The connection alarm: a BaseException, so Ray's retry loops (``except Exception``) let it through."""
+_TRIAL_JOIN = "import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); ray.shutdown()"
 
 
-def _join(address: str) -> None:
-    """``ray.init`` on a cluster, given up after ``CONNECT_SECONDS`` (an alarm, in the main thread)."""
-    import ray
-
-    def expire(signum: int, frame: Any) -> None:
-        raise _Expired(f"no answer within {CONNECT_SECONDS} s")
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGALRM, expire) if main else None
-    if main:
-        signal.setitimer(signal.ITIMER_REAL, CONNECT_SECONDS)
+def _trial_join(address: str) -> None:
+    """Join the cluster at ``address`` in a child process given ``CONNECT_SECONDS`` (Ray's own client waits
+    about 40 s, deaf to signals, for a GCS that never answers, and a shortened Ray timeout kills the
+    process); InputError with the fix when that fails."""
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except (_Expired, ConnectionError, RuntimeError, ValueError) as err:
-        ray.shutdown()
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"cannot join the Ray cluster at --address {address} ({detail}): "
-                         f"{ADDRESS_FIX}") from None
-    finally:
-        if main:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+        trial = subprocess.run([sys.executable, "-c", _TRIAL_JOIN, address], capture_output=True, text=True,
+                               timeout=CONNECT_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"cannot join the Ray cluster at --address {address} (no answer within "
+                         f"{CONNECT_SECONDS} s): {ADDRESS_FIX}") from None
+    if trial.returncode != 0:
+        lines = [line for line in trial.stderr.strip().splitlines() if line.strip()]
+        detail = lines[-1].strip() if lines else f"exit code {trial.returncode}"
+        raise InputError(f"cannot join the Ray cluster at --address {address} ({detail}): {ADDRESS_FIX}")

@@ -47,7 +47,7 @@ from experiments.ray_session import check_address, start_ray  # also quiets Ray 
 from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
 from policies.errors import InputError
-from policies.io import atomic_write, write_json
+from policies.io import MAX_CALIBRATION_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from simulator.acceptance import PAPER_DOMAINS, AcceptanceModel, TraceReplay, paper_acceptance
 from simulator.costs import CostProfile, load_profile
 from simulator.envs import AdaptStreamEnv, default_phases
@@ -159,15 +159,9 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
 @functools.lru_cache(maxsize=8)
 def load_calibration(path: str | Path) -> Calibration:
     """A calibration file (``{"positions": [...]}``), validated."""
-    path = Path(path)
-    try:
-        return Calibration.from_dict(json.loads(path.read_text()), str(path))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such calibration file: pass the calibration.json of a pipeline "
-                         "run") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not a JSON calibration ({str(err).splitlines()[0]}): "
-                         "pass a file the pipeline wrote") from None
+    raw = read_json(path, MAX_CALIBRATION_BYTES, "calibration file",
+                    "pass the calibration.json of a pipeline run")
+    return Calibration.from_dict(raw, str(path))
 
 
 def make_tuned(setting: Setting, kind: str, params: Mapping[str, Any] | None = None) -> Policy:
@@ -401,10 +395,7 @@ def _read_records(folder: Path, policies: Sequence[Mapping[str, Any]]) -> dict[i
 
 def _read_record(path: Path, policies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     fix = "delete it to run that trial again"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{path} is not a trial record ({str(err).splitlines()[0]}): {fix}") from None
+    record = read_json(path, MAX_RECORD_BYTES, "trial record", fix)
     index = record.get("index") if isinstance(record, dict) else None
     numbers = (int, float, type(None))
     valid = (type(index) is int and 0 <= index < len(policies) and path.stem == f"{index:05d}"
@@ -500,19 +491,25 @@ def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16
         _check_out(out, config, resume)
         done = {i: r for i, r in _read_records(out / TRIALS, policies).items() if r["error"] is None}
         pending = [policy for policy in policies if policy["index"] not in done]
-        if progress:
-            resumed = f" ({len(done)} resumed from their records)" if done else ""
-            progress(f"tuning {len(policies)} configurations{resumed} of {', '.join(kinds)} ({search} "
-                     f"search, {scheduler}) on {address or 'local Ray'}: drafter {setting.drafter}, "
-                     f"profile {setting.profile}")
-        tune_seconds = _run(setting, pending, scheduler, out, address, config)
+        resumed = f" ({len(done)} resumed from their records)" if done else ""
+        started = start_ray(address) if pending else False  # joining a cluster checks --address too
+        try:
+            if progress:
+                progress(f"tuning {len(policies)} configurations{resumed} of {', '.join(kinds)} ({search} "
+                         f"search, {scheduler}) on {address or 'local Ray'}: drafter {setting.drafter}, "
+                         f"profile {setting.profile}")
+            tune_seconds = _run(setting, pending, scheduler, out, config)
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
         return _finish(setting, config, policies, out, start, tune_seconds, len(pending))
 
 
-def _run(setting: Setting, pending: list[dict[str, Any]], scheduler: str, out: Path, address: str | None,
+def _run(setting: Setting, pending: list[dict[str, Any]], scheduler: str, out: Path,
          config: dict[str, Any]) -> float:
-    """Run the ``pending`` trials (Ray is started, or joined, only for some); their fit's seconds."""
-    started = start_ray(address) if pending else False
+    """Run the ``pending`` trials on the Ray already up; their fit's seconds."""
     quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")  # it warns that no result.json
     level = quiet.level  # exists: the automatic result loggers are off on purpose
     try:
@@ -526,10 +523,6 @@ def _run(setting: Setting, pending: list[dict[str, Any]], scheduler: str, out: P
         return time.perf_counter() - fit_start
     finally:
         quiet.setLevel(level)
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
 def _finish(setting: Setting, config: dict[str, Any], policies: list[dict[str, Any]], out: Path,
@@ -567,11 +560,8 @@ def _check_out(out: Path, config: dict[str, Any], resume: bool) -> None:
         return
     if not stored.exists():
         return
-    try:
-        previous = json.loads(stored.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{stored} is not a study record ({str(err).splitlines()[0]}): "
-                         "choose another --out, or delete the folder to start over") from None
+    previous = read_json(stored, MAX_RECORD_BYTES, "study record",
+                         "choose another --out, or delete the folder to start over")
     if not isinstance(previous, dict) or previous.get("config") != json.loads(json.dumps(config)):
         raise InputError(f"{out} holds a study with another configuration: resume it with the same "
                          "options (see its study.json), or choose another --out")

@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from policies.errors import InputError
-from policies.io import atomic_write, write_json
+from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.model import Transformer
 
 FIELDS = ("tokens", "features", "hidden", "topk_logp", "topk_ids")
@@ -253,8 +253,9 @@ def open_drafter_data(folder: str | Path) -> DrafterData:
     path = folder / "meta.json"
     if not path.exists():
         raise InputError(f"no meta.json in {folder}: prepare the drafter data first")
+    raw = read_json(path, MAX_RECORD_BYTES, "drafter-data description", "prepare the data again")
     try:
-        meta = DataMeta(**json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError) as exc:
+        meta = DataMeta(**raw)
+    except TypeError as exc:
         raise InputError(f"{path} is not a drafter-data description: prepare the data again") from exc
     return DrafterData(folder, meta)

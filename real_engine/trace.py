@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from policies.errors import InputError
+from policies.io import MAX_PROMPT_SET_BYTES, read_text
 from real_engine.decode import GREEDY, Iteration, Stats, generate
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
@@ -64,7 +65,8 @@ def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], lis
             raise InputError(f"no prompt file for domain {domain!r} ({path}): use one of "
                              f"{', '.join(prompt_domains(folder))}")
         try:
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            lines = read_text(path, MAX_PROMPT_SET_BYTES, "prompt set", "fix it").splitlines()
+            rows = [json.loads(line) for line in lines if line.strip()]
             texts = [(str(r.get("id", f"{domain}-{i:03d}")), r["text"]) for i, r in enumerate(rows)]
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"{path} is not a JSON-lines file of {{\"text\": ...}} objects ({exc}): fix it"

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from policies.errors import InputError
-from policies.io import atomic_write, write_json
+from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine import corpus
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 
@@ -267,7 +267,7 @@ def load_checkpoint(folder: Path, model: Transformer, opt: torch.optim.Optimizer
         if keys:
             opt_state["state"][i] = {k.split(".", 2)[2]: tensors[k] for k in keys}
     opt.load_state_dict(opt_state)
-    return json.loads(meta.read_text())
+    return read_json(meta, MAX_RECORD_BYTES, "checkpoint record", "run without --resume to start fresh")
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -488,9 +488,13 @@ def _continue_from(model: Transformer, init: Path | None) -> dict[str, Any]:
                          "train from scratch without --init")
     model.load_state_dict(start.state_dict())
     log_path = Path(init) / "training_log.json"
-    earlier = json.loads(log_path.read_text()) if log_path.exists() else {}
+    fix = "remove it or train from scratch without --init"
+    earlier = read_json(log_path, MAX_RECORD_BYTES, "training log", fix) if log_path.exists() else {}
+    counts = ("tokens_seen", "earlier_tokens_seen")
+    if not (isinstance(earlier, dict) and all(type(earlier.get(k, 0)) is int for k in counts)):
+        raise InputError(f"{log_path} is not a training log (a JSON object with token counts): {fix}")
     return {"init_from": str(init), "earlier_heldout_loss": earlier.get("heldout_loss"),
-            "earlier_tokens_seen": earlier.get("tokens_seen", 0) + earlier.get("earlier_tokens_seen", 0)}
+            "earlier_tokens_seen": sum(earlier.get(k, 0) for k in counts)}
 
 
 def train_target(out: Path, run_dir: Path, cfg: TrainConfig = TARGET, resume: bool = False,

@@ -27,7 +27,6 @@ and ``training.json`` (settings, loss curve, final per-step or per-head agreemen
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from policies.errors import InputError
-from policies.io import atomic_write, write_json
+from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.drafter_data import DrafterData, open_drafter_data, progress_bar, target_fingerprint
 from real_engine.drafters.eagle import EagleNet, TreeShape, load_eagle, new_eagle, save_eagle
 from real_engine.drafters.medusa import MedusaNet, choose_tree, load_medusa, new_medusa, save_medusa
@@ -173,11 +172,13 @@ def _restore(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, record: d
              ) -> tuple[int, dict[str, Any]]:
     """Load weights and AdamW state from ``folder``: the step to continue from and the saved record."""
     try:
-        saved = json.loads((folder / "state.json").read_text())
+        saved = read_json(folder / "state.json", MAX_RECORD_BYTES, "checkpoint record", "train afresh")
         state = load_file(str(folder / "checkpoint.safetensors"))
-    except (OSError, json.JSONDecodeError, SafetensorError) as exc:
+    except (OSError, SafetensorError) as exc:
         raise InputError(f"cannot read the checkpoint in {folder} ({exc}): train afresh") from exc
-    if any(saved.get(key) != record[key] for key in ("train", "data", "drafter")):
+    keys = ("train", "data", "drafter")
+    same = isinstance(saved, dict) and all(saved.get(key) == record[key] for key in keys)
+    if not same or type(saved.get("step")) is not int:
         raise InputError(f"{folder} was made with other settings or data: resume with the same ones, or "
                          "train into a new folder")
     net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net/")})

@@ -26,7 +26,6 @@ reproduces an uninterrupted one). Checkpoints are safetensors plus JSON (never p
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -39,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from policies.errors import InputError
-from policies.io import atomic_write, write_json
+from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.drafter_data import (
     DrafterData,
     frequent_targets,
@@ -221,8 +220,10 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     out, ckpt = Path(out), Path(run_dir)
     record: dict[str, Any] = {"train": asdict(config), "data": asdict(data.meta), "losses": []}
     if resume and (ckpt / "state.json").exists():
-        saved = json.loads((ckpt / "state.json").read_text())
-        if saved.get("train") != record["train"] or saved.get("data") != record["data"]:
+        saved = read_json(ckpt / "state.json", MAX_RECORD_BYTES, "checkpoint record",
+                          "train into a new folder")
+        if (not isinstance(saved, dict) or type(saved.get("step")) is not int
+                or saved.get("train") != record["train"] or saved.get("data") != record["data"]):
             raise InputError(f"{ckpt} was made with other settings or data: resume with the same ones, "
                              "or train into a new folder")
         net = load_specblock(ckpt, target).float().train()

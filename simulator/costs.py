@@ -545,6 +545,14 @@ def load_profile(path: str | Path) -> CostProfile:
         raise InputError(f"{path}: {err}") from None
 
 
+def profile_measurement(path: str | Path) -> dict[str, Any]:
+    """The ``measurement`` block of the profile file at ``path``: how, where and when it was measured
+    (empty when the file records none)."""
+    data = read_json(path, MAX_PROFILE_BYTES, "cost profile", "pass a file written by `specblock profile`")
+    block = data.get("measurement") if isinstance(data, dict) else None
+    return block if isinstance(block, dict) else {}
+
+
 def save_profile(profile: CostProfile, path: str | Path) -> Path:
     """Write ``profile`` as JSON atomically (samples and their fits)."""
     return write_json(path, profile.to_json())

@@ -16,11 +16,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments import bench
 from experiments.cli import MAX_SEED, main, resolve_device
+from experiments.tune import load_calibration
 from policies import io as policy_io
 from policies.base import load_policy
 from policies.errors import InputError
+from real_engine import trace
 from real_engine.decode import generate, make_drafter
+from real_engine.drafter_data import open_drafter_data
+from real_engine.drafters.draft_model import load_vocab
+from real_engine.drafters.eagle import load_eagle
+from real_engine.drafters.medusa import load_medusa
+from real_engine.drafters.specblock import load_specblock
+from real_engine.drafters.trained import deployed_shape
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.warp import MIN_TEMPERATURE, Sampling, warp
@@ -227,6 +236,12 @@ def sparse(path: Path, size: int) -> Path:
     return path
 
 
+def with_weights(folder: Path) -> Path:
+    """``folder`` with an empty weights file beside its config (a drafter folder's second file)."""
+    (folder / "model.safetensors").touch()
+    return folder
+
+
 def forbid_reads(patch: pytest.MonkeyPatch) -> None:
     """Make every file read fail the test: a cap must be checked before reading."""
     def forbidden(*args: object, **kwargs: object) -> None:
@@ -244,6 +259,16 @@ def forbid_reads(patch: pytest.MonkeyPatch) -> None:
     (load_traces, policy_io.MAX_TRACE_BYTES, "traces.parquet"),
     (lambda path: Tokenizer.load(path.parent), policy_io.MAX_TOKENIZER_BYTES, "tokenizer.json"),
     (lambda path: load_model(path.parent), policy_io.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: load_eagle(path.parent, None), policy_io.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: load_medusa(path.parent, None), policy_io.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: load_specblock(with_weights(path.parent), None), policy_io.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: deployed_shape("eagle", path.parent), policy_io.MAX_CONFIG_BYTES, "drafting.json"),
+    (lambda path: load_vocab(path.parent, 4), policy_io.MAX_CONFIG_BYTES, "draft_vocab.json"),
+    (lambda path: open_drafter_data(path.parent), policy_io.MAX_RECORD_BYTES, "meta.json"),
+    (lambda path: bench.load_prompts(path.parent, ["code"], 1), policy_io.MAX_PROMPT_SET_BYTES, "code.jsonl"),
+    (lambda path: trace.load_prompts(["code"], 1, list, folder=path.parent), policy_io.MAX_PROMPT_SET_BYTES,
+     "code.jsonl"),
+    (load_calibration, policy_io.MAX_CALIBRATION_BYTES, "calibration.json"),
 ])
 def test_oversized_files_are_refused_before_reading(load: Callable[[Path], object], limit: int, name: str,
                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -209,5 +209,5 @@ def test_save_load_round_trip_and_bad_input(tmp_path):
     with pytest.raises(InputError, match="hidden size"):
         load_medusa(tmp_path, target)
     (tmp_path / "config.json").write_text("{")
-    with pytest.raises(InputError, match="valid Medusa"):
+    with pytest.raises(InputError, match="not a JSON Medusa heads config"):
         load_medusa(tmp_path, target)

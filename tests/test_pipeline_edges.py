@@ -136,7 +136,7 @@ def test_a_corrupt_run_record_is_one_line(text: str, tmp_path: Path, models: lis
     out.mkdir()
     (out / "run.json").write_text(text)
     proc = specblock("pipeline", "--quick", "--resume", "--out", str(out), *models)
-    assert_one_line_exit_2(proc, "is not a pipeline run record", "choose another --out")
+    assert_one_line_exit_2(proc, "pipeline run record", "choose another --out")
 
 
 def test_a_held_run_folder_refuses_a_second_writer(tmp_path: Path, models: list[str]) -> None:

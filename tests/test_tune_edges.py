@@ -3,6 +3,7 @@ study folder, unwritable --out, and a --samples cap."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,6 +84,39 @@ def test_a_port_that_is_not_ray_fails_fast(tmp_path: Path) -> None:
     assert seconds < 60
 
 
+def test_a_grpc_server_that_is_not_ray_is_refused_within_the_join_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments import ray_session
+
+    monkeypatch.setattr(ray_session, "CONNECT_SECONDS", 3)
+    with socket.socket() as server:  # answers the HTTP/2 preface with a SETTINGS frame, then says nothing
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.settimeout(1)
+        port = server.getsockname()[1]
+
+        def settings_then_silence() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    conn, _ = server.accept()
+                    conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+                    accepted.append(conn)
+
+        stop, accepted = threading.Event(), []
+        thread = threading.Thread(target=settings_then_silence, daemon=True)
+        thread.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(InputError, match=r"no answer within 3 s.*ray start --head"):
+                ray_session.check_address(f"127.0.0.1:{port}")
+        finally:
+            stop.set()
+            thread.join()
+            for conn in accepted:
+                conn.close()
+    assert time.monotonic() - start < 30  # a bound on hanging, far above the 3 s limit set here
+
+
 def test_a_running_cluster_is_joined(ray_session: None, tmp_path: Path) -> None:
     import ray
 
@@ -143,7 +178,7 @@ def test_a_bad_trial_record_is_named(tmp_path: Path) -> None:
               "scheduler": "fifo"}
     (out / TRIALS).mkdir(parents=True)
     (out / "study.json").write_text(json.dumps({"config": config}))
-    for text, problem in (("{not json", "is not a trial record"), ("[1, 2]", "wrong shape"),
+    for text, problem in (("{not json", "not a JSON trial record"), ("[1, 2]", "wrong shape"),
                           (json.dumps({"index": 0, "policy": {"kind": "fixed", "params": {"length": 99}},
                                        "tokens_per_second": 1.0, "tau": 1.0, "chunks": 2, "error": None}),
                            "another configuration")):
@@ -153,7 +188,7 @@ def test_a_bad_trial_record_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "study.json").write_text("{oops")
-    with pytest.raises(InputError, match="not a study record"):
+    with pytest.raises(InputError, match="not a JSON study record"):
         tune_policies(SETTING, ("fixed",), samples=2, out=bad, resume=True)
 
 

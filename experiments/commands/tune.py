@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from experiments.cli import SEED
+
 TASKS = ("length", "adapt")
 
 
@@ -55,7 +57,7 @@ def _table(task: str, report: dict[str, Any]) -> None:
 @click.option("--chunks", type=int, default=None,
               help="length: batches the queries are served in [4]; adapt: streams per trial [2]. "
                    "One report per chunk.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the simulated work (the same in every trial) and of the random search.")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path),
               help="Cost profile JSON [default: data/profiles/cpu_shipped.json, else the A100 paper "

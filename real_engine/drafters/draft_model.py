@@ -47,7 +47,6 @@ at temperature 0, the warped ``q`` otherwise).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,6 +54,7 @@ import torch
 from torch import nn
 
 from policies.errors import InputError
+from policies.io import MAX_CONFIG_BYTES, read_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.ngram import NgramIndex, lookup_chain
 from real_engine.model import Output, Transformer
@@ -76,10 +76,11 @@ def load_vocab(folder: str | Path, count: int) -> torch.Tensor:
                          "model's token frequencies (`specblock train draft-model` writes them); drop the "
                          "vocab option")
     try:
-        ids = json.loads(path.read_text())["ids"]
+        fix = "rewrite it with `specblock train draft-model`"
+        ids = read_json(path, MAX_CONFIG_BYTES, "token order", fix)["ids"]
         ok = (isinstance(ids, list) and all(isinstance(i, int) and i >= 0 for i in ids)
               and len(set(ids)) == len(ids))
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (KeyError, TypeError):
         ok = False
     if not ok:
         raise InputError(f"{path} is not a token order ({{\"ids\": [distinct token ids]}}): rewrite it with "

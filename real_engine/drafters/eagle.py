@@ -27,7 +27,6 @@ deterministic candidate's ``p(x)``).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from policies.errors import InputError
+from policies.io import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
@@ -111,7 +111,6 @@ def new_eagle(target: Transformer, own_head: bool = False, seed: int = 0) -> Eag
 def save_eagle(net: EagleNet, folder: str | Path, shape: TreeShape = TreeShape(),
                dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write ``model.safetensors`` (the drafter's own weights, in ``dtype``) and ``config.json``."""
-    from policies.io import atomic_write, write_json
 
     folder = Path(folder)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
@@ -125,12 +124,13 @@ def save_eagle(net: EagleNet, folder: str | Path, shape: TreeShape = TreeShape()
 def load_eagle(folder: str | Path, target: Transformer) -> tuple[EagleNet, TreeShape]:
     """Load a drafter saved by :func:`save_eagle` for ``target`` (on its device and dtype)."""
     folder = Path(folder)
+    config = read_json(folder / "config.json", MAX_CONFIG_BYTES, "EAGLE drafter config",
+                       "train one with `specblock train eagle`")
     try:
-        config = json.loads((folder / "config.json").read_text())
         args = ModelArgs.from_hf(config["layer"])
         shape = TreeShape(**config["tree"])
         own_head = bool(config["own_head"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise InputError(f"{folder} holds no valid EAGLE config.json ({exc}): train one with "
                          "`specblock train eagle`") from exc
     if (args.hidden_size, args.vocab_size) != (target.args.hidden_size, target.args.vocab_size):

@@ -19,7 +19,6 @@ best first with a heap (Medusa builds its trees greedily the same way). Candidat
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from policies.errors import InputError
+from policies.io import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, use_half
@@ -132,7 +132,6 @@ def save_medusa(net: MedusaNet, tree: Sequence[Node], folder: str | Path,
                 dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write ``model.safetensors`` (in ``dtype``) and ``config.json`` (the heads' shape, the chosen tree
     and the calibration accuracies it came from) to ``folder``."""
-    from policies.io import atomic_write, write_json
 
     folder = Path(folder)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
@@ -150,12 +149,13 @@ def load_medusa(folder: str | Path, target: Transformer, budget: int | None = No
     """Load heads and tree saved by :func:`save_medusa` for ``target`` (on its device and dtype); with
     ``budget``, the tree of that many nodes chosen from the saved calibration accuracies instead."""
     folder = Path(folder)
+    config = read_json(folder / "config.json", MAX_CONFIG_BYTES, "Medusa heads config",
+                       "train heads with `specblock train medusa`")
     try:
-        config = json.loads((folder / "config.json").read_text())
         net = MedusaNet(config["hidden_size"], config["vocab_size"], config["heads"], config["own_heads"])
         tree = _check_tree([tuple(n) for n in config["tree"]], net.heads)
         accuracies = config["accuracies"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{folder} holds no valid Medusa config.json ({exc}): train one with "
                          "`specblock train medusa`") from exc
     if (net.hidden_size, net.vocab_size) != (target.args.hidden_size, target.args.vocab_size):

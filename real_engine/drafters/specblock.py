@@ -36,7 +36,6 @@ the target's features, which the verifier's forward has just produced.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,6 +48,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from policies.errors import InputError
+from policies.io import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
 from real_engine.kv_cache import KVCache
@@ -514,7 +514,6 @@ class SpecBlockDrafter:
 
 def save_specblock(net: SpecBlock, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (the target's embeddings are not included)."""
-    from policies.io import atomic_write, write_json
 
     folder = Path(folder)
     state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
@@ -532,10 +531,7 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
         if not path.exists():
             raise InputError(f"missing {path}: give a folder written by save_specblock "
                              "(specblock train specblock)")
-    try:
-        raw = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{config_path} is not valid JSON: re-save the drafter") from exc
+    raw = read_json(config_path, MAX_CONFIG_BYTES, "drafter config", "re-save the drafter")
     if isinstance(raw, dict) and raw.get("format") == "specblock-v1":
         raise InputError(f"{folder} holds a specblock-v1 drafter, trained before its inputs were normalized: "
                          "retrain it for this version (specblock train specblock)")

@@ -9,11 +9,11 @@ fastest one measured on this machine), else the trained settings: SpecBlock's 2 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from policies.errors import InputError
+from policies.io import MAX_CONFIG_BYTES, read_json, write_json
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.eagle import eagle_drafter
 from real_engine.drafters.medusa import MedusaDrafter, load_medusa
@@ -38,10 +38,10 @@ def deployed_shape(name: str, folder: str | Path) -> dict[str, float]:
     if not path.is_file():
         return {}
     try:
-        shape = json.loads(path.read_text())["shape"]
+        shape = read_json(path, MAX_CONFIG_BYTES, "drafting shape", "re-save it with --deploy")["shape"]
         ok = isinstance(shape, dict) and all(k in SHAPE_OPTIONS[name] and _valid(k, v)
                                               for k, v in shape.items())
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (KeyError, TypeError):
         ok = False
     if not ok:
         raise InputError(f"{path} is not a {name} drafting shape ({{\"shape\": {{option: value}}}} with "
@@ -59,7 +59,6 @@ def _valid(option: str, value: Any) -> bool:
 
 def write_shape(name: str, folder: str | Path, shape: dict[str, float], record: dict[str, Any]) -> Path:
     """Save ``shape`` as ``folder``'s deployed shape, with ``record`` (how it was chosen)."""
-    from policies.io import write_json
 
     bad = sorted(set(shape) - set(SHAPE_OPTIONS[name]))
     if bad:
