@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from core.errors import InputError
 from experiments.provenance import save_result
-from policies.errors import InputError
 from real_engine.drafters.draft_model import load_vocab
 from real_engine.model import Transformer, load_model
 from real_engine.packed import Linear, cut_rows

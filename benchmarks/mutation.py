@@ -34,7 +34,8 @@ from mutation_notes import DEVICE, DTYPE, MESSAGE, NOTES, STRICT
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.provenance import RESULTS_DIR, save_result  # noqa: E402
+from core.paths import RESULTS  # noqa: E402
+from experiments.provenance import save_result  # noqa: E402
 
 NAME = "mutation"
 SCRATCH = Path("/tmp/specblock-mutation")
@@ -47,8 +48,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                             "tests/test_feedback_paths.py"),
     "real_engine/decode.py": ("tests/test_decode.py", "tests/test_decode_edges.py",
                               "tests/test_feedback_paths.py"),
-    "simulator/interpolation.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
-    "simulator/costs.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
+    "core/interpolation.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
+    "core/cost_profile.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
     "simulator/envs.py": ("tests/test_envs.py", "tests/test_speclength_accounting.py",
                           "tests/test_costs_shapes.py", "tests/test_steering.py",
                           "tests/test_rollout_batch.py", "tests/test_trace_replay_bias.py"),
@@ -63,7 +64,7 @@ DESELECT: dict[str, tuple[str, ...]] = {
 """Tests of a module's files left out of its runs: the trained drafters' own sampling checks (12 of the
 decode file's 35 seconds, on drafter code, not the loop's), so that more of the loop's mutants are run."""
 SHARE = {"real_engine/verify.py": 0.17, "real_engine/kv_cache.py": 0.06, "real_engine/tree.py": 0.10,
-         "real_engine/decode.py": 0.25, "simulator/interpolation.py": 0.04, "simulator/costs.py": 0.12,
+         "real_engine/decode.py": 0.25, "core/interpolation.py": 0.04, "core/cost_profile.py": 0.12,
          "simulator/envs.py": 0.14, "policies/length.py": 0.06, "policies/adaptation.py": 0.06}
 """Each module's share of the time budget (by its size and how long its tests take)."""
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -261,7 +262,7 @@ BY_HAND = (
     "file restored (`git diff` empty): `real_engine/decode.py` handing `accept` the first n target rows "
     "(`rows = slice(n)`) fails four tests of `tests/test_feedback_paths.py` (the rows two stub drafters "
     "receive against a fresh target forward, and EAGLE's and SpecBlock's next trees against drafters begun "
-    "afresh on the committed text); `simulator/interpolation.py` `blend` without the floor at 0 fails "
+    "afresh on the committed text); `core/interpolation.py` `blend` without the floor at 0 fails "
     "`test_extrapolation_never_falls_below_the_last_grid_value_nor_slopes_down` and `test_blend_is_linear_"
     "inside_and_never_slopes_down_outside`; the bandit's revert rule with `tau > previous` fails "
     "`test_bandit_equal_tau_windows_are_never_drops` (3 cases). SpecLength without the bonus token fails "
@@ -341,9 +342,9 @@ def main() -> None:
                              "after its 'x' (_f for f, Cǁm for C.m; globs allowed)")
     parser.add_argument("--render", action="store_true", help="only rewrite mutation.md from the JSON")
     args = parser.parse_args()
-    saved = RESULTS_DIR / f"{NAME}.json"
+    saved = RESULTS / f"{NAME}.json"
     if args.render:
-        (RESULTS_DIR / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
+        (RESULTS / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
         return
     modules = dict(MODULES) if not args.only else {m: MODULES[m] for m in args.only}
     old = json.loads(saved.read_text())["results"]["modules"] if args.only and saved.exists() else {}
@@ -368,7 +369,7 @@ def main() -> None:
     config = {"mutmut": importlib.metadata.version("mutmut"), "budget_minutes": args.budget_minutes,
               "share": SHARE, "modules": {m: list(t) for m, t in MODULES.items()}, "max_children": 1}
     save_result(NAME, {"modules": ordered}, config, seed=None)
-    (RESULTS_DIR / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
+    (RESULTS / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
 
 
 if __name__ == "__main__":

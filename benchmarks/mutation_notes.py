@@ -64,40 +64,40 @@ NOTES: dict[str, str] = {
     "real_engine.verify.x_greedy_law__mutmut_10": (
         "equivalent: every reader normalizes the law (a point mass of weight 2 is the same law)"),
     "real_engine.verify.x_gbv_law__mutmut_61": "equivalent: float('INF') is float('inf')",
-    # simulator/interpolation.py
-    "simulator.interpolation.x_blend__mutmut_13": "equivalent: at w = 1 both branches give hi",
-    "simulator.interpolation.x_bracket__mutmut_20": (
+    # core/interpolation.py
+    "core.interpolation.x_blend__mutmut_13": "equivalent: at w = 1 both branches give hi",
+    "core.interpolation.x_bracket__mutmut_20": (
         "equivalent: on an interior grid point side='left' brackets the left segment at weight 1, which "
         "blend turns into the same grid value"),
-    "simulator.interpolation.x_bracket__mutmut_9": (
+    "core.interpolation.x_bracket__mutmut_9": (
         "equivalent: x is first raised to grid[0], so the index is never below 0"),
-    "simulator.interpolation.xǁGridǁ__call____mutmut_3[02]": (
+    "core.interpolation.xǁGridǁ__call____mutmut_3[02]": (
         "equivalent: coordinates become float in the arithmetic with the float64 axes"),
-    "simulator.interpolation.xǁSeriesǁgrid__mutmut_1[35]": (
+    "core.interpolation.xǁSeriesǁgrid__mutmut_1[35]": (
         "equivalent: integer axes give the same brackets and weights (true division) and the same JSON"),
-    # simulator/costs.py
-    "simulator.costs.x__check_fits__mutmut_1[8]": (
+    # core/cost_profile.py
+    "core.cost_profile.x__check_fits__mutmut_1[8]": (
         "equivalent: numbers give float64 anyway; text gives a string array, which allclose refuses with "
         "the TypeError that marks the fits stale"),
-    "simulator.costs.x__check_fits__mutmut_20": (
+    "core.cost_profile.x__check_fits__mutmut_20": (
         "equivalent: numbers give float64 anyway; text gives a string array, which allclose refuses with "
         "the TypeError that marks the fits stale"),
-    "simulator.costs.x__check_fits__mutmut_35": "equivalent: None is as false as False",
-    "simulator.costs.x__need__mutmut_[78]": MESSAGE,
-    "simulator.costs.xǁCostProfileǁchain_draft_seconds__mutmut_18": (
+    "core.cost_profile.x__check_fits__mutmut_35": "equivalent: None is as false as False",
+    "core.cost_profile.x__need__mutmut_[78]": MESSAGE,
+    "core.cost_profile.xǁCostProfileǁchain_draft_seconds__mutmut_18": (
         "equivalent: a profile with SpecBlock must have its block size (checked at load), and no other kind "
         "reaches this branch"),
-    "simulator.costs.xǁCostProfileǁstep_seconds__mutmut_25": (
+    "core.cost_profile.xǁCostProfileǁstep_seconds__mutmut_25": (
         "equivalent: a table one column wider is built and only the asked columns are read"),
-    "simulator.costs.xǁCostProfileǁstep_seconds__mutmut_28": DTYPE,
-    "simulator.costs.xǁCostProfileǁstep_seconds__mutmut_30": DTYPE,
-    "simulator.costs.xǁCostProfileǁstep_table__mutmut_59": (
+    "core.cost_profile.xǁCostProfileǁstep_seconds__mutmut_28": DTYPE,
+    "core.cost_profile.xǁCostProfileǁstep_seconds__mutmut_30": DTYPE,
+    "core.cost_profile.xǁCostProfileǁstep_table__mutmut_59": (
         "equivalent on this numpy: reshape reads any negative size as 'the rest'"),
-    "simulator.costs.xǁCostProfileǁupdate_cost__mutmut_27": (
+    "core.cost_profile.xǁCostProfileǁupdate_cost__mutmut_27": (
         "equivalent: at one window both branches give one"),
-    "simulator.costs.xǁCostProfileǁupdate_cost__mutmut_4[35]": DTYPE,
-    "simulator.costs.xǁCostProfileǁupdate_cost__mutmut_[57]": DTYPE,
-    "simulator.costs.xǁStepTableǁ__call____mutmut_[35]": DTYPE,
+    "core.cost_profile.xǁCostProfileǁupdate_cost__mutmut_4[35]": DTYPE,
+    "core.cost_profile.xǁCostProfileǁupdate_cost__mutmut_[57]": DTYPE,
+    "core.cost_profile.xǁStepTableǁ__call____mutmut_[35]": DTYPE,
     # simulator/envs.py
     "simulator.envs.xǁSpecLengthBatchǁ__init____mutmut_[123]": (
         "equivalent: both SpecLength environments pass every argument; the batch's own defaults are unused"),

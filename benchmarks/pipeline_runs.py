@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from experiments.provenance import RESULTS_DIR, save_result
-from policies.io import write_text
+from core.files import write_text
+from core.paths import RESULTS
+from experiments.provenance import save_result
 
 
 def run_once(out: Path, full: bool) -> dict[str, Any]:
@@ -89,7 +90,7 @@ def main() -> None:
             rows.append(row(run_once(Path(folder) / f"run{i}", args.full)))
             print(f"  fidelity error {rows[-1]['fidelity_error']:.1%}", file=sys.stderr, flush=True)
     save_result(tag, rows, {"command": command, "runs": args.runs}, seed=0)
-    write_text(RESULTS_DIR / f"{tag}.md", markdown(rows, command))
+    write_text(RESULTS / f"{tag}.md", markdown(rows, command))
     print(markdown(rows, command))
 
 

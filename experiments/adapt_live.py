@@ -50,16 +50,12 @@ from typing import Any
 import click
 import numpy as np
 
+from core.errors import InputError
+from core.files import atomic_write, write_text
+from core.paths import CPU_PROFILE, MODELS, RESULTS, TARGET
 from experiments.cli import SEED
 from policies.adaptation import ACTIONS, SKIP
-from policies.errors import InputError
-from policies.io import atomic_write, write_text
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / "data" / "models" / "target"
-DEFAULT_DRAFTER = REPO / "data" / "models" / "specblock"
-DEFAULT_PROFILE = REPO / "data" / "profiles" / "cpu_shipped.json"
-RESULTS = REPO / "benchmarks" / "results"
 POLICIES = ("never", "always", "cost_aware_bandit")
 """The policies compared by default, with their default parameters (``never`` must always be there: its
 stream gives the traces and the drafting shapes the simulator replays)."""
@@ -149,7 +145,7 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
 
 def pooled(before: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, Any]:
     """``before``'s samples with the decoding samples of ``others`` (``retime`` without updates) added:
-    every timing of each grid point counts (``simulator.costs`` pools a point's rows; medians)."""
+    every timing of each grid point counts (``core.cost_profile`` pools a point's rows; medians)."""
     out = {**before, "draft": {"specblock": before["draft"]["specblock"]
                                + [row for t in others for row in t["draft"]["specblock"]]}}
     out.update({key: before[key] + [row for t in others for row in t[key]] for key in DECODING})
@@ -159,7 +155,7 @@ def pooled(before: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, A
 def with_samples(profile: Any, timed: Mapping[str, Any] | None) -> Any:
     """``profile`` with the samples ``retime`` measured in place of its own (its other drafters' kept);
     itself for None."""
-    from simulator.costs import profile_from_json
+    from core.cost_profile import profile_from_json
 
     if timed is None:
         return profile
@@ -551,13 +547,13 @@ def run(
     import pandas as pd
     import torch
 
+    from core.cost_profile import load_profile, profile_measurement
     from experiments.provenance import save_result
     from real_engine.adapt import AdaptConfig
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts
     from simulator.acceptance import AdaptationDynamics, TraceReplay, adaptation_tau, fit_adaptation
-    from simulator.costs import load_profile, profile_measurement
 
     torch.set_num_threads(1)
     target = load_model(model_dir)
@@ -673,7 +669,7 @@ def run(
     "--model",
     "model_dir",
     type=click.Path(path_type=Path),
-    default=DEFAULT_MODEL,
+    default=TARGET,
     show_default=True,
     help="Target model folder.",
 )
@@ -681,7 +677,7 @@ def run(
     "--drafter",
     "drafter_dir",
     type=click.Path(path_type=Path),
-    default=DEFAULT_DRAFTER,
+    default=MODELS / "specblock",
     show_default=True,
     help="SpecBlock drafter folder (save_specblock).",
 )
@@ -689,7 +685,7 @@ def run(
     "--profile",
     "profile_path",
     type=click.Path(path_type=Path),
-    default=DEFAULT_PROFILE,
+    default=CPU_PROFILE,
     show_default=True,
     help="CPU cost profile the simulator starts from.",
 )

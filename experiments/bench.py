@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from policies.errors import InputError
-from policies.io import MAX_PROMPT_SET_BYTES, read_text
+from core.errors import InputError
+from core.files import MAX_PROMPT_SET_BYTES, read_text
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.trained import TRAINED
@@ -266,9 +266,9 @@ class Engine:
             drafter = make_drafter(config.drafter, self.target, depth=s.depth)
         if config.policy is None:
             return drafter
+        from core.cost_profile import resolve_profile
         from policies import policy_from_dict
         from real_engine.speculate import LengthControlled
-        from simulator.costs import resolve_profile
 
         policy = policy_from_dict(dict(s.policies)[config.policy], seed=s.seed, source=config.policy)
         return LengthControlled(drafter, policy, resolve_profile(s.profile), config.drafter)

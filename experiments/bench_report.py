@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from policies.io import atomic_write, write_text
+from core.files import atomic_write, write_text
 
 
 def _label(row: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from policies.errors import InputError
+from core.errors import InputError
 
 # name -> module under experiments.commands that defines a click command called `command`.
 COMMANDS = {

@@ -49,15 +49,10 @@ from typing import Any
 import click
 import numpy as np
 
+from core.errors import InputError
+from core.files import write_text
+from core.paths import CPU_PROFILE, DRAFT_MODEL, RESULTS, TARGET
 from experiments.cli import SEED
-from policies.errors import InputError
-from policies.io import write_text
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / "data" / "models" / "target"
-DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
-DEFAULT_PROFILE = REPO / "data" / "profiles" / "cpu_shipped.json"
-RESULTS = REPO / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)
@@ -383,9 +378,9 @@ def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 @click.command()
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL)
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT)
-@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=DEFAULT_PROFILE)
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET)
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL)
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=CPU_PROFILE)
 @click.option("--calibration", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
 @click.option("--evaluation", type=int, default=8, show_default=True, help="Evaluation prompts per domain.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -410,12 +405,12 @@ def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int,
 
     import torch
 
+    from core.cost_profile import load_profile, profile_measurement
     from experiments.provenance import save_result
     from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
-    from simulator.costs import load_profile, profile_measurement
 
     if profile_repeats < 1:
         raise InputError(f"--profile-repeats {profile_repeats} is too few: give 1 or more")

@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
-from simulator.costs import profile_measurement
+from core.cost_profile import profile_measurement
+from core.errors import InputError
 
 LOCK = ".lock"
 """The lock file inside a held folder (removed when the holder lets go)."""

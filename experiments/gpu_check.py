@@ -18,7 +18,7 @@ In one run of a few minutes it
 (d) runs a drafter update on a side ``torch.cuda.Stream`` while the target verifies on the default
     stream, timed with CUDA events, and reports how much of the shorter side was hidden (overlap) and
     whether the verify results stayed the same;
-(e) writes the cost profile (schema 1 of ``simulator.costs``, as plain JSON: this machine cannot
+(e) writes the cost profile (schema 1 of ``core.cost_profile``, as plain JSON: this machine cannot
     import the simulator) and a results JSON with the GPU's name, under ``$OUT`` when it is set,
     else under ``data/profiles/`` and ``benchmarks/results/``.
 
@@ -49,9 +49,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from experiments.provenance import RESULTS_DIR, save_result
-from policies.errors import InputError
-from policies.io import write_json
+from core.errors import InputError
+from core.files import write_json
+from core.paths import MODELS, PROFILES, RESULTS
+from experiments.provenance import save_result
 from real_engine import profile as prof
 from real_engine.decode import MAX_TREE_NODES, generate, make_drafter, prefill
 from real_engine.drafters.eagle import TreeShape, new_eagle
@@ -61,9 +62,6 @@ from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 from real_engine.verify import verify as verify_tree
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS_DIR = REPO / "data" / "models"
-PROFILES_DIR = REPO / "data" / "profiles"
 LLAMA_8B = ModelArgs(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
                      max_position_embeddings=8192)
@@ -345,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="torch device [default: cuda if available, else cpu]")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (seconds, for tests on a CPU)")
     parser.add_argument("--out", type=Path, default=None, help="folder for both files [default: $OUT]")
-    parser.add_argument("--models", type=Path, default=MODELS_DIR, help="shipped models folder")
+    parser.add_argument("--models", type=Path, default=MODELS, help="shipped models folder")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -356,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results: dict[str, Any] = {"plan": plan.name, "errors": {}, "seconds": {}}
     name = f"{slug(prof.device_name(device))}_{plan.name}"
-    profile_path = (out or PROFILES_DIR) / f"{name}.json"
+    profile_path = (out or PROFILES) / f"{name}.json"
     built: dict[str, Any] = {}
 
     def build() -> dict[str, Any]:
@@ -382,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             results["errors"][section] = f"{type(exc).__name__}: {exc}"
         results["seconds"][section] = time.perf_counter() - start
         print(f"[gpu_check] {section}: {results.get(section, results['errors'].get(section))}", flush=True)
-        save_result("gpu_check", results, config, args.seed, directory=out or RESULTS_DIR)
+        save_result("gpu_check", results, config, args.seed, directory=out or RESULTS)
     return 1 if results["errors"] else 0
 
 

@@ -33,11 +33,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
-from policies.io import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
+from core.paths import CPU_PROFILE, MODELS
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS = REPO / "data" / "models"
 STEPS = ("models", "profile", "traces", "simulate", "tune", "deploy", "report")
 DRAFTER = "draft-model"
 LENGTH_KINDS = ("fixed", "threshold", "heuristic", "libraspec")
@@ -224,8 +223,8 @@ def _predict(run: Run, policy: Any, profile: Any = None, replicates: int = 0, ob
     cost ``profile`` (default: the run's ``cost_profile.json``) and the calibration traces, the policy
     shown ``observed``'s step times when given and its decisions timed here
     (``experiments.deploy.Forecast``)."""
+    from core.cost_profile import load_profile
     from experiments.deploy import decision_cost, forecast
-    from simulator.costs import load_profile
     from simulator.traces import load_traces
 
     plan = run.plan
@@ -321,11 +320,11 @@ def step_deploy(run: Run) -> dict[str, Any]:
     The prediction's costs come from a profile measured in this process with its rounds interleaved with
     the live prompts, so both see the machine alike; policies see the step times of the profile they
     were tuned with, in the engine and in the simulator."""
+    from core.cost_profile import load_profile
     from experiments.deploy import LiveRun, compare
     from policies import policy_from_dict, policy_to_dict
     from real_engine.decode import make_drafter
     from real_engine.speculate import LengthControlled
-    from simulator.costs import load_profile
 
     m, plan = run.models(), run.plan
     tuned = load_profile(run.path("cost_profile.json"))
@@ -372,8 +371,8 @@ def _adaptation(run: Run) -> dict[str, Any]:
     per policy, measured and simulated tokens/s and tau; a note instead when the drafter cannot run."""
     import torch
 
+    from core.cost_profile import load_profile
     from experiments import adapt_live
-    from simulator.costs import load_profile
 
     policies = adapt_live.default_policies()
     for path in sorted((run.out / "policies").glob("tuned-*.json")):
@@ -382,7 +381,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
             policies[path.stem] = {"kind": spec["kind"], "params": spec["params"]}
     profile = run.path("cost_profile.json")
     if "specblock" not in load_profile(profile).drafters:  # a quick profile times no feature drafter
-        profile = adapt_live.DEFAULT_PROFILE
+        profile = CPU_PROFILE
     plan = adapt_live.QUICK_PLAN if run.plan.quick else adapt_live.DEFAULT_PLAN
     threads = torch.get_num_threads()
     try:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from policies.io import MAX_POLICY_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json, write_text
+from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json, write_text
 
 
 def lp_table(quick: bool, seed: int = 0) -> list[dict[str, Any]]:

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policies.io import write_json
+from core.files import write_json
+from core.paths import RESULTS
 
 PACKAGES = ("specblock", "torch", "numpy", "scipy", "cvxpy", "clarabel", "gymnasium", "ray", "pandas",
             "transformers")
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def cpu_name() -> str:
@@ -80,6 +80,6 @@ def provenance(config: dict[str, Any], seed: int | None) -> dict[str, Any]:
 
 
 def save_result(name: str, results: Any, config: dict[str, Any], seed: int | None,
-                directory: Path = RESULTS_DIR) -> Path:
+                directory: Path = RESULTS) -> Path:
     """Write ``{provenance..., "results": results}`` to ``directory/name.json`` atomically."""
     return write_json(directory / f"{name}.json", {**provenance(config, seed), "results": results})

@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from policies.errors import InputError
-from policies.io import read_text
+from core.errors import InputError
+from core.files import read_text
 
 for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
                       ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1"), ("RAY_AIR_NEW_OUTPUT", "0")):

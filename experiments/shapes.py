@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 
 GRIDS: dict[str, tuple[dict[str, float], ...]] = {
     "specblock": (*({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
@@ -129,8 +129,8 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
         max_new_tokens: int, rounds: int, seed: int, out: Path, tag: str, apply: bool,
         progress: bool = True) -> dict[str, Any]:
     """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes."""
+    from core.files import write_text
     from experiments.provenance import save_result
-    from policies.io import write_text
     from real_engine.drafters.trained import trained_available, write_shape
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer

@@ -27,17 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from experiments.provenance import RESULTS_DIR, save_result
+from core.errors import InputError
+from core.files import atomic_write, write_text
+from core.paths import CPU_PROFILE, PAPER_PROFILE, REPO, RESULTS, STUDY_RUNS
+from experiments.provenance import save_result
 from experiments.ray_session import start_ray
 from experiments.tune import Setting, Traffic, evaluate, make_setting, tune_policies
-from policies.errors import InputError
 from policies.features import LENGTH_CAP
-from policies.io import atomic_write, write_text
-from simulator.costs import PAPER_PROFILE, PROFILES_DIR
 from simulator.rollout import Outcome
 
-CPU_PROFILE = PROFILES_DIR / "cpu_shipped.json"
-RUNS = Path("runs") / "studies"
 LENGTH_TRAFFICS: dict[str, Traffic] = {
     "steady": Traffic((("code", 1.0),), shared_sd=0.0, own_sd=0.0),
     "paper": Traffic(),
@@ -73,12 +71,12 @@ def length_cases() -> tuple[list[tuple[str, Path, str]], list[str]]:
     cases = [("A100 paper, specblock (step costs)", PAPER_PROFILE, "specblock"),
              ("A100 paper, eagle (affine costs)", PAPER_PROFILE, "eagle")]
     if CPU_PROFILE.exists():
-        from simulator.costs import load_profile
+        from core.cost_profile import load_profile
 
         drafters = sorted(load_profile(CPU_PROFILE).drafters)
         cases += [(f"CPU shipped, {kind}", CPU_PROFILE, kind) for kind in drafters]
         return cases, []
-    return cases, [f"{CPU_PROFILE.relative_to(PROFILES_DIR.parent.parent)} does not exist yet: "
+    return cases, [f"{CPU_PROFILE.relative_to(REPO)} does not exist yet: "
                    "the CPU profile is skipped"]
 
 
@@ -92,7 +90,8 @@ def length_study(samples: int = 12, tune_queries: int = 192, held_queries: int =
                                   traffic=traffic, drafter=drafter)
             held = dataclasses.replace(tuning, queries=held_queries, seed=HELD_OUT_SEED)
             slug = f"{profile.stem}-{drafter}-{traffic_name}"
-            tuned = tune_policies(tuning, ("threshold", "heuristic"), samples, _fresh(RUNS / "length" / slug))
+            tuned = tune_policies(tuning, ("threshold", "heuristic"), samples,
+                                  _fresh(STUDY_RUNS / "length" / slug))
             named = [(f"fixed-{n}", "fixed", {"length": n}) for n in range(LENGTH_CAP + 1)]
             named += [("libraspec", "libraspec", {}), ("libraspec_exhaustive", "libraspec_exhaustive", {}),
                       ("threshold (default)", "threshold", {}), ("heuristic (default)", "heuristic", {}),
@@ -177,7 +176,8 @@ def adapt_study(samples: int = 32, queries: int = 2000, tune_streams: int = 4, h
     compare every policy on held-out streams."""
     tuning = make_setting("adapt", PAPER_PROFILE, queries=queries, chunks=tune_streams, seed=TUNE_SEED,
                           traffic=Traffic(), drafter="specblock")
-    tuned = {kind: tune_policies(tuning, (kind,), samples, _fresh(RUNS / "adapt" / kind), scheduler=scheduler)
+    tuned = {kind: tune_policies(tuning, (kind,), samples, _fresh(STUDY_RUNS / "adapt" / kind),
+                                 scheduler=scheduler)
              for kind in ("epsilon_greedy", "cost_aware_bandit")}  # apart: ASHA compares within a kind
     named = [*ADAPT_POLICIES,
              ("epsilon-greedy (tuned)", "epsilon_greedy", tuned["epsilon_greedy"].best["params"]),
@@ -256,7 +256,7 @@ STUDIES = {
 }
 
 
-def run_study(name: str, directory: Path = RESULTS_DIR) -> dict[str, Any]:
+def run_study(name: str, directory: Path = RESULTS) -> dict[str, Any]:
     """Run one study on local Ray and write its JSON, markdown and PNG under ``directory``."""
     if name not in STUDIES:
         raise InputError(f"unknown study {name!r}: use one of {', '.join(STUDIES)}")
@@ -275,5 +275,5 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in STUDIES:
         sys.exit(f"usage: python -m experiments.studies {'|'.join(STUDIES)}")
     outcome = run_study(sys.argv[1])
-    print((RESULTS_DIR / f"study_{sys.argv[1]}.md").read_text())
+    print((RESULTS / f"study_{sys.argv[1]}.md").read_text())
     print(f"{outcome['seconds']:.0f} s", file=sys.stderr)

@@ -42,14 +42,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.cost_profile import CostProfile, load_profile
+from core.errors import InputError
+from core.files import MAX_CALIBRATION_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.paths import CPU_PROFILE, PAPER_PROFILE, TRACES, TUNE_RUNS
 from experiments.folders import check_writable, hold
 from experiments.ray_session import check_address, start_ray  # also quiets Ray before it loads
 from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
-from policies.errors import InputError
-from policies.io import MAX_CALIBRATION_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from simulator.acceptance import PAPER_DOMAINS, AcceptanceModel, TraceReplay, paper_acceptance
-from simulator.costs import CostProfile, load_profile
 from simulator.envs import AdaptStreamEnv, default_phases
 from simulator.rollout import Outcome, is_adaptation, run_adapt, run_length
 from simulator.traces import load_traces
@@ -121,8 +122,7 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
     """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
     them; a ``traffic`` replaces the shipped traces; ``calibration`` (a file) comes with every length
     policy that reads confidences."""
-    from experiments.commands.simulate import SHIPPED_PROFILE, SHIPPED_TRACES, default_drafter
-    from simulator.costs import PAPER_PROFILE
+    from experiments.commands.simulate import default_drafter
 
     _check_task(task)
     queries = DEFAULT_QUERIES[task] if queries is None else queries
@@ -133,10 +133,10 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
     if task == "length" and queries < chunks:
         raise InputError(f"{queries} queries cannot fill {chunks} chunks: use queries >= chunks")
     if profile is None:
-        profile = SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
+        profile = CPU_PROFILE if CPU_PROFILE.exists() else PAPER_PROFILE
         # The shipped traces belong with the shipped profile, never with a profile the user picked.
-        if traces is None and traffic is None and profile == SHIPPED_PROFILE and SHIPPED_TRACES.exists():
-            traces = SHIPPED_TRACES
+        if traces is None and traffic is None and profile == CPU_PROFILE and TRACES.exists():
+            traces = TRACES
     loaded = load_profile(profile)
     recorded = None if traces is None else load_traces(traces)
     drafter = drafter or default_drafter(loaded, recorded)
@@ -462,7 +462,7 @@ def row_policy(row: pd.Series) -> dict[str, Any]:
 
 
 def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16,
-                  out: str | Path = "runs/tune", search: str = "random", scheduler: str = "fifo",
+                  out: str | Path = TUNE_RUNS / "length", search: str = "random", scheduler: str = "fifo",
                   resume: bool = False, address: str | None = None,
                   progress: Callable[[str], None] | None = None) -> TuneResult:
     """Tune the policy kinds ``kinds`` (the task's defaults when empty) on ``setting`` in one Ray Tune run.

@@ -4,6 +4,7 @@ numpy only: this package imports neither torch nor the engine, so the simulator 
 both depend on it.
 """
 
+from core.errors import InputError
 from policies.adaptation import (
     ACTIONS,
     ADAPT_INFO_KEYS,
@@ -25,7 +26,6 @@ from policies.base import (
     policy_to_dict,
     save_policy,
 )
-from policies.errors import InputError
 from policies.features import (
     ADAPT_FEATURES,
     ADAPT_INDEX,

@@ -16,9 +16,9 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from core.errors import InputError
+from core.files import MAX_POLICY_BYTES, read_json, write_json
 from policies.calibration import Calibration
-from policies.errors import InputError
-from policies.io import MAX_POLICY_BYTES, read_json, write_json
 
 POLICY_FILE_VERSION = 1
 

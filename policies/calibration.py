@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.errors import InputError
+from core.errors import InputError
 
 MAX_POSITIONS = 64
 MAX_KNOTS = 4096

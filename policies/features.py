@@ -38,7 +38,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from policies.errors import InputError
+from core.errors import InputError
 
 LENGTH_CAP: int = 16
 """Positions (or tree nodes) a length policy can choose among: an action is in 0..LENGTH_CAP."""

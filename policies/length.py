@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from core.errors import InputError
 from policies.base import Params, info_value, register
 from policies.calibration import Calibration
-from policies.errors import InputError
 from policies.features import LENGTH_CAP, LENGTH_SLICES, check_length_obs
 
 

@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.errors import InputError
 from policies.adaptation import ACTIONS, ADAPT_INFO_KEYS, FULL, HEAD, SKIP
 from policies.base import Policy
-from policies.errors import InputError
 from policies.features import adapt_features
 from real_engine.decode import Iteration, Stats, generate
 from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, unroll, with_draft_vocab

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from policies.errors import InputError
+from core.errors import InputError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.drafters.base import Drafter, clock
 from real_engine.drafters.draft_model import CHAIN_OPTIONS, DraftModelDrafter, load_vocab
 from real_engine.drafters.ngram import NgramDrafter

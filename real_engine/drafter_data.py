@@ -22,8 +22,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from policies.errors import InputError
-from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.model import Transformer
 
 FIELDS = ("tokens", "features", "hidden", "topk_logp", "topk_ids")

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
+from core.paths import DRAFTER_DATA
 from real_engine.drafter_data import DrafterData, prepare_drafter_data, target_fingerprint, training_windows
 from real_engine.model import Transformer, load_model
 from real_engine.train_baselines import BaselineConfig, train_eagle, train_medusa
@@ -24,7 +25,6 @@ from real_engine.train_specblock import TrainConfig, train_from_corpus
 
 KINDS = ("specblock", "eagle", "medusa")
 DOMAINS = ("code", "tests", "prose", "text")
-DATA_DIR = Path("runs") / "drafter-data"
 RECIPES: dict[str, TrainConfig | BaselineConfig] = {
     "specblock": TrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
                              draft_vocab=2048, checkpoint_every=20),
@@ -66,7 +66,7 @@ def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split:
 
 
 def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: str | Path, *,
-                  data_dir: str | Path = DATA_DIR, recipe: DataRecipe = DataRecipe(),
+                  data_dir: str | Path = DRAFTER_DATA, recipe: DataRecipe = DataRecipe(),
                   overrides: dict[str, Any] | None = None, resume: bool = False, minutes: float | None = None,
                   progress: bool = True, init: str | Path | None = None) -> dict[str, Any]:
     """Train the ``kind`` drafter for the target in ``target_dir`` into ``out`` (checkpoints in

@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.tree import CHILD_RULES, DraftTree
 from real_engine.verify import LAWS, VERIFIERS, Sampler
 

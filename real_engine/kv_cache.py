@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 
 
 class KVCache:

@@ -12,12 +12,12 @@ SpecBlock drafter's online update as ``real_engine.adapt`` runs it, on synthetic
 capacity, when SpecBlock is profiled, else one next-token step of the draft model. Timings run
 round-robin (``Bench``): after warm-up rounds, every round calls each configuration once, so repeats
 spread over the whole run and target and drafter calls alternate as in the decode loop; the profile
-stores every repeat and ``simulator.costs`` takes their median. The clock is the wall clock, or on a
+stores every repeat and ``core.cost_profile`` takes their median. The clock is the wall clock, or on a
 CPU the process's CPU seconds (``--clock cpu``: what other jobs on a shared machine do barely
 moves it). Drafters whose weights are not shipped are timed with seeded random weights of the
 shipped shape (timing does not depend on the values) and their model names say so. The result is
-the JSON of ``simulator.costs`` (schema 1) plus a ``measurement`` block recording how it was
-measured. ``simulator.costs`` is imported only where a profile is validated, so the timing parts
+the JSON of ``core.cost_profile`` (schema 1) plus a ``measurement`` block recording how it was
+measured. ``core.cost_profile`` is imported only where a profile is validated, so the timing parts
 import with torch, numpy and safetensors alone (``experiments.gpu_check`` runs them on a bare GPU
 machine).
 """
@@ -36,8 +36,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from policies.errors import InputError
-from policies.io import write_json
+from core.errors import InputError
+from core.files import write_json
+from core.paths import MODELS
 from real_engine.decode import MAX_TREE_NODES, _speculative_step, _vanilla_step, prefill
 from real_engine.drafters.base import Drafter, clock
 from real_engine.drafters.draft_model import DraftModelDrafter
@@ -48,7 +49,6 @@ from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 from real_engine.warp import Sampling
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 GREEDY = Sampling()
 
 
@@ -431,7 +431,7 @@ def prefill_samples(target: Transformer, net: Any | None, grid: Grid, bench: Ben
     return rows
 
 
-def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: int = 0
+def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int = 0
                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """SpecBlock, EAGLE and Medusa drafters for ``target``: shipped weights from ``models_dir/<kind>``
     when present and fitting this target, else seeded random weights of the shipped shape.
@@ -462,15 +462,15 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS_DIR, seed: i
 def measure(target: Transformer, *, target_name: str, draft: Transformer | None = None,
             draft_name: str | None = None, grid: Grid = FULL, feature: bool = True, dtype: str = "float32",
             threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
-            models_dir: Path = MODELS_DIR, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
+            models_dir: Path = MODELS, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
-    when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``simulator.costs``;
+    when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``core.cost_profile``;
     ``between(k)`` runs after the k-th timed round of the decoding samples (``Bench.run``)."""
     device = target.lm_head.weight.device
     timer = make_timer(device, clock_kind)
     bench = Bench(timer, grid.repeats, grid.warmup)
     updates = Bench(timer, min(grid.repeats, 3), min(grid.warmup, 1))  # an update takes seconds
-    from real_engine.steering import steering_samples  # imports simulator.costs: not for gpu_check
+    from real_engine.steering import steering_samples  # imports core.cost_profile: not for gpu_check
 
     context = min(grid.draft_context, _contexts(grid, target)[-1])
     verify, vanilla = verify_samples(target, grid, bench, seed,
@@ -516,7 +516,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         **({"update_windows": windows} if windows else {}),
         "samples": samples,
     }
-    from simulator.costs import profile_from_json
+    from core.cost_profile import profile_from_json
 
     profile = profile_from_json(data)
     return {**profile.to_json(), "measurement": {
@@ -544,7 +544,7 @@ def draft_shapes(nets: dict[str, Any], grid: Grid) -> dict[str, dict[str, int]]:
 
 def save(data: dict[str, Any], path: str | Path) -> Path:
     """Validate and write a measured profile atomically."""
-    from simulator.costs import profile_from_json
+    from core.cost_profile import profile_from_json
 
     profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     return write_json(path, data)
@@ -553,7 +553,7 @@ def save(data: dict[str, Any], path: str | Path) -> Path:
 def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
     """Headline numbers of a profile at ``context``: milliseconds of vanilla, verify at 2/9/17/65 nodes,
     a 4-token draft of each drafter (and a depth-4, width-2 draft-model tree), and the two updates."""
-    from simulator.costs import profile_from_json
+    from core.cost_profile import profile_from_json
 
     profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     ms = {"vanilla": 1e3 * float(profile.vanilla_seconds(context))}

@@ -21,15 +21,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from core.cost_profile import CostProfile
+from core.errors import InputError
 from policies import length as length_policies
 from policies.base import Policy
-from policies.errors import InputError
 from policies.features import LENGTH_CAP, length_features, tree_confidences
 from real_engine.drafters.base import Drafter, clock
 from real_engine.model import Output
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
-from simulator.costs import CostProfile
 
 
 def node_confidences(tree: DraftTree, greedy: bool = True) -> np.ndarray:

@@ -1,6 +1,6 @@
 """What a length policy's own work costs in the engine: ``LengthControlled`` (features, the policy's
 choices while a chain is drafted, ranking, trimming, its feedback) timed around a drafter that costs
-nothing, for the profile's ``samples.steering`` series (``simulator.costs``), which the simulator
+nothing, for the profile's ``samples.steering`` series (``core.cost_profile``), which the simulator
 charges every iteration a policy steers.
 """
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
+from core.cost_profile import profile_from_json
 from policies import make_policy
 from real_engine.model import Output, Transformer
 from real_engine.profile import GREEDY, Bench
 from real_engine.speculate import LengthControlled
 from real_engine.tree import DraftTree
-from simulator.costs import profile_from_json
 
 
 class _Scripted:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from policies.errors import InputError
-from policies.io import MAX_TOKENIZER_BYTES, read_text
+from core.errors import InputError
+from core.files import MAX_TOKENIZER_BYTES, read_text
+from core.paths import TOKENIZER
 
-DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizer.json"
 EOS_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 
 
@@ -29,7 +29,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, folder: str | Path, vocab_size: int | None = None, eos_id: int | None = None,
-             fallback: Path = DEFAULT_TOKENIZER) -> Tokenizer:
+             fallback: Path = TOKENIZER) -> Tokenizer:
         """The folder's ``tokenizer.json`` (else ``fallback``), checked to fit a ``vocab_size`` model."""
         path = Path(folder) / "tokenizer.json"
         if not path.exists():

@@ -22,14 +22,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from policies.errors import InputError
-from policies.io import MAX_PROMPT_SET_BYTES, read_text
+from core.errors import InputError
+from core.files import MAX_PROMPT_SET_BYTES, read_text
+from core.paths import PROMPTS
 from real_engine.decode import GREEDY, Iteration, Stats, generate
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
 from real_engine.warp import Sampling
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "prompts"
 PARTS = ("calibration", "evaluation")
 
 
@@ -42,14 +42,14 @@ class Prompt:
     tokens: tuple[int, ...]
 
 
-def prompt_domains(folder: Path = PROMPTS_DIR) -> tuple[str, ...]:
+def prompt_domains(folder: Path = PROMPTS) -> tuple[str, ...]:
     """Domains that have a prompt file in ``folder``."""
     return tuple(sorted(p.stem for p in folder.glob("*.jsonl")))
 
 
 def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], list[int]],
                  part: str = "calibration", max_tokens: int | None = None,
-                 folder: Path = PROMPTS_DIR) -> list[Prompt]:
+                 folder: Path = PROMPTS) -> list[Prompt]:
     """The first ``count`` prompts of each domain's ``part`` (the file's first or second half), domains
     interleaved; ``max_tokens`` keeps only each prompt's last tokens (to fit a short model context)."""
     if part not in PARTS:

@@ -25,15 +25,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from policies.errors import InputError
-from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.paths import DATA, TOKEN_CACHE, TOKENIZER
 from real_engine import corpus
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
-
-ROOT = Path(__file__).resolve().parents[1]  # the repository: its shipped data, and runs/ for caches
-DATA_DIR = ROOT / "data"
-TOKENIZER_PATH = DATA_DIR / "tokenizer.json"
-TOKEN_CACHE = ROOT / "runs" / "tokens"
 
 
 @dataclass(frozen=True)
@@ -92,9 +88,9 @@ DRAFT_MODEL = TrainConfig(hidden_size=128, intermediate_size=352, num_hidden_lay
 
 # ----------------------------------------------------------------------------- data
 
-def prepare_data(data_dir: Path = DATA_DIR) -> dict[str, Any]:
+def prepare_data(data_dir: Path = DATA) -> dict[str, Any]:
     """Build the corpus manifest, the tokenizer and the prompt sets under ``data_dir``."""
-    from policies.io import write_text
+    from core.files import write_text
 
     man = corpus.manifest()
     write_json(data_dir / "corpus_manifest.json", man)
@@ -108,7 +104,7 @@ def prepare_data(data_dir: Path = DATA_DIR) -> dict[str, Any]:
     return {"corpus_sha256": man["sha256"], "vocab_size": tok.get_vocab_size(), "prompts": counts}
 
 
-def token_stream(domain: str, split: str, tokenizer_path: Path = TOKENIZER_PATH) -> np.ndarray:
+def token_stream(domain: str, split: str, tokenizer_path: Path = TOKENIZER) -> np.ndarray:
     """One domain's split as a uint16 token stream, cached under ``runs/tokens`` by tokenizer hash."""
     import hashlib
 
@@ -326,7 +322,7 @@ def decode_step_ms(model: Transformer, prefix: int = 128, steps: int = 32) -> fl
 
 @torch.inference_mode()
 def greedy_completion(model: Transformer, prompt: str, new_tokens: int = 64,
-                      tokenizer_path: Path = TOKENIZER_PATH) -> str:
+                      tokenizer_path: Path = TOKENIZER) -> str:
     """The model's greedy continuation of ``prompt`` (for inspecting the trained model)."""
     tok = corpus.load_tokenizer(tokenizer_path)
     ids = tok.encode(prompt).ids
@@ -347,7 +343,7 @@ def greedy_completion(model: Transformer, prompt: str, new_tokens: int = 64,
 
 def sample_completion(model: Transformer, new_tokens: int = 64) -> dict[str, str]:
     """The greedy continuation of the first code prompt, recorded in the training log for inspection."""
-    prompt = json.loads((DATA_DIR / "prompts" / "code.jsonl").read_text().splitlines()[0])
+    prompt = json.loads((DATA / "prompts" / "code.jsonl").read_text().splitlines()[0])
     return {"prompt_id": prompt["id"], "prompt": prompt["text"],
             "completion": greedy_completion(model, prompt["text"], new_tokens)}
 
@@ -454,16 +450,16 @@ def train_loop(model: Transformer, cfg: TrainConfig, run_dir: Path, resume: bool
 def _finish(model: Transformer, state: dict[str, Any], cfg: TrainConfig, out: Path,
             extra: dict[str, Any]) -> dict[str, Any]:
     """Save bf16 weights, the tokenizer and ``training_log.json`` into ``out``; return the log."""
-    from policies.io import write_text
+    from core.files import write_text
 
     save_model(model, out)
-    write_text(out / "tokenizer.json", TOKENIZER_PATH.read_text())
+    write_text(out / "tokenizer.json", TOKENIZER.read_text())
     full = heldout_windows(cfg.seq_len, cfg.final_eval_windows)
     shipped = load_model(out)  # evaluate what ships: the bf16 weights, computed in fp32
     log = {
         "kind": state["kind"], "config": asdict(cfg), "seed": cfg.seed, "versions": _versions(),
         "parameters": sum(p.numel() for p in shipped.parameters()),
-        "corpus_sha256": json.loads((DATA_DIR / "corpus_manifest.json").read_text())["sha256"],
+        "corpus_sha256": json.loads((DATA / "corpus_manifest.json").read_text())["sha256"],
         "steps": state["step"], "tokens_seen": state["position"] * cfg.seq_len,
         "train_time_s": round(state["elapsed_s"], 1), "tokens_per_s": state["tokens_per_s"],
         "heldout_loss": heldout_loss(shipped, full),
@@ -505,7 +501,7 @@ def train_target(out: Path, run_dir: Path, cfg: TrainConfig = TARGET, resume: bo
     pre-training), reading the corpus on from where the earlier runs stopped (their tokens seen): on
     2 CPU cores, more tokens through the same model beat a new, larger one.
     """
-    tok = corpus.load_tokenizer(TOKENIZER_PATH)
+    tok = corpus.load_tokenizer(TOKENIZER)
     eos = tok.token_to_id(corpus.EOS)
     model = Transformer(cfg.model_args(tok.get_vocab_size(), eos))
     init_weights(model, cfg.seed)
@@ -523,9 +519,9 @@ def train_draft_model(out: Path, run_dir: Path, target_dir: Path, cfg: TrainConf
     teacher = load_model(target_dir)
     for p in teacher.parameters():
         p.requires_grad_(False)
-    tok = corpus.load_tokenizer(TOKENIZER_PATH)
+    tok = corpus.load_tokenizer(TOKENIZER)
     if tok.get_vocab_size() != teacher.args.vocab_size:
-        raise InputError(f"{target_dir} has vocabulary {teacher.args.vocab_size} but {TOKENIZER_PATH} has "
+        raise InputError(f"{target_dir} has vocabulary {teacher.args.vocab_size} but {TOKENIZER} has "
                          f"{tok.get_vocab_size()}: retrain the target with this tokenizer")
     model = Transformer(cfg.model_args(teacher.args.vocab_size, teacher.args.eos_token_id))
     init_weights(model, cfg.seed)
@@ -566,4 +562,4 @@ def write_token_order(folder: Path, target: Transformer, windows: int = 1920, se
         "ids": order.tolist(), "windows": windows, "seq_len": seq_len, "seed": seed,
         "source": "the target's top token over seeded training windows, then token counts over the "
                   "training split of every corpus domain",
-        "corpus_sha256": json.loads((DATA_DIR / "corpus_manifest.json").read_text())["sha256"]})
+        "corpus_sha256": json.loads((DATA / "corpus_manifest.json").read_text())["sha256"]})

@@ -39,8 +39,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from policies.errors import InputError
-from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.drafter_data import DrafterData, open_drafter_data, progress_bar, target_fingerprint
 from real_engine.drafters.eagle import EagleNet, TreeShape, load_eagle, new_eagle, save_eagle
 from real_engine.drafters.medusa import MedusaNet, choose_tree, load_medusa, new_medusa, save_medusa

@@ -37,8 +37,9 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from policies.errors import InputError
-from policies.io import MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.paths import RUNS, SPECBLOCK_DATA
 from real_engine.drafter_data import (
     DrafterData,
     frequent_targets,
@@ -58,9 +59,6 @@ from real_engine.drafters.specblock import (
     with_draft_vocab,
 )
 from real_engine.model import Transformer
-
-RUN_DIR = Path("runs") / "specblock"
-DATA_DIR = Path("runs") / "specblock-data"
 
 
 @dataclass(frozen=True)
@@ -200,7 +198,7 @@ def _save_checkpoint(folder: Path, net: SpecBlock, optimizer: torch.optim.Optimi
 
 
 def train_specblock(target: Transformer, data: str | Path | DrafterData, out: str | Path,
-                    run_dir: str | Path = RUN_DIR, *, config: TrainConfig = TrainConfig(),
+                    run_dir: str | Path = RUNS / "specblock", *, config: TrainConfig = TrainConfig(),
                     drafter: SpecBlockConfig | None = None, resume: bool = False,
                     minutes: float | None = None, progress: bool = True,
                     init: str | Path | None = None) -> dict[str, Any]:
@@ -281,8 +279,8 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     return record
 
 
-def train_from_corpus(target: Transformer, out: str | Path, run_dir: str | Path = RUN_DIR,
-                      data_dir: str | Path = DATA_DIR, *, sequences: int = 512, seq_len: int = 256,
+def train_from_corpus(target: Transformer, out: str | Path, run_dir: str | Path = RUNS / "specblock",
+                      data_dir: str | Path = SPECBLOCK_DATA, *, sequences: int = 512, seq_len: int = 256,
                       domains: tuple[str, ...] = ("code", "tests", "prose", "text"), top_k: int = 32,
                       config: TrainConfig = TrainConfig(), resume: bool = False,
                       minutes: float | None = None, progress: bool = True,

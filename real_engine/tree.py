@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 
 CHILD_RULES = ("iid", "without_replacement", "topk")
 

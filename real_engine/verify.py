@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.tree import DraftTree
 
 

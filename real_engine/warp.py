@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 
 MIN_TEMPERATURE = 1e-4  # the smallest sampling temperature; below it use 0 (greedy), which it approaches
 

@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq, minimize
 
+from core.errors import InputError
 from policies.adaptation import FULL, SKIP
-from policies.errors import InputError
 from policies.features import LENGTH_CAP
 from simulator.traces import load_traces, node_arrays
 

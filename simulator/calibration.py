@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from core.errors import InputError
 from policies.calibration import MAX_POSITIONS, Calibration
-from policies.errors import InputError
 
 
 def verdicts(traces: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,8 +16,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from core.cost_profile import CostProfile, DraftShape, resolve_profile, token_by_token
+from core.errors import InputError
 from policies.adaptation import FULL, HEAD, SKIP
-from policies.errors import InputError
 from policies.features import (
     ADAPT_INDEX,
     LENGTH_CAP,
@@ -35,7 +36,6 @@ from simulator.acceptance import (
     level_rates,
     resolve_acceptance,
 )
-from simulator.costs import CostProfile, DraftShape, resolve_profile, token_by_token
 
 DEFAULT_TOKENS = 512
 DEFAULT_PROMPT = (128, 1024)
@@ -177,7 +177,7 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     one query; a step is one iteration: the drafter has drafted (the observation shows its
     confidence in each position and what an iteration costs for every choice), the policy picks n,
     the target verifies the first n positions, accepts a prefix of them and emits one more token.
-    Costs come from a cost profile (``simulator.costs``), acceptance from an acceptance model
+    Costs come from a cost profile (``core.cost_profile``), acceptance from an acceptance model
     (``simulator.acceptance``: trace replay or the parametric model). Positions of a tree drafter
     are its nodes ranked by path confidence (``policies.features``).
 

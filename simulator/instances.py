@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.errors import InputError
+from core.errors import InputError
 
 DRAFTERS = ("indep", "mix")
 MIX_WEIGHT = 0.6  # "mix" drafter: q = MIX_WEIGHT * p + (1 - MIX_WEIGHT) * Dirichlet(1)

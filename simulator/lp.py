@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from policies.errors import InputError
+from core.errors import InputError
 from simulator.instances import ARInstance, check_shape, path_probabilities
 
 SOLVERS = ("CLARABEL", "HIGHS")

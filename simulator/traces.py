@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from policies.errors import InputError
-from policies.io import MAX_TRACE_BYTES, atomic_write, check_size
+from core.errors import InputError
+from core.files import MAX_TRACE_BYTES, atomic_write, check_size
 
 SCHEMA = pa.schema([
     ("query_id", pa.int64()),

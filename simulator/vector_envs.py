@@ -18,9 +18,9 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from core.cost_profile import DraftShape
 from policies.features import LENGTH_CAP, adapt_bounds, length_bounds
 from simulator.acceptance import AdaptationDynamics
-from simulator.costs import DraftShape
 from simulator.envs import (
     DEFAULT_PROMPT,
     DEFAULT_TOKENS,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_traces import tree_rows
 
-from policies.errors import InputError
+from core.errors import InputError
 from policies.features import tree_confidences
 from simulator.acceptance import (
     PAPER_DOMAINS,

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
+from core.errors import InputError
 from policies.adaptation import FULL, HEAD, SKIP
 from policies.base import make_policy
-from policies.errors import InputError
 from policies.features import ADAPT_INDEX
 from real_engine.adapt import AdaptConfig, Adapter, StreamServer, reference_kl, run_stream, update_drafter
 from real_engine.decode import Iteration, generate

@@ -7,9 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from core.cost_profile import load_profile
+from core.errors import InputError
+from core.paths import PAPER_PROFILE
 from experiments.adapt_live import add_draft_ratios, build_stream, mean_shape, record_of, summary, update_text
 from policies.adaptation import FULL, HEAD, SKIP
-from policies.errors import InputError
 from simulator.acceptance import (
     AdaptationDynamics,
     AdaptRecord,
@@ -18,7 +20,6 @@ from simulator.acceptance import (
     fit_adaptation,
     level_rates,
 )
-from simulator.costs import PAPER_PROFILE, load_profile
 
 RATES = np.array([[0.7] * 8, [0.4] * 8])
 SURVIVAL = np.hstack([np.ones((2, 1)), np.cumprod(RATES, axis=1)])  # P(accepted >= i), i = 0..8

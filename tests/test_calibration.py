@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.errors import InputError
 from policies import load_policy, make_policy, policy_from_dict, policy_to_dict, save_policy
 from policies.calibration import RESOLUTION, Calibration
-from policies.errors import InputError
 from policies.features import LENGTH_CAP, LENGTH_SLICES, length_features
 from simulator.calibration import fit_calibration, verdicts
 

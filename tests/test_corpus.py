@@ -5,13 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
+from core.paths import DATA
 from real_engine import corpus
 
-DATA = Path(__file__).resolve().parents[1] / "data"
 MANIFEST = json.loads((DATA / "corpus_manifest.json").read_text())
 SAME_PYTHON = MANIFEST["python_version"] == sys.version.split()[0]
 

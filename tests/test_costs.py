@@ -9,16 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from simulator.costs import (
-    PAPER_PROFILE,
-    load_profile,
-    profile_from_json,
-    resolve_profile,
-    save_profile,
-    token_by_token,
-)
-from simulator.interpolation import Grid, Series, blend
+from core.cost_profile import load_profile, profile_from_json, resolve_profile, save_profile, token_by_token
+from core.errors import InputError
+from core.interpolation import Grid, Series, blend
+from core.paths import PAPER_PROFILE
 
 NODES = [1, 2, 4, 8, 16, 32, 64, 128]
 CONTEXTS = [0, 256, 1024, 4096]

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from test_costs import measured
 
-from policies.errors import InputError
+from core.cost_profile import load_profile, profile_from_json, save_profile
+from core.errors import InputError
+from core.paths import PAPER_PROFILE
 from policies.features import LENGTH_CAP, LENGTH_SLICES
-from simulator.costs import PAPER_PROFILE, load_profile, profile_from_json, save_profile
 from simulator.envs import SpecLengthEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.decode import MAX_TREE_NODES, generate, make_drafter, prefill
 from real_engine.model import Output, Transformer, load_model
 from real_engine.tree import DraftTree

@@ -90,7 +90,7 @@ def test_a_clearly_faster_measured_best_is_called_out() -> None:
 
 
 def test_decision_cost_is_what_a_policy_adds_to_a_fixed_length() -> None:
-    from simulator.costs import profile_from_json
+    from core.cost_profile import profile_from_json
 
     flat = [{"context": c, "seconds": [2e-3]} for c in (0, 4096)]
     profile = profile_from_json({

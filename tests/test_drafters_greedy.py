@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import InputError
+from core.paths import MODELS
 from experiments.cli import main
-from policies.errors import InputError
 from real_engine.decode import Iteration, generate, make_drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.model import ModelArgs, Transformer, load_model
@@ -20,7 +21,6 @@ from real_engine.trace import node_columns
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
-MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 PROMPTS = ("def fib(n):\n", 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n')
 NEW_TOKENS = 24
 CONFIGS = [("ngram", {}), ("draft-model", {}), ("draft-model", {"width": 3, "budget": 12}),

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.decode import generate, prefill
 from real_engine.drafter_data import prepare_drafter_data
 from real_engine.drafters.eagle import (

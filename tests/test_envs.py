@@ -10,8 +10,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import simulator  # noqa: F401  (registers the environments)
+from core.cost_profile import load_profile
+from core.errors import InputError
+from core.paths import PAPER_PROFILE
 from policies.adaptation import ADAPT_INFO_KEYS
-from policies.errors import InputError
 from policies.features import ADAPT_INDEX, LENGTH_CAP, adapt_features, length_features
 from simulator.acceptance import (
     AdaptationDynamics,
@@ -20,7 +22,6 @@ from simulator.acceptance import (
     resolve_acceptance,
     synthetic_traces,
 )
-from simulator.costs import PAPER_PROFILE, load_profile
 from simulator.envs import AdaptStreamEnv, SpecLengthEnv, _push, default_phases
 from simulator.traces import save_traces
 from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv

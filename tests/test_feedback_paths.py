@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.decode import generate, prefill
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, new_eagle

@@ -8,16 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.cost_profile import profile_from_json
+from core.errors import InputError
+from core.paths import DATA, TRACES
 from experiments import fidelity
-from policies.errors import InputError
 from real_engine.trace import Prompt
-from simulator.costs import profile_from_json
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "data"
 TRACE_TOKENS = 128  # new tokens per prompt of the shipped traces (acceptance grows along a generation)
 SHIPPED = (DATA / "models" / "target" / "config.json", DATA / "models" / "draft" / "config.json",
-           DATA / "traces" / "default.parquet")
+           TRACES)
 
 
 def flat_profile() -> object:
@@ -110,11 +109,11 @@ def test_fidelity_of_a_profile_measured_here() -> None:
 
     import torch
 
+    from core.cost_profile import profile_from_json
     from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
-    from simulator.costs import profile_from_json
     from simulator.traces import load_traces
 
     target_config, traces_path = SHIPPED[0], SHIPPED[2]

@@ -23,13 +23,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.paths import PAPER_PROFILE, REPO
 from experiments.cli import main
 from policies.base import POLICY_KINDS, make_policy, policy_to_dict
-from simulator.costs import PAPER_PROFILE
 
 BUDGET = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-ROOT = Path(__file__).resolve().parent.parent
 PAPER = json.loads(PAPER_PROFILE.read_text())
 KINDS = sorted(POLICY_KINDS)
 
@@ -218,7 +217,7 @@ def test_simulate_options_and_files(data: st.DataObject) -> None:
             "--profile": values(str(where / "profile.json"), str(PAPER_PROFILE)),
             "--policy": values(str(where / "policy.json")),
             "--traces": sometimes(st.sampled_from([str(where / "traces.parquet"), str(where)]),
-                                  str(ROOT / "data" / "traces" / "default.parquet"))},
+                                  str(REPO / "data" / "traces" / "default.parquet"))},
             required=("--queries",))]
         if data.draw(st.booleans()):
             argv.append("--json")

@@ -156,7 +156,7 @@ def test_a_length_policy_steers_generation_and_keeps_greedy_output(llama_dir: Pa
 
 
 def test_tokenizer_falls_back_and_checks_the_vocabulary(llama_dir: Path, draft_dir: Path) -> None:
-    from policies.errors import InputError
+    from core.errors import InputError
     from real_engine.tokenizer import Tokenizer
 
     shipped = llama_dir / "tokenizer.json"

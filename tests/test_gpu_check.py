@@ -4,7 +4,7 @@ A fresh interpreter marks every package the GPU machine lacks as absent (``None`
 imports fail and ``importlib.util.find_spec`` finds nothing, which torch's own optional probes
 expect; a ``sys.meta_path`` finder that raises breaks those probes), then runs
 ``python -m experiments.gpu_check --device cpu --tiny``; the profile it writes must load with
-``simulator.costs`` here.
+``core.cost_profile`` here.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import torch
 
+from core.cost_profile import load_profile
+from core.paths import REPO, TARGET
 from experiments import gpu_check
 from real_engine.decode import GREEDY, _speculative_step, prefill
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
-from simulator.costs import load_profile
 
-REPO = Path(__file__).resolve().parent.parent
 BLOCKED = ("pandas", "cvxpy", "gymnasium", "ray", "click", "tqdm", "pyarrow", "scipy", "tokenizers", "rich",
            "matplotlib", "transformers", "clarabel", "highspy")
 GUARD = f"""
@@ -47,8 +47,13 @@ def guarded(module: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_guard_catches_an_indirect_import() -> None:
-    run = guarded("simulator.costs")  # the simulator package pulls in gymnasium
+    run = guarded("simulator.traces")  # the simulator package pulls in gymnasium
     assert run.returncode != 0 and "ModuleNotFoundError: import of gymnasium halted" in run.stderr
+
+
+def test_the_cost_profile_schema_needs_no_simulator() -> None:
+    run = guarded("core.cost_profile")  # the engine reads profiles without gymnasium, ray or pandas
+    assert run.returncode == 0, run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +68,7 @@ def test_tiny_check_runs_without_the_missing_packages(tiny_run) -> None:
     results = json.loads((out / "gpu_check.json").read_text())["results"]
     assert results["errors"] == {} and results["environment"]["cuda_available"] is False
     assert results["overlap"] == {"skipped": "CUDA streams need a GPU"}
-    if (REPO / "data" / "models" / "target" / "config.json").is_file():
+    if (TARGET / "config.json").is_file():
         shipped = results["shipped"]
         assert shipped["all_equal"] and shipped["skipped"] == {}  # every drafter decodes vanilla's tokens
         assert [c["name"] for c in shipped["configs"]] == ["vanilla", *gpu_check.SHIPPED_DRAFTERS]

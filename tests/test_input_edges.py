@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from core import files
+from core.cost_profile import load_profile
+from core.errors import InputError
+from core.paths import PAPER_PROFILE, PROMPTS, REPO, TOKENIZER
 from experiments import bench
 from experiments.cli import MAX_SEED, main, resolve_device
 from experiments.tune import load_calibration
-from policies import io as policy_io
 from policies.base import load_policy
-from policies.errors import InputError
 from real_engine import trace
 from real_engine.decode import generate, make_drafter
 from real_engine.drafter_data import open_drafter_data
@@ -33,10 +35,8 @@ from real_engine.drafters.trained import deployed_shape
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.warp import MIN_TEMPERATURE, Sampling, warp
-from simulator.costs import PAPER_PROFILE, load_profile
 from simulator.traces import load_traces
 
-ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 40
 
 
@@ -197,7 +197,7 @@ def test_prompts_that_are_not_utf8_are_one_line(tmp_path: Path, capsys: pytest.C
     raw.write_bytes(b"ab\xffcd")
     refused([*base, "--prompt-file", str(raw)], capsys, "not UTF-8")
     big = tmp_path / "big.txt"
-    big.write_text("x" * (policy_io.MAX_PROMPT_BYTES + 1))
+    big.write_text("x" * (files.MAX_PROMPT_BYTES + 1))
     refused([*base, "--prompt-file", str(big)], capsys, "limit")
 
 
@@ -254,21 +254,21 @@ def forbid_reads(patch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("load", "limit", "name"), [
-    (load_profile, policy_io.MAX_PROFILE_BYTES, "profile.json"),
-    (load_policy, policy_io.MAX_POLICY_BYTES, "policy.json"),
-    (load_traces, policy_io.MAX_TRACE_BYTES, "traces.parquet"),
-    (lambda path: Tokenizer.load(path.parent), policy_io.MAX_TOKENIZER_BYTES, "tokenizer.json"),
-    (lambda path: load_model(path.parent), policy_io.MAX_CONFIG_BYTES, "config.json"),
-    (lambda path: load_eagle(path.parent, None), policy_io.MAX_CONFIG_BYTES, "config.json"),
-    (lambda path: load_medusa(path.parent, None), policy_io.MAX_CONFIG_BYTES, "config.json"),
-    (lambda path: load_specblock(with_weights(path.parent), None), policy_io.MAX_CONFIG_BYTES, "config.json"),
-    (lambda path: deployed_shape("eagle", path.parent), policy_io.MAX_CONFIG_BYTES, "drafting.json"),
-    (lambda path: load_vocab(path.parent, 4), policy_io.MAX_CONFIG_BYTES, "draft_vocab.json"),
-    (lambda path: open_drafter_data(path.parent), policy_io.MAX_RECORD_BYTES, "meta.json"),
-    (lambda path: bench.load_prompts(path.parent, ["code"], 1), policy_io.MAX_PROMPT_SET_BYTES, "code.jsonl"),
-    (lambda path: trace.load_prompts(["code"], 1, list, folder=path.parent), policy_io.MAX_PROMPT_SET_BYTES,
+    (load_profile, files.MAX_PROFILE_BYTES, "profile.json"),
+    (load_policy, files.MAX_POLICY_BYTES, "policy.json"),
+    (load_traces, files.MAX_TRACE_BYTES, "traces.parquet"),
+    (lambda path: Tokenizer.load(path.parent), files.MAX_TOKENIZER_BYTES, "tokenizer.json"),
+    (lambda path: load_model(path.parent), files.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: load_eagle(path.parent, None), files.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: load_medusa(path.parent, None), files.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: load_specblock(with_weights(path.parent), None), files.MAX_CONFIG_BYTES, "config.json"),
+    (lambda path: deployed_shape("eagle", path.parent), files.MAX_CONFIG_BYTES, "drafting.json"),
+    (lambda path: load_vocab(path.parent, 4), files.MAX_CONFIG_BYTES, "draft_vocab.json"),
+    (lambda path: open_drafter_data(path.parent), files.MAX_RECORD_BYTES, "meta.json"),
+    (lambda path: bench.load_prompts(path.parent, ["code"], 1), files.MAX_PROMPT_SET_BYTES, "code.jsonl"),
+    (lambda path: trace.load_prompts(["code"], 1, list, folder=path.parent), files.MAX_PROMPT_SET_BYTES,
      "code.jsonl"),
-    (load_calibration, policy_io.MAX_CALIBRATION_BYTES, "calibration.json"),
+    (load_calibration, files.MAX_CALIBRATION_BYTES, "calibration.json"),
 ])
 def test_oversized_files_are_refused_before_reading(load: Callable[[Path], object], limit: int, name: str,
                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,16 +288,16 @@ def test_a_gigabyte_profile_is_refused_on_the_command_line(tmp_path: Path,
 
 def test_reads_stop_at_the_cap_where_the_size_is_unknown(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="over the"):
-        policy_io.read_text("/dev/zero", 1000, "prompt file", "give a text file")
+        files.read_text("/dev/zero", 1000, "prompt file", "give a text file")
     with pytest.raises(InputError, match="is a folder"):
-        policy_io.read_text(tmp_path, 1000, "prompt file", "give a text file")
+        files.read_text(tmp_path, 1000, "prompt file", "give a text file")
     with pytest.raises(InputError, match="not a JSON policy file"):
-        policy_io.read_json(sparse(tmp_path / "empty.json", 0), 10, "policy file", "pass a policy file")
+        files.read_json(sparse(tmp_path / "empty.json", 0), 10, "policy file", "pass a policy file")
     (tmp_path / "latin1.json").write_bytes(b'{"kind": "caf\xe9"}')
     with pytest.raises(InputError, match="not a JSON policy file"):
-        policy_io.read_json(tmp_path / "latin1.json", 100, "policy file", "pass a policy file")
+        files.read_json(tmp_path / "latin1.json", 100, "policy file", "pass a policy file")
     (tmp_path / "crlf.txt").write_bytes(b"a\r\nb\rc")  # newlines as Path.read_text translates them
-    assert policy_io.read_text(tmp_path / "crlf.txt", 100, "prompt file", "") == "a\nb\nc"
+    assert files.read_text(tmp_path / "crlf.txt", 100, "prompt file", "") == "a\nb\nc"
 
 
 @pytest.fixture
@@ -318,13 +318,13 @@ def test_train_finds_the_shipped_data_from_another_folder(elsewhere: Path, monke
     code, _, err = run(["train", "draft-model", "--steps", "1", "--threads", "1"], capsys)
     assert code == 0, err
     out, run_dir, target = calls["draft"][:3]
-    assert (out, run_dir, target) == (ROOT / "data/models/draft", ROOT / "runs/draft-model",
-                                      ROOT / "data/models/target")
+    assert (out, run_dir, target) == (REPO / "data/models/draft", REPO / "runs/draft-model",
+                                      REPO / "data/models/target")
     code, _, err = run(["train", "eagle", "--steps", "1", "--threads", "1", "--out", "mine"], capsys)
     assert code == 0, err
     (_, target, out, run_dir), options = calls["eagle"]
-    assert (target, out, run_dir) == (ROOT / "data/models/target", Path("mine"), ROOT / "runs/eagle")
-    assert options["data_dir"] == ROOT / "runs/drafter-data"
+    assert (target, out, run_dir) == (REPO / "data/models/target", Path("mine"), REPO / "runs/eagle")
+    assert options["data_dir"] == REPO / "runs/drafter-data"
     assert not list(elsewhere.iterdir())  # nothing written to the working folder
-    assert train.TOKENIZER_PATH.is_file() and (train.DATA_DIR / "prompts" / "code.jsonl").is_file()
-    assert train.TOKEN_CACHE.is_relative_to(ROOT)
+    assert TOKENIZER.is_file() and (PROMPTS / "code.jsonl").is_file()
+    assert train.TOKEN_CACHE.is_relative_to(REPO)

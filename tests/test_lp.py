@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine import exact
 from simulator import lp
 from simulator.instances import ARInstance, random_instance, step_instance

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from core.paths import REPO
 from experiments.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"lp", "token", "bv", "rrs", "seqbv", "gbv", "seconds"}
 
 
@@ -26,7 +25,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_json_schema_through_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "lp", "--vocab", "2", "--length", "2",
                            "--drafts", "2", "--instances", "2", "--seed", "3", "--json"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # exactly one JSON object and nothing else on stdout
     assert set(data) == {"vocab", "length", "drafts", "instances"}

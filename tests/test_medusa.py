@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.decode import generate, prefill
 from real_engine.drafter_data import DrafterData, prepare_drafter_data
 from real_engine.drafters.medusa import (

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.decode import prefill
 from real_engine.model import Transformer, load_model, save_model
 from real_engine.tree import DraftTree

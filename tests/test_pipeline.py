@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from core.paths import REPO
 from experiments.pipeline import STEPS
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def specblock(*args: str) -> subprocess.CompletedProcess:
@@ -21,7 +20,7 @@ def specblock(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=580,
-        cwd=ROOT,
+        cwd=REPO,
     )
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import InputError
+from core.paths import REPO
 from experiments import pipeline
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, hold
 from experiments.pipeline import QUICK, STEPS, run_pipeline
-from policies.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = {"policies": {}, "fidelity_error": 0.1, "fidelity_error_ci": [0.05, 0.2], "worst_error": 0.3,
           "rank_agreement": {}, "against_best_fixed": {}}
 
@@ -27,7 +27,7 @@ DEPLOY = {"policies": {}, "fidelity_error": 0.1, "fidelity_error_ci": [0.05, 0.2
 def specblock(*args: str) -> subprocess.CompletedProcess:
     """The command line, in this interpreter."""
     return subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
-                          timeout=150, cwd=ROOT)
+                          timeout=150, cwd=REPO)
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from core.cost_profile import DRAFT_KEYS, load_profile
 from experiments.cli import main
 from real_engine import profile as prof
 from real_engine.model import ModelArgs, Transformer, load_model
-from simulator.costs import DRAFT_KEYS, load_profile
 
 TINY = dataclasses.replace(prof.QUICK, repeats=2, warmup=0)
 
@@ -106,7 +106,7 @@ def test_cli_bad_input_exits_2(args: list[str], llama_dir: Path, tmp_path: Path,
 def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_dir: Path) -> None:
     import torch
 
-    from policies.errors import InputError
+    from core.errors import InputError
     from real_engine.adapt import Feedback
     from real_engine.drafters.specblock import SpecBlock
 

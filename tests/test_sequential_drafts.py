@@ -81,7 +81,7 @@ def test_adaptstream_charges_what_replayed_iterations_verify() -> None:
 def test_a_tree_drafted_whole_is_charged_even_when_nothing_is_left_to_verify() -> None:
     """A whole-tree drafter whose trees come out empty (a SpecBlock rank head that stops every branch)
     still ran: each step costs the vanilla step plus the tree's drafting, as in the engine."""
-    from simulator.costs import profile_from_json
+    from core.cost_profile import profile_from_json
 
     data = flat_profile().to_json()
     data.pop("fits")

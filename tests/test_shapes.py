@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.errors import InputError
 from experiments.cli import main
 from experiments.shapes import markdown, sweep
-from policies.errors import InputError
 from real_engine.decode import make_drafter
 from real_engine.drafters.specblock import SpecBlock, save_specblock
 from real_engine.drafters.trained import deployed_shape, load_trained, write_shape

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from core.paths import MODELS
 from real_engine.model import load_model
 
-MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 TOKENIZER = MODELS.parent / "tokenizer.json"
 SHIPPED = ("target", "draft")
 CODE = 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n    with open(path) as f:\n'

@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from core.paths import PAPER_PROFILE, REPO
 from experiments.cli import main
 from policies.base import make_policy, save_policy
 from simulator.acceptance import default_acceptance, synthetic_traces
-from simulator.costs import PAPER_PROFILE
 from simulator.traces import save_traces
 
-ROOT = Path(__file__).resolve().parent.parent
 ROW_KEYS = {"name", "kind", "env", "tokens_per_second", "tau", "latency_seconds", "speedup"}
 
 
@@ -30,7 +28,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_json_schema_through_the_command_line():
     command = [sys.executable, "-m", "experiments.cli", "simulate", "--profile", str(PAPER_PROFILE),
                "--queries", "6", "--json"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # exactly one JSON object and nothing else on stdout
     assert set(data) == {"profile", "derived", "traces", "acceptance", "drafter", "queries", "seed",

@@ -7,21 +7,19 @@ import json
 import subprocess
 import sys
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from test_simulate_cli import run
 
+from core.cost_profile import load_profile
+from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, REPO, TARGET, TRACES
 from experiments.commands import simulate
-from simulator.costs import PAPER_PROFILE, load_profile
 
-ROOT = Path(__file__).resolve().parent.parent
 WHERE_KEYS = {"profile_device", "profile_date", "profile_date_source", "profile_clock", "profile_threads",
               "profile_torch", "this_device", "probe", "measured_here"}
 PROBE_KEYS = {"context", "this_machine_ms", "profile_ms", "ratio", "clock", "threads", "runs",
               "steps_per_run", "wall_seconds"}
-TARGET = simulate.SHIPPED_MODELS / "target" / "config.json"
-shipped = pytest.mark.skipif(not (simulate.SHIPPED_PROFILE.exists() and TARGET.is_file()),
+shipped = pytest.mark.skipif(not (CPU_PROFILE.exists() and (TARGET / "config.json").is_file()),
                              reason="needs the shipped profile and target model")
 
 
@@ -39,10 +37,10 @@ def test_json_carries_where_and_the_probe(capsys, short_probe):
     assert code == 0, err
     assert err == ""  # with --json, everything is in the one JSON object
     data = json.loads(out)
-    assert data["profile"] == str(simulate.SHIPPED_PROFILE)
+    assert data["profile"] == str(CPU_PROFILE)
     where = data["where"]
     assert set(where) == WHERE_KEYS
-    shipped_json = json.loads(simulate.SHIPPED_PROFILE.read_text())
+    shipped_json = json.loads(CPU_PROFILE.read_text())
     assert where["profile_device"] == shipped_json["device"]
     assert where["profile_clock"] == shipped_json["measurement"]["clock"]
     assert where["profile_threads"] == shipped_json["measurement"]["threads"]
@@ -55,7 +53,7 @@ def test_json_carries_where_and_the_probe(capsys, short_probe):
     assert probe["ratio"] == pytest.approx(probe["this_machine_ms"] / probe["profile_ms"])
     assert probe["this_machine_ms"] > 0 and probe["profile_ms"] > 0
     assert probe["runs"] >= simulate.PROBE_MIN_RUNS
-    profile = load_profile(simulate.SHIPPED_PROFILE)
+    profile = load_profile(CPU_PROFILE)
     assert probe["context"] in profile.fits["vanilla"].axes[0].astype(int).tolist()
     assert probe["profile_ms"] == pytest.approx(1e3 * profile.vanilla_seconds(probe["context"]))
     assert (probe["clock"], probe["threads"]) == (where["profile_clock"], where["profile_threads"])
@@ -79,7 +77,7 @@ def test_no_probe_omits_the_probe_without_torch():
             "except SystemExit as exc:\n"
             "    assert not exc.code, exc.code\n"
             "print('torch' in sys.modules, file=sys.stderr)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     where = json.loads(proc.stdout)["where"]
     assert where["probe"] is None and where["probe_skipped"] == "--no-probe"
@@ -121,7 +119,7 @@ def test_profile_date_sources(tmp_path):
                                                                      "profile measurement.date")
 
 
-@pytest.mark.skipif(not all((simulate.SHIPPED_MODELS / kind / "config.json").is_file()
+@pytest.mark.skipif(not all((MODELS / kind / "config.json").is_file()
                             for kind in ("target", "draft")), reason="needs the shipped models")
 def test_measure_profiles_this_machine_and_keeps_the_shipped_traces(tmp_path, capsys):
     out_file = tmp_path / "here.json"
@@ -129,8 +127,8 @@ def test_measure_profiles_this_machine_and_keeps_the_shipped_traces(tmp_path, ca
     assert code == 0, err
     data = json.loads(out)
     assert data["profile"] == str(out_file) and data["derived"] is False
-    if simulate.SHIPPED_TRACES.exists():
-        assert (data["traces"], data["acceptance"]) == (str(simulate.SHIPPED_TRACES), "replay")
+    if TRACES.exists():
+        assert (data["traces"], data["acceptance"]) == (str(TRACES), "replay")
     where = data["where"]
     assert where["measured_here"] is True and where["probe"] is None
     assert where["profile_device"] == where["this_device"]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine import train_specblock as ts
 from real_engine.decode import generate
 from real_engine.drafter_data import open_drafter_data, prepare_drafter_data

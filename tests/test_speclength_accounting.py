@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.errors import InputError
+from core.cost_profile import profile_from_json
+from core.errors import InputError
 from policies.features import LENGTH_CAP
 from simulator.acceptance import Draws
-from simulator.costs import profile_from_json
 from simulator.envs import SpecLengthEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from test_fidelity import flat_profile  # made-up costs: no policy decision here rests on a measured profile
 
+from core.errors import InputError
 from policies import make_policy
-from policies.errors import InputError
 from policies.features import tree_confidences
 from real_engine import exact
 from real_engine.decode import generate, make_drafter

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from test_fidelity import chain_traces
 
+from core.cost_profile import profile_from_json
+from core.errors import InputError
 from policies import make_policy
-from policies.errors import InputError
 from policies.features import LENGTH_SLICES
 from simulator.acceptance import TraceReplay
-from simulator.costs import profile_from_json
 from simulator.rollout import run_length
 from simulator.vector_envs import SpecLengthVectorEnv
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from policies.errors import InputError
+from core.errors import InputError
 from simulator.acceptance import default_acceptance, synthetic_traces
 from simulator.traces import COLUMNS, load_traces, save_traces
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.model import Transformer
 from real_engine.train import (
     TARGETS,

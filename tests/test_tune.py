@@ -10,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.errors import InputError
+from core.paths import PAPER_PROFILE
 from experiments.cli import main
 from experiments.tune import (
     SEARCH_BOUNDS,
@@ -23,8 +25,6 @@ from experiments.tune import (
     tune_policies,
 )
 from policies.base import load_policy
-from policies.errors import InputError
-from simulator.costs import PAPER_PROFILE
 
 SETTING = make_setting("length", PAPER_PROFILE, queries=24, chunks=2, traffic=Traffic())
 

@@ -19,12 +19,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.errors import InputError
+from core.paths import PAPER_PROFILE, REPO
 from experiments.folders import LOCK, hold
 from experiments.tune import MAX_SAMPLES, TRIALS, Traffic, make_setting, tune_policies
-from policies.errors import InputError
-from simulator.costs import PAPER_PROFILE
 
-ROOT = Path(__file__).resolve().parent.parent
 SETTING = make_setting("length", PAPER_PROFILE, queries=16, chunks=2, traffic=Traffic())
 KINDS = ("threshold", "fixed")
 SMALL = ["length", "--samples", "2", "--queries", "8", "--chunks", "1", "--profile", str(PAPER_PROFILE)]
@@ -34,7 +33,7 @@ def specblock(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess
     """The command line in this interpreter, and how long it took."""
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
-                          timeout=150, cwd=ROOT, env=env)
+                          timeout=150, cwd=REPO, env=env)
     return proc, time.monotonic() - start
 
 
@@ -205,7 +204,7 @@ def test_a_lock_dies_with_its_holder(tmp_path: Path) -> None:
     code = ("import sys, time\nfrom experiments.folders import hold\nheld = hold(sys.argv[1])\n"
             "held.__enter__()\nprint('held', flush=True)\ntime.sleep(120)\n")
     child = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True,
-                             cwd=ROOT)
+                             cwd=REPO)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
         with pytest.raises(InputError, match=f"in use by process {child.pid} "), hold(out):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine import exact
 from real_engine import verify as verifiers
 from real_engine.tree import DraftTree, best_subtree, expand_topk

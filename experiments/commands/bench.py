@@ -8,11 +8,10 @@ from typing import Any
 
 import click
 
+from core.errors import InputError
+from core.paths import CPU_PROFILE, MODELS, PROMPTS, RESULTS
 from experiments.cli import SEED, resolve_device
-from policies.errors import InputError
 
-REPO = Path(__file__).resolve().parent.parent.parent
-MODELS = REPO / "data" / "models"
 SPEC_DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
 SPEC_VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 SPEC_SHAPES = ("chain", "tree", "paths")
@@ -97,7 +96,7 @@ def _model(path: Path, flag: str, train: str) -> Path:
               show_default="data/models/draft", help="Draft model folder (draft-model and --hf).")
 @click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
               help="Folder holding the trained specblock/, eagle/ and medusa/ drafters.")
-@click.option("--prompts-dir", type=click.Path(path_type=Path), default=REPO / "data" / "prompts",
+@click.option("--prompts-dir", type=click.Path(path_type=Path), default=PROMPTS,
               show_default="data/prompts", help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Prompt j decodes with seed + j.")
@@ -111,14 +110,14 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench).")
-@click.option("--out", type=click.Path(path_type=Path), default=REPO / "benchmarks" / "results",
+@click.option("--out", type=click.Path(path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
 @click.option("--policy", "policy_files", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               multiple=True, help="A length policy file (repeatable): each chain/tree configuration runs "
                                   "once "
                                   "more with the policy choosing how much of each draft to verify.")
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=REPO / "data" / "profiles" / "cpu_shipped.json",
+              default=CPU_PROFILE,
               show_default="data/profiles/cpu_shipped.json",
               help="The cost profile the policies see (the one they were tuned on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")

@@ -9,13 +9,11 @@ from typing import Any
 
 import click
 
+from core.errors import InputError
+from core.files import MAX_PROMPT_BYTES, read_text
+from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
 from experiments.cli import SEED, resolve_device
-from policies.errors import InputError
-from policies.io import MAX_PROMPT_BYTES, read_text
 
-REPO = Path(__file__).resolve().parent.parent.parent
-DEFAULT_MODEL = REPO / "data" / "models" / "target"
-DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
 DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
 TRAINED = ("specblock", "eagle", "medusa")  # drafters loaded from trained weights (--drafter-model)
 USES = {"none": (), "ngram": ("--draft-length", "--ngram-max"),  # the draft options each drafter reads
@@ -127,9 +125,9 @@ class _Stream:
 
 
 @click.command()
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
               show_default="data/models/target", help="Target checkpoint folder (config.json + safetensors).")
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT,
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
               show_default="data/models/draft", help="Draft model folder, for --drafter draft-model.")
 @click.option("--drafter", type=click.Choice(DRAFTERS), default="ngram", show_default=True,
               help="none is vanilla decoding; specblock, eagle and medusa load trained weights.")
@@ -173,7 +171,7 @@ class _Stream:
                    "each "
                    "draft the target verifies.")
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=REPO / "data" / "profiles" / "cpu_shipped.json", show_default=True,
+              default=CPU_PROFILE, show_default=True,
               help="The cost profile whose iteration times the policy sees (the one it was tuned on).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
@@ -231,8 +229,8 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
                         budget=tree_budget, paths=paths, max_ngram=ngram_max, blocks=blocks,
                         min_confidence=min_confidence, vocab=draft_vocab, staged=staged, lookup=lookup)
     if length_policy is not None:
+        from core.cost_profile import load_profile
         from real_engine.speculate import LengthControlled
-        from simulator.costs import load_profile
 
         spec = LengthControlled(spec, length_policy, load_profile(profile_path), drafter)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from core.errors import InputError
 from experiments.cli import SEED
-from policies.errors import InputError
 
 if TYPE_CHECKING:
     from simulator.instances import ARInstance

@@ -15,16 +15,15 @@ from pathlib import Path
 
 import click
 
-from policies.errors import InputError
-
-REPO = Path(__file__).resolve().parent.parent.parent
-RUNS = REPO / "runs" / "pipeline"
+from core.errors import InputError
+from core.paths import DRAFT_MODEL, PIPELINE_RUNS, TARGET
 
 
 def _latest() -> Path:
-    runs = sorted(p for p in RUNS.glob("*") if (p / "run.json").is_file()) if RUNS.is_dir() else []
+    found = PIPELINE_RUNS.glob("*") if PIPELINE_RUNS.is_dir() else ()
+    runs = sorted(p for p in found if (p / "run.json").is_file())
     if not runs:
-        raise InputError(f"no pipeline run under {RUNS} to resume: give --out DIR or drop --resume")
+        raise InputError(f"no pipeline run under {PIPELINE_RUNS} to resume: give --out DIR or drop --resume")
     return runs[-1]
 
 
@@ -52,7 +51,7 @@ def _latest() -> Path:
     "--model",
     "model_dir",
     type=click.Path(path_type=Path),
-    default=REPO / "data" / "models" / "target",
+    default=TARGET,
     show_default=True,
     help="Target model folder.",
 )
@@ -60,7 +59,7 @@ def _latest() -> Path:
     "--draft-model",
     "draft_dir",
     type=click.Path(path_type=Path),
-    default=REPO / "data" / "models" / "draft",
+    default=DRAFT_MODEL,
     show_default=True,
     help="Draft model folder.",
 )
@@ -86,7 +85,7 @@ def command(
     from experiments.pipeline import FULL, QUICK, STEPS, run_pipeline
 
     if out is None:
-        out = _latest() if resume else RUNS / time.strftime("%Y%m%d-%H%M%S")
+        out = _latest() if resume else PIPELINE_RUNS / time.strftime("%Y%m%d-%H%M%S")
     console = Console(stderr=True)
     columns = (
         TextColumn("[bold]pipeline[/]"),

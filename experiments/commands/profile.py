@@ -14,13 +14,10 @@ from pathlib import Path
 
 import click
 
+from core.errors import InputError
+from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
 from experiments.cli import SEED, resolve_device
-from policies.errors import InputError
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO / "data" / "models" / "target"
-DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
-DEFAULT_OUT = REPO / "data" / "profiles" / "cpu_shipped.json"
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -32,11 +29,11 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
 
 
 @click.command("profile")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
               show_default="data/models/target", help="Target checkpoint folder.")
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
               help="Draft model folder [default: data/models/draft when it exists; 'none' skips it].")
-@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT,
+@click.option("--out", type=click.Path(path_type=Path), default=CPU_PROFILE,
               show_default="data/profiles/cpu_shipped.json", help="Profile JSON to write.")
 @click.option("--quick", is_flag=True, help="Small grid and few repeats (well under a minute).")
 @click.option("--no-feature-drafters", is_flag=True, help="Skip SpecBlock, EAGLE and Medusa.")
@@ -55,7 +52,7 @@ def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_
     """Measure verify, vanilla, drafting and update costs on this device; write a cost profile."""
     _model_folder(model_dir, "--model", "target")
     if draft_dir is None:
-        draft_dir = DEFAULT_DRAFT if (DEFAULT_DRAFT / "config.json").is_file() else None
+        draft_dir = DRAFT_MODEL if (DRAFT_MODEL / "config.json").is_file() else None
     elif str(draft_dir) == "none":
         draft_dir = None
     else:

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import click
 
+from core.errors import InputError
+from core.paths import MODELS, RESULTS
 from experiments.cli import SEED
-from policies.errors import InputError
-
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "data" / "models"
 
 
 @click.command("shapes")
@@ -34,7 +32,7 @@ MODELS = REPO / "data" / "models"
               help="Folder holding <drafter>/ weights and the draft model's draft/.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=REPO / "benchmarks" / "results",
+@click.option("--out", type=click.Path(path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Results folder.")
 @click.option("--tag", default="shapes", show_default=True, help="Results file name.")
 @click.option("--apply", is_flag=True, help="Save each drafter's fastest shape as its drafting.json.")

@@ -43,14 +43,11 @@ from typing import Any
 
 import click
 
+from core.errors import InputError
+from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, REPO, TRACES
 from experiments.cli import SEED
 from experiments.provenance import cpu_name
-from policies.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_PROFILE = ROOT / "data" / "profiles" / "cpu_shipped.json"
-SHIPPED_TRACES = ROOT / "data" / "traces" / "default.parquet"
-SHIPPED_MODELS = ROOT / "data" / "models"
 BASELINES = (1, 2, 4, 8)
 MAX_QUERIES = 100_000  # queries per policy: ~90 s and 0.5 GiB on 2 CPU cores; estimates are tight long before
 PROBE_SECONDS = 1.0  # wall seconds the probe times this machine's vanilla step for
@@ -74,14 +71,13 @@ def default_drafter(profile: Any, traces: Any) -> str:
 
 def default_profile() -> Path:
     """The profile ``simulate`` uses without ``--profile``: the shipped one, else the paper's."""
-    from simulator.costs import PAPER_PROFILE
 
-    return SHIPPED_PROFILE if SHIPPED_PROFILE.exists() else PAPER_PROFILE
+    return CPU_PROFILE if CPU_PROFILE.exists() else PAPER_PROFILE
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -95,7 +91,7 @@ def profile_date(path: Path, data: dict[str, Any]) -> tuple[str, str]:
         for name in DATE_FIELDS:
             if isinstance(block, dict) and block.get(name):
                 return str(block[name]), f"profile {where}{name}"
-    relative = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else None
+    relative = str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else None
     if relative is not None:
         log = _git("log", "-1", "--format=%cI", "--", relative)
         clean = _git("diff", "--quiet", "HEAD", "--", relative)
@@ -119,7 +115,7 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
     Raises ``LookupError`` with the reason when the probe cannot compare like with like."""
     if profile.derived_from is not None:
         raise LookupError("the profile is derived from publications, not measured")
-    target_dir = SHIPPED_MODELS / "target"
+    target_dir = MODELS / "target"
     if not (target_dir / "config.json").is_file():
         raise LookupError(f"no shipped target at {target_dir}")
     import torch
@@ -180,8 +176,8 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
 def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
     """Where the default profile comes from and, unless ``run_probe`` is false, how this machine's
     vanilla step compares with it (``probe``; null with ``probe_skipped`` saying why)."""
-    from policies.io import MAX_PROFILE_BYTES, read_json
-    from simulator.costs import load_profile
+    from core.cost_profile import load_profile
+    from core.files import MAX_PROFILE_BYTES, read_json
 
     profile = load_profile(profile_path)
     data = read_json(profile_path, MAX_PROFILE_BYTES, "cost profile",
@@ -217,7 +213,7 @@ def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
     from real_engine import profile as prof
     from real_engine.model import load_model
 
-    folders = {kind: SHIPPED_MODELS / kind for kind in ("target", "draft")}
+    folders = {kind: MODELS / kind for kind in ("target", "draft")}
     for kind, folder in folders.items():
         if not (folder / "config.json").is_file():
             raise InputError(f"--measure needs the shipped {kind} model at {folder}: train it with "
@@ -252,9 +248,9 @@ def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
 
 def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[Path, ...],
               queries: int, seed: int) -> dict[str, Any]:
+    from core.cost_profile import load_profile
     from policies.base import load_policy, make_policy
     from simulator.acceptance import TraceReplay, default_acceptance
-    from simulator.costs import load_profile
     from simulator.envs import AdaptStreamEnv, default_phases
     from simulator.rollout import is_adaptation, run_adapt, run_length
     from simulator.traces import load_traces
@@ -376,8 +372,8 @@ def command(profile_path: Path | None, measure: bool, measure_out: Path | None, 
         where = where_shipped(profile_path, not no_probe)
     # The shipped traces were recorded with the shipped models: they go with the shipped profile and with
     # one measured here (which times those models), never with a profile the user picked.
-    if traces_path is None and (measure or profile_path == SHIPPED_PROFILE) and SHIPPED_TRACES.exists():
-        traces_path = SHIPPED_TRACES
+    if traces_path is None and (measure or profile_path == CPU_PROFILE) and TRACES.exists():
+        traces_path = TRACES
     result = _evaluate(profile_path, traces_path, policy_paths, queries, seed)
     if where is not None:
         result["where"] = where

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import click
 
+from core.errors import InputError
+from core.paths import DRAFT_MODEL, TARGET
 from experiments.cli import SEED, resolve_device
-from policies.errors import InputError
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO / "data" / "models" / "target"
-DEFAULT_DRAFT = REPO / "data" / "models" / "draft"
 DRAFTERS = ("ngram", "draft-model", "specblock", "eagle", "medusa")
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -48,9 +46,9 @@ def _folder(path: Path, flag: str, train: str) -> Path:
               help="Comma-separated prompt domains (files in data/prompts).")
 @click.option("--prompts", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Parquet trace file to write.")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL,
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
               show_default="data/models/target", help="Target checkpoint folder.")
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DEFAULT_DRAFT,
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
               show_default="data/models/draft", help="Draft model folder (for --drafter draft-model).")
 @click.option("--draft-length", type=int, default=None,
               help="Draft depth per iteration [default: 8 for n-gram and the draft model; a trained "

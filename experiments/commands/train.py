@@ -16,13 +16,11 @@ from pathlib import Path
 
 import click
 
-from policies.errors import InputError
+from core.errors import InputError
+from core.paths import MODELS, RUNS
 
 DRAFTERS = ("specblock", "eagle", "medusa")
 KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "data" / "models"
-RUNS = REPO / "runs"
 DEFAULT_OUT = {"target": MODELS / "target", "draft-model": MODELS / "draft",
                **{kind: MODELS / kind for kind in DRAFTERS}}
 

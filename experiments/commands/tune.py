@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from core.paths import TUNE_RUNS
 from experiments.cli import SEED
 
 TASKS = ("length", "adapt")
@@ -86,7 +87,7 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
     setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
                            calibration=calibration_path)
     names = check_kinds(task, [k.strip() for group in kinds for k in group.split(",") if k.strip()])
-    out = out or Path("runs") / "tune" / task
+    out = out or TUNE_RUNS / task
     try:
         result = tune_policies(setting, names, samples, out, search, scheduler, resume, address,
                                progress=lambda line: click.echo(line, err=True))

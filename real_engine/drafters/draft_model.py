@@ -53,8 +53,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from policies.errors import InputError
-from policies.io import MAX_CONFIG_BYTES, read_json
+from core.errors import InputError
+from core.files import MAX_CONFIG_BYTES, read_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.ngram import NgramIndex, lookup_chain
 from real_engine.model import Output, Transformer

@@ -28,8 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from policies.errors import InputError
-from policies.io import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, use_half

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from policies.errors import InputError
+from core.errors import InputError
 from real_engine.model import Output
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling

@@ -47,8 +47,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from policies.errors import InputError
-from policies.io import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
 from real_engine.kv_cache import KVCache
@@ -353,7 +353,7 @@ class SpecBlockDrafter:
         self.k = net.config.block_size
         self.device = net.lm_head.weight.device
         self.model_seconds = 0.0
-        # What each proposal ran, as the cost profile keys SpecBlock's drafting (``simulator.costs``):
+        # What each proposal ran, as the cost profile keys SpecBlock's drafting (``core.cost_profile``):
         # block forwards and the mean start nodes of the later ones (the rank head decides both),
         # appended here only once a caller attaches a list (a serving drafter keeps nothing).
         self.shapes: list[dict[str, float]] | None = None

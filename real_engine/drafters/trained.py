@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
-from policies.io import MAX_CONFIG_BYTES, read_json, write_json
+from core.errors import InputError
+from core.files import MAX_CONFIG_BYTES, read_json, write_json
+from core.paths import MODELS
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.eagle import eagle_drafter
 from real_engine.drafters.medusa import MedusaDrafter, load_medusa
@@ -21,7 +22,6 @@ from real_engine.drafters.rank import CHILDREN
 from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
 from real_engine.model import Transformer
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 TRAINED = ("specblock", "eagle", "medusa")
 FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"
@@ -68,7 +68,7 @@ def write_shape(name: str, folder: str | Path, shape: dict[str, float], record: 
 
 def trained_folder(name: str, folder: str | Path | None = None) -> Path:
     """``folder``, or the shipped ``data/models/<name>`` when it is None."""
-    return MODELS_DIR / name if folder is None else Path(folder)
+    return MODELS / name if folder is None else Path(folder)
 
 
 def trained_available(folder: str | Path) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
+from core.errors import InputError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.errors import InputError
+from core.errors import InputError
 
 ESTIMATORS: Mapping[str, Callable[[Any], Any]] = {"median": np.median, "mean": np.mean}
 """How a configuration's repeated timings become one value: the median resists outliers; the mean is the

@@ -90,13 +90,12 @@ from typing import Any
 
 import numpy as np
 
-from policies.errors import InputError
-from policies.io import MAX_PROFILE_BYTES, read_json, write_json
-from simulator.interpolation import ESTIMATORS, Grid, Series, blend, bracket
+from core.errors import InputError
+from core.files import MAX_PROFILE_BYTES, read_json, write_json
+from core.interpolation import ESTIMATORS, Grid, Series, blend, bracket
+from core.paths import PAPER_PROFILE
 
 SCHEMA_VERSION = 1
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
-PAPER_PROFILE = PROFILES_DIR / "a100_llama31_8b_paper.json"
 
 VERIFY_KEYS = ("nodes", "context")
 VANILLA_KEYS = ("context",)

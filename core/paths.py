@@ -1,0 +1,45 @@
+"""Where everything lives: the shipped data, the runs' scratch and the benchmark results, resolved from
+this package (never from the working directory), so every command works from any folder.
+
+The one home of each path: other modules import these names and never spell a path under the
+repository themselves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+"""The checkout: ``pip install -e .`` keeps the packages here, beside their data."""
+
+DATA = REPO / "data"
+MODELS = DATA / "models"
+"""The shipped family, one folder per model: ``target``, ``draft`` and each trained drafter's name."""
+TARGET = MODELS / "target"
+DRAFT_MODEL = MODELS / "draft"
+TOKENIZER = DATA / "tokenizer.json"
+PROMPTS = DATA / "prompts"
+"""One ``<domain>.jsonl`` prompt set per domain (first half calibration, second half evaluation)."""
+CORPUS_MANIFEST = DATA / "corpus_manifest.json"
+PROFILES = DATA / "profiles"
+CPU_PROFILE = PROFILES / "cpu_shipped.json"
+"""The cost profile measured on this kind of machine (``specblock profile`` writes it)."""
+PAPER_PROFILE = PROFILES / "a100_llama31_8b_paper.json"
+"""The A100 profile derived from the SpecBlock paper's figures (labelled so inside)."""
+TRACES = DATA / "traces" / "default.parquet"
+
+RUNS = REPO / "runs"
+"""Scratch of every command (caches, checkpoints, run folders): ignored by git."""
+PIPELINE_RUNS = RUNS / "pipeline"
+"""One folder per `specblock pipeline` run, named by its start time."""
+TUNE_RUNS = RUNS / "tune"
+"""`specblock tune TASK`'s default study folder is ``TUNE_RUNS / TASK``."""
+STUDY_RUNS = RUNS / "studies"
+"""The studies' Ray Tune folders (`specblock study`)."""
+RESULTS = REPO / "benchmarks" / "results"
+"""Committed result files (JSON with provenance, and the tables and plots drawn from them)."""
+TOKEN_CACHE = RUNS / "tokens"
+"""The target's training corpus as token streams, one cache per tokenizer."""
+DRAFTER_DATA = RUNS / "drafter-data"
+"""The target's rows the feature drafters train on (EAGLE-style, Medusa-style)."""
+SPECBLOCK_DATA = RUNS / "specblock-data"
