@@ -21,10 +21,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/specblock results --check
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -8,19 +8,23 @@ oneDNN's linear on a weight prepacked for that row count (``torch.ops.mkldnn._li
 inductor's CPU freezing uses) and of the engine's ``real_engine.packed.Linear`` (FBGEMM, fp16 weights),
 side by side in one run; saves ``benchmarks/results/cpu_linear.json``.
 
-    .venv/bin/python benchmarks/cpu_linear.py [--repeats 200] [--threads 1]
+    specblock benchmark cpu_linear [--repeats 200] [--threads 1]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import click
 import torch
 import torch.nn.functional as F
 
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.paths import RESULTS, TARGET
 from experiments.provenance import save_result
 from real_engine.model import load_model
 from real_engine.packed import Linear, use_half
@@ -63,27 +67,27 @@ def measure(shapes: dict[str, tuple[int, int]], repeats: int) -> list[dict[str, 
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    if args.repeats < 1 or args.threads < 1:
-        parser.error(f"--repeats {args.repeats} --threads {args.threads}: give 1 or more of each")
-    torch.set_num_threads(args.threads)
-    a = load_model("data/models/target").args
+@click.command("cpu_linear")
+@click.option("--repeats", type=int, default=200, show_default=True, help="Timed calls per kernel and shape.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for cpu_linear.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
+def command(repeats: int, threads: int, out: Path, as_json: bool) -> None:
+    """torch's default linear against oneDNN's and FBGEMM's prepacked ones, at the target's weight shapes."""
+    if repeats < 1 or threads < 1:
+        raise InputError(f"--repeats {repeats} --threads {threads}: give 1 or more of each")
+    torch.set_num_threads(threads)
+    a = load_model(TARGET).args
     shapes = {"lm_head": (a.vocab_size, a.hidden_size),
               "up_proj": (a.intermediate_size, a.hidden_size),
               "down_proj": (a.hidden_size, a.intermediate_size),
               "q_proj": (a.num_attention_heads * a.head_dim, a.hidden_size)}
-    rows = measure(shapes, args.repeats)
+    rows = measure(shapes, repeats)
+    show = table(as_json)
     for r in rows:
-        print(f"{r['weight']:>9} T={r['rows']:>2}: linear {r['linear_us']:7.1f} us, "
-              f"oneDNN prepacked {r['onednn_prepacked_us']:7.1f} us ({r['ratio']:.2f}x), "
-              f"FBGEMM fp16 {r['fbgemm_fp16_us']:7.1f} us ({r['fbgemm_ratio']:.2f}x)")
-    save_result("cpu_linear", rows, {"repeats": args.repeats, "threads": args.threads, "rows": list(ROWS),
-                                     "shapes": shapes}, SEED)
-
-
-if __name__ == "__main__":
-    main()
+        show(f"{r['weight']:>9} T={r['rows']:>2}: linear {r['linear_us']:7.1f} us, "
+             f"oneDNN prepacked {r['onednn_prepacked_us']:7.1f} us ({r['ratio']:.2f}x), "
+             f"FBGEMM fp16 {r['fbgemm_fp16_us']:7.1f} us ({r['fbgemm_ratio']:.2f}x)")
+    finish(as_json, rows, save_result("cpu_linear", rows, {"repeats": repeats, "threads": threads,
+                                                           "rows": list(ROWS), "shapes": shapes}, SEED, out))

@@ -1,22 +1,26 @@
 """Engine benchmark: our decode step against ``transformers``', tree verification cost against node count,
 and the decode loop's overhead share in speculative decoding.
 
-Run: ``.venv/bin/python benchmarks/engine.py [--quick] [--threads 1]``; writes
+Run: ``specblock benchmark engine [--quick] [--threads 1]``; writes
 ``benchmarks/results/engine.json``. Other processes share this CPU, so each comparison runs side by
 side, interleaved round by round, and the figures kept are medians and ratios of medians.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import click
 import torch
 
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.paths import RESULTS
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter, prefill
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
@@ -87,9 +91,9 @@ def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, 
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def decode_step(rounds: int, new_tokens: int) -> list[dict[str, Any]]:
+def decode_step(rounds: int, new_tokens: int, show: Callable[[str], None]) -> list[dict[str, Any]]:
     """Our decode step against transformers' (manual cache loop and generate), fp32 and bf16."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # optional (the test extra): this comparison alone
 
     rows = []
     base = random_model(TARGET, seed=0)
@@ -112,7 +116,7 @@ def decode_step(rounds: int, new_tokens: int) -> list[dict[str, Any]]:
                    "ratio_vs_loop": times["ours"] / times["transformers_loop"],
                    "ratio_vs_generate": times["ours"] / times["transformers_generate"],
                    "greedy_tokens_match": ours_tokens == hf_tokens}
-            print(row, flush=True)
+            show(str(row))
             rows.append(row)
     return rows
 
@@ -125,7 +129,7 @@ def random_tree(size: int, seed: int) -> DraftTree:
 
 
 @torch.inference_mode()
-def tree_verify(rounds: int, context: int = 256) -> list[dict[str, Any]]:
+def tree_verify(rounds: int, show: Callable[[str], None], context: int = 256) -> list[dict[str, Any]]:
     """Target forward time over a draft tree of 1..128 nodes after ``context`` committed tokens."""
     model = random_model(TARGET, seed=0)
     cache = model.new_cache(context + 256)
@@ -147,7 +151,7 @@ def tree_verify(rounds: int, context: int = 256) -> list[dict[str, Any]]:
     rows = [{"benchmark": "tree_verify", "nodes": n, "context": context, "forward_ms": 1e3 * times[n],
              "relative_to_one_node": times[n] / times[1], "mask_build_ms": mask_ms[n]} for n in sizes]
     for row in rows:
-        print(row, flush=True)
+        show(str(row))
     return rows
 
 
@@ -157,7 +161,7 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def overhead(prompts: int, new_tokens: int) -> list[dict[str, Any]]:
+def overhead(prompts: int, new_tokens: int, show: Callable[[str], None]) -> list[dict[str, Any]]:
     """Overhead share (wall time outside model forwards) of vanilla and speculative decoding."""
     target, draft = random_model(TARGET, seed=0), random_model(DRAFT, seed=5)
     configs = [("none", {}, "greedy", 0.0), ("draft-model", {"depth": 4}, "greedy", 0.0),
@@ -180,26 +184,28 @@ def overhead(prompts: int, new_tokens: int) -> list[dict[str, Any]]:
                "draft_share": totals["draft_seconds"] / totals["seconds"],
                "tau": totals["new_tokens"] / totals["iterations"],
                "tokens_per_second": totals["new_tokens"] / totals["seconds"]}
-        print(row, flush=True)
+        show(str(row))
         rows.append(row)
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and tokens (a smoke run)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+@click.command("engine")
+@click.option("--quick", is_flag=True, help="Fewer rounds and tokens (a smoke run).")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for engine.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
+def command(quick: bool, threads: int, out: Path, as_json: bool) -> None:
+    """Our decode step against transformers', tree verification cost, and the decode loop's overhead."""
+    if threads < 1:
+        raise InputError(f"--threads {threads} is invalid: give 1 or more")
+    torch.set_num_threads(threads)
+    show = table(as_json)
     # Many short interleaved rounds: the medians then resist the load swings of a shared machine.
-    rounds, new_tokens = (2, 16) if args.quick else (12, 32)
-    rows = [*decode_step(rounds, new_tokens), *tree_verify(rounds),
-            *overhead(2 if args.quick else 4, 2 * new_tokens)]
+    rounds, new_tokens = (2, 16) if quick else (12, 32)
+    rows = [*decode_step(rounds, new_tokens, show), *tree_verify(rounds, show),
+            *overhead(2 if quick else 4, 2 * new_tokens, show)]
     config = {"target": TARGET.to_hf(), "draft": DRAFT.to_hf(), "rounds": rounds, "new_tokens": new_tokens,
-              "threads": args.threads, "quick": args.quick,
+              "threads": threads, "quick": quick,
               "target_parameters": sum(p.numel() for p in random_model(TARGET, 0).parameters())}
-    print(save_result("engine", rows, config, seed=0))
-
-
-if __name__ == "__main__":
-    main()
+    finish(as_json, rows, save_result("engine", rows, config, seed=0, directory=out))

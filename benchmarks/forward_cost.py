@@ -13,21 +13,23 @@ inputs of a single-token step's shapes: their share of the step says how much of
 how much per-call overhead, which a smaller model's forward cannot shed. Saves
 ``benchmarks/results/forward_cost.json``.
 
-    .venv/bin/python benchmarks/forward_cost.py [--repeats 1000] [--alpha 0.50,0.45,0.45,0.45]
-                                                [--draft-vocab 2048] [--target DIR] [--draft DIR]
-                                                [--tag forward_cost]
+    specblock benchmark forward_cost [--repeats 1000] [--alpha 0.50,0.45,0.45,0.45] [--draft-vocab 2048]
+                                     [--target DIR] [--draft DIR] [--tag forward_cost]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import click
 import torch
 
+from benchmarks.output import finish, table
 from core.errors import InputError
+from core.paths import DRAFT_MODEL, RESULTS, TARGET
 from experiments.provenance import save_result
 from real_engine.drafters.draft_model import load_vocab
 from real_engine.model import Transformer, load_model
@@ -58,7 +60,7 @@ def products(model: Transformer, gen: torch.Generator) -> Callable[[], None]:
 
 
 @torch.inference_mode()
-def measure(repeats: int, vocab: int, target: str, draft: str) -> dict[str, float]:
+def measure(repeats: int, vocab: int, target: Path, draft: Path) -> dict[str, float]:
     """Median milliseconds of each forward (and of each model's products alone), every kind timed once
     per round."""
     gen = torch.Generator().manual_seed(SEED)
@@ -106,41 +108,42 @@ def bound(ms: dict[str, float], alphas: list[float], draft: str = "draft_1") -> 
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=1000)
-    parser.add_argument("--target", default="data/models/target", help="target checkpoint folder")
-    parser.add_argument("--draft", default="data/models/draft", help="draft model folder")
-    parser.add_argument("--tag", default="forward_cost", help="results: benchmarks/results/TAG.json")
-    parser.add_argument("--alpha", default="0.50,0.45,0.45,0.45",
-                        help="acceptance rate by chain position (default: the draft model's on code)")
-    parser.add_argument("--draft-vocab", type=int, default=2048,
-                        help="also time the draft forward over this many of its most frequent tokens")
-    args = parser.parse_args()
+@click.command("forward_cost")
+@click.option("--repeats", type=int, default=1000, show_default=True, help="Timed rounds (at least 10).")
+@click.option("--target", type=click.Path(file_okay=False, path_type=Path), default=TARGET,
+              show_default="data/models/target", help="Target checkpoint folder.")
+@click.option("--draft", type=click.Path(file_okay=False, path_type=Path), default=DRAFT_MODEL,
+              show_default="data/models/draft", help="Draft model folder.")
+@click.option("--tag", default="forward_cost", show_default=True, help="Results file name (TAG.json).")
+@click.option("--alpha", default="0.50,0.45,0.45,0.45", show_default=True,
+              help="Acceptance rate by chain position (default: the draft model's on code).")
+@click.option("--draft-vocab", type=int, default=2048, show_default=True,
+              help="Also time the draft forward over this many of its most frequent tokens.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for TAG.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
+def command(repeats: int, target: Path, draft: Path, tag: str, alpha: str, draft_vocab: int, out: Path,
+            as_json: bool) -> None:
+    """The shipped models' forward costs, and the speedup bound of a draft-model chain they allow."""
     try:
-        alphas = [float(a) for a in args.alpha.split(",")]
+        alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
-        parser.error(f"--alpha {args.alpha!r}: give comma-separated rates such as 0.5,0.45")
-    if args.repeats < 10 or not alphas or not all(0 <= a <= 1 for a in alphas) or args.draft_vocab < 1:
-        parser.error("--repeats must be >= 10, every --alpha rate in [0, 1] and --draft-vocab >= 1")
+        raise InputError(f"--alpha {alpha!r}: give comma-separated rates such as 0.5,0.45") from None
+    if repeats < 10 or not alphas or not all(0 <= a <= 1 for a in alphas) or draft_vocab < 1:
+        raise InputError("--repeats must be >= 10, every --alpha rate in [0, 1] and --draft-vocab >= 1")
     torch.set_num_threads(1)
-    try:
-        ms = measure(args.repeats, args.draft_vocab, args.target, args.draft)
-    except InputError as exc:
-        parser.error(str(exc))
-    print("median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
+    ms = measure(repeats, draft_vocab, target, draft)
+    show = table(as_json)
+    show("median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
     shares = {name: ms[f"{name}_products"] / ms[f"{name}_1"] for name in ("target", "draft")}
-    print("share of a single-token step that is matrix products: "
-          + ", ".join(f"{name} {share:.2f}" for name, share in shares.items()))
-    bounds = {draft: bound(ms, alphas, draft) for draft in ("draft_1", f"draft_1_vocab{args.draft_vocab}")}
-    for draft, rows in bounds.items():
+    show("share of a single-token step that is matrix products: "
+         + ", ".join(f"{name} {share:.2f}" for name, share in shares.items()))
+    bounds = {name: bound(ms, alphas, name) for name in ("draft_1", f"draft_1_vocab{draft_vocab}")}
+    for name, rows in bounds.items():
         for r in rows:
-            print(f"{draft}, chain depth {r['depth']}: E = {r['expected_tokens']:.2f} tokens, "
-                  f"c = {r['c']:.2f}, v = {r['v']:.2f}: speedup at most {r['speedup_bound']:.2f}x")
-    save_result(args.tag, {"median_ms": ms, "products_share": shares, "bounds": bounds},
-                {"repeats": args.repeats, "alpha": alphas, "context": CONTEXT, "threads": 1,
-                 "draft_vocab": args.draft_vocab, "target": args.target, "draft": args.draft}, SEED)
-
-
-if __name__ == "__main__":
-    main()
+            show(f"{name}, chain depth {r['depth']}: E = {r['expected_tokens']:.2f} tokens, "
+                 f"c = {r['c']:.2f}, v = {r['v']:.2f}: speedup at most {r['speedup_bound']:.2f}x")
+    results = {"median_ms": ms, "products_share": shares, "bounds": bounds}
+    config = {"repeats": repeats, "alpha": alphas, "context": CONTEXT, "threads": 1,
+              "draft_vocab": draft_vocab, "target": str(target), "draft": str(draft)}
+    finish(as_json, results, save_result(tag, results, config, SEED, out))

@@ -6,16 +6,20 @@ the optimum. A problem over the size limit of ``simulator.lp`` is skipped with i
 and a solver that runs past the time budget is recorded as skipped for that shape. Saves
 ``benchmarks/results/lp_solve_time.json``.
 
-    .venv/bin/python benchmarks/lp_solve_time.py [--instances 2] [--time-budget 60]
+    specblock benchmark lp_solve_time [--instances 2] [--time-budget 60]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
+from pathlib import Path
 
+import click
 import numpy as np
 
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.paths import RESULTS
 from experiments.provenance import save_result
 from simulator.instances import random_instance
 from simulator.lp import MAX_VARIABLES, SOLVERS, LPSolveError, lp_size, solve_lp
@@ -49,31 +53,32 @@ def measure(vocab: int, length: int, drafts: int, instances: int, budget: float,
     return rows
 
 
-def main() -> None:
-    """Measure every shape, print a table, save the rows with their provenance."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", type=int, default=2, help="random instances per shape")
-    parser.add_argument("--time-budget", type=float, default=60.0, help="seconds allowed per solve")
-    args = parser.parse_args()
+@click.command("lp_solve_time")
+@click.option("--instances", type=int, default=2, show_default=True, help="Random instances per shape.")
+@click.option("--time-budget", type=float, default=60.0, show_default=True, help="Seconds allowed per solve.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for lp_solve_time.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
+def command(instances: int, time_budget: float, out: Path, as_json: bool) -> None:
+    """Verification LP solve time against vocabulary, draft length and number of drafts."""
+    if instances < 1 or not time_budget > 0:
+        raise InputError(f"--instances {instances} --time-budget {time_budget}: give at least 1 instance and "
+                         "a positive budget")
     rng = np.random.default_rng(SEED)
     rows = []
-    print(f"{'V':>2} {'L':>2} {'K':>2} {'variables':>10} {'solver':>9} {'mean s':>8} {'max s':>8} "
-          f"{'LP mean':>8}")
+    show = table(as_json)
+    show(f"{'V':>2} {'L':>2} {'K':>2} {'variables':>10} {'solver':>9} {'mean s':>8} {'max s':>8} "
+         f"{'LP mean':>8}")
     for vocab in VOCABS:
         for length in LENGTHS:
             for drafts in DRAFTS:
-                for row in measure(vocab, length, drafts, args.instances, args.time_budget, rng):
+                for row in measure(vocab, length, drafts, instances, time_budget, rng):
                     rows.append(row)
                     figures = (f"skipped: {row['skipped'][:40]}" if "skipped" in row else
                                f"{row['seconds_mean']:8.3f} {row['seconds_max']:8.3f} "
                                f"{row['value_mean']:8.4f}")
-                    print(f"{vocab:>2} {length:>2} {drafts:>2} {row['variables']:>10,} {row['solver']:>9} "
-                          f"{figures}", flush=True)
-    path = save_result("lp_solve_time", rows, {"vocabs": VOCABS, "lengths": LENGTHS, "drafts": DRAFTS,
-                                               "instances": args.instances, "time_budget_s": args.time_budget,
-                                               "max_variables": MAX_VARIABLES, "drafter": "indep"}, SEED)
-    print(f"saved {path}")
-
-
-if __name__ == "__main__":
-    main()
+                    show(f"{vocab:>2} {length:>2} {drafts:>2} {row['variables']:>10,} {row['solver']:>9} "
+                         f"{figures}")
+    config = {"vocabs": VOCABS, "lengths": LENGTHS, "drafts": DRAFTS, "instances": instances,
+              "time_budget_s": time_budget, "max_variables": MAX_VARIABLES, "drafter": "indep"}
+    finish(as_json, rows, save_result("lp_solve_time", rows, config, SEED, out))

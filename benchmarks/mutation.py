@@ -8,13 +8,12 @@ not reach is counted as not run. Saves ``benchmarks/results/mutation.json`` (cou
 every surviving mutant's diff) and ``mutation.md`` (the same, with what was done about each survivor,
 from ``NOTES``).
 
-    .venv/bin/python benchmarks/mutation.py [--budget-minutes 40] [--only real_engine/tree.py ...]
-    .venv/bin/python benchmarks/mutation.py --render   # rewrite mutation.md from the saved JSON
+    specblock benchmark mutation [--budget-minutes 40] [--only real_engine/tree.py ...]
+    specblock benchmark mutation --render   # rewrite mutation.md from the saved JSON
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import hashlib
 import importlib.metadata
@@ -29,13 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mutation_notes import DEVICE, DTYPE, MESSAGE, NOTES, STRICT
+import click
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from core.paths import RESULTS  # noqa: E402
-from experiments.provenance import save_result  # noqa: E402
+from benchmarks.mutation_notes import DEVICE, DTYPE, MESSAGE, NOTES, STRICT
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.files import MAX_RECORD_BYTES, read_json, write_text
+from core.paths import REPO, RESULTS
+from experiments.provenance import save_result
 
 NAME = "mutation"
 SCRATCH = Path("/tmp/specblock-mutation")
@@ -80,7 +80,7 @@ def checkout_files(root: Path) -> list[str]:
     return [f for f in out.split("\0") if f and (root / f).is_file()]
 
 
-def prepare(module: str, tests: tuple[str, ...], root: Path = ROOT) -> Path:
+def prepare(module: str, tests: tuple[str, ...], root: Path = REPO) -> Path:
     """A scratch copy of the checkout with a setup.cfg that mutates ``module`` against ``tests`` only
     (less ``DESELECT``)."""
     work = SCRATCH / module.replace("/", "__").removesuffix(".py")
@@ -177,7 +177,7 @@ def collect(work: Path, module: str, base: dict[str, Any] | None = None) -> dict
 
 def digest(paths: list[str]) -> dict[str, str]:
     """sha256 (12 hex digits) of each file, so a result names the exact tests it ran."""
-    return {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest()[:12] for p in paths}
+    return {p: hashlib.sha256((REPO / p).read_bytes()).hexdigest()[:12] for p in paths}
 
 
 def _changed(diff: str) -> tuple[list[str], list[str]]:
@@ -332,45 +332,58 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def main() -> None:
-    """Run every module (or ``--only`` ones, merged into the saved results), save JSON and markdown."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-minutes", type=float, default=40.0, help="total time for all modules")
-    parser.add_argument("--only", nargs="+", choices=sorted(MODULES), help="run these modules only")
-    parser.add_argument("--functions", nargs="+", default=[],
-                        help="with --only: run only the mutants of these functions, as mutmut names them "
-                             "after its 'x' (_f for f, Cǁm for C.m; globs allowed)")
-    parser.add_argument("--render", action="store_true", help="only rewrite mutation.md from the JSON")
-    args = parser.parse_args()
-    saved = RESULTS / f"{NAME}.json"
-    if args.render:
-        (RESULTS / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
+def saved_results(path: Path) -> dict[str, Any]:
+    """The saved mutation results (with provenance)."""
+    return read_json(path, MAX_RECORD_BYTES, "mutation results", "run `specblock benchmark mutation` again")
+
+
+@click.command("mutation")
+@click.option("--budget-minutes", type=float, default=40.0, show_default=True,
+              help="Total time for all modules.")
+@click.option("--only", multiple=True, type=click.Choice(sorted(MODULES)),
+              help="Run this module only (repeatable), merged into the saved results.")
+@click.option("--functions", multiple=True,
+              help="With --only: run only the mutants of this function (repeatable), as mutmut names them "
+                   "after its 'x' (_f for f, Cǁm for C.m; globs allowed).")
+@click.option("--render", "render_only", is_flag=True, help="Only rewrite mutation.md from the saved JSON.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for mutation.json and mutation.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the counts per module.")
+def command(budget_minutes: float, only: tuple[str, ...], functions: tuple[str, ...], render_only: bool,
+            out: Path, as_json: bool) -> None:
+    """Mutation testing of the core modules with mutmut, each module against its own test files only."""
+    saved, report = out / f"{NAME}.json", out / f"{NAME}.md"
+    if render_only:
+        data = saved_results(saved)
+        finish(as_json, data["results"], saved, write_text(report, render(data)))
         return
-    modules = dict(MODULES) if not args.only else {m: MODULES[m] for m in args.only}
-    old = json.loads(saved.read_text())["results"]["modules"] if args.only and saved.exists() else {}
+    if not budget_minutes > 0:
+        raise InputError(f"--budget-minutes {budget_minutes}: give a positive number of minutes")
+    if functions and not only:
+        raise InputError("--functions selects mutants of the --only modules: add --only MODULE")
+    modules = dict(MODULES) if not only else {m: MODULES[m] for m in only}
+    old = saved_results(saved)["results"]["modules"] if only and saved.exists() else {}
     results: dict[str, Any] = dict(old)
+    show = table(as_json)
     for module, tests in modules.items():
-        budget = SHARE[module] * args.budget_minutes * 60
-        print(f"{module}: {budget / 60:.1f} min against {', '.join(tests)}", flush=True)
+        budget = SHARE[module] * budget_minutes * 60
+        show(f"{module}: {budget / 60:.1f} min against {', '.join(tests)}")
         work = prepare(module, tests)
-        names = [f"{module.removesuffix('.py').replace('/', '.')}.x{f}__mutmut_*" for f in args.functions]
+        names = [f"{module.removesuffix('.py').replace('/', '.')}.x{f}__mutmut_*" for f in functions]
         elapsed, finished, code = run_mutmut(work, budget, names)
         row = {"tests": list(tests), "deselected": list(DESELECT.get(module, ())),
-               "functions": args.functions, "test_sha256": digest(list(tests)), "budget_s": round(budget, 1),
+               "functions": list(functions), "test_sha256": digest(list(tests)), "budget_s": round(budget, 1),
                "elapsed_s": round(elapsed, 1), "finished": finished, "exit_code": code,
-               **collect(work, module, old.get(module) if args.functions else None)}
+               **collect(work, module, old.get(module) if functions else None)}
         if module in old:  # a rerun (after new tests): keep the first pass's figures beside the new ones
             first = old[module].get("previous")
             row["previous"] = first or {k: old[module][k] for k in ("mutants", *COLUMNS, "test_sha256")}
         results[module] = row
         counts = ", ".join(f"{c} {row[c]}" for c in COLUMNS)
-        print(f"  {counts} of {row['mutants']} in {elapsed / 60:.1f} min", flush=True)
+        show(f"  {counts} of {row['mutants']} in {elapsed / 60:.1f} min")
     ordered = {m: results[m] for m in MODULES if m in results}
-    config = {"mutmut": importlib.metadata.version("mutmut"), "budget_minutes": args.budget_minutes,
+    config = {"mutmut": importlib.metadata.version("mutmut"), "budget_minutes": budget_minutes,
               "share": SHARE, "modules": {m: list(t) for m, t in MODULES.items()}, "max_children": 1}
-    save_result(NAME, {"modules": ordered}, config, seed=None)
-    (RESULTS / f"{NAME}.md").write_text(render(json.loads(saved.read_text())))
-
-
-if __name__ == "__main__":
-    main()
+    save_result(NAME, {"modules": ordered}, config, seed=None, directory=out)
+    per_module = {m: {c: row[c] for c in ("mutants", *COLUMNS)} for m, row in ordered.items()}
+    finish(as_json, per_module, saved, write_text(report, render(saved_results(saved))))

@@ -3,12 +3,11 @@ times in fresh processes, as ``make run`` runs it, and each run's fidelity error
 worst policy, rank agreement, and the adaptive policies against the best fixed length, side by side.
 Saves ``benchmarks/results/<tag>.json`` (every run's summary, with provenance) and ``<tag>.md``.
 
-    .venv/bin/python benchmarks/pipeline_runs.py [--runs 3] [--full] [--tag pipeline_quick]
+    specblock benchmark pipeline_runs [--runs 3] [--full] [--tag pipeline_quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -17,6 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import click
+
+from benchmarks.output import finish
+from core.errors import InputError
 from core.files import write_text
 from core.paths import RESULTS
 from experiments.provenance import save_result
@@ -28,7 +31,7 @@ def run_once(out: Path, full: bool) -> dict[str, Any]:
     proc = subprocess.run([*command, *([] if full else ["--quick"])], capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"pipeline run failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        raise click.ClickException(f"pipeline run failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     return json.loads(proc.stdout)
 
 
@@ -73,26 +76,27 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="consecutive pipeline runs")
-    parser.add_argument("--full", action="store_true", help="the full pipeline instead of --quick")
-    parser.add_argument("--tag", default=None, help="results name [pipeline_quick or pipeline_full]")
-    args = parser.parse_args()
-    if args.runs < 1:
-        parser.error(f"--runs {args.runs}: give 1 or more")
-    tag = args.tag or ("pipeline_full" if args.full else "pipeline_quick")
-    command = f"specblock pipeline{'' if args.full else ' --quick'}"
+@click.command("pipeline_runs")
+@click.option("--runs", type=int, default=3, show_default=True, help="Consecutive pipeline runs.")
+@click.option("--full", is_flag=True, help="The full pipeline instead of --quick.")
+@click.option("--tag", default=None, help="Results name [pipeline_quick or pipeline_full].")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for TAG.json and TAG.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every run's figures.")
+def command(runs: int, full: bool, tag: str | None, out: Path, as_json: bool) -> None:
+    """The main job's fidelity, run after run: `specblock pipeline` several times in fresh processes."""
+    if runs < 1:
+        raise InputError(f"--runs {runs}: give 1 or more")
+    tag = tag or ("pipeline_full" if full else "pipeline_quick")
+    invocation = f"specblock pipeline{'' if full else ' --quick'}"
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for i in range(args.runs):
-            print(f"run {i + 1}/{args.runs}: {command}", file=sys.stderr, flush=True)
-            rows.append(row(run_once(Path(folder) / f"run{i}", args.full)))
-            print(f"  fidelity error {rows[-1]['fidelity_error']:.1%}", file=sys.stderr, flush=True)
-    save_result(tag, rows, {"command": command, "runs": args.runs}, seed=0)
-    write_text(RESULTS / f"{tag}.md", markdown(rows, command))
-    print(markdown(rows, command))
-
-
-if __name__ == "__main__":
-    main()
+        for i in range(runs):
+            click.echo(f"run {i + 1}/{runs}: {invocation}", err=True)
+            rows.append(row(run_once(Path(folder) / f"run{i}", full)))
+            click.echo(f"  fidelity error {rows[-1]['fidelity_error']:.1%}", err=True)
+    saved = save_result(tag, rows, {"command": invocation, "runs": runs}, seed=0, directory=out)
+    table = write_text(out / f"{tag}.md", markdown(rows, invocation))
+    if not as_json:
+        click.echo(markdown(rows, invocation))
+    finish(as_json, rows, saved, table)

@@ -11,24 +11,30 @@ of our own would give on a machine shared with other jobs). Only real steps coun
 next-step autoreset and the idle slots at the end of a rollout are not iterations). Prints and
 saves ``benchmarks/results/rollout_speed.json``.
 
-    .venv/bin/python benchmarks/rollout_speed.py [--seconds S]
+    specblock benchmark rollout_speed [--seconds S]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.paths import RESULTS
 from experiments.provenance import save_result
 from policies.base import Policy, make_policy
 from policies.features import ADAPT_INDEX, LENGTH_SLICES
-from simulator.acceptance import AcceptanceModel, TraceReplay, default_acceptance, synthetic_traces
+from simulator.acceptance import AcceptanceModel
 from simulator.envs import SpecLengthEnv
+from simulator.parametric import default_acceptance, synthetic_traces
+from simulator.replay import TraceReplay
 from simulator.rollout import run_length
 from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
 
@@ -91,7 +97,7 @@ def time_single(policy: Policy, model: AcceptanceModel, seconds: float) -> tuple
     return rates(steps, start)
 
 
-def speclength_rows(seconds: float) -> list[dict[str, Any]]:
+def speclength_rows(seconds: float, show: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every SpecLength measurement, with the ratio of each to the single-env loop of its policy."""
     traces = synthetic_traces(default_acceptance(), queries=400, iterations=50, seed=SEED)
     models = {"parametric": default_acceptance(), "replay": TraceReplay.from_traces(traces)}
@@ -109,12 +115,12 @@ def speclength_rows(seconds: float) -> list[dict[str, Any]]:
                              "num_envs": 1 if path == "single_env" else SLOTS, "per_second": rate,
                              "per_cpu_second": cpu_rate, "vs_single_env": rate / single[0],
                              "vs_single_env_cpu": cpu_rate / single[1], "unit": "iterations"})
-                print(f"SpecLength  {name:10s} {label:13s} {path:10s}: {rate:11,.0f} it/s "
-                      f"{cpu_rate:11,.0f} it/CPU-s  x{rate / single[0]:6.1f} vs single env", flush=True)
+                show(f"SpecLength  {name:10s} {label:13s} {path:10s}: {rate:11,.0f} it/s "
+                     f"{cpu_rate:11,.0f} it/CPU-s  x{rate / single[0]:6.1f} vs single env")
     return rows
 
 
-def adaptstream_rows(seconds: float) -> list[dict[str, Any]]:
+def adaptstream_rows(seconds: float, show: Callable[[str], None]) -> list[dict[str, Any]]:
     """AdaptStream queries per second with two batched adaptation rules."""
     env = AdaptStreamVectorEnv(1024)
     skip = np.zeros(1024, dtype=np.int64)
@@ -125,24 +131,25 @@ def adaptstream_rows(seconds: float) -> list[dict[str, Any]]:
         rate, cpu_rate = time_steps(env, rule, seconds)
         rows.append({"env": "AdaptStream", "path": "vector_env", "acceptance": "parametric", "policy": label,
                      "num_envs": 1024, "per_second": rate, "per_cpu_second": cpu_rate, "unit": "queries"})
-        print(f"AdaptStream parametric {label:14s}: {rate:11,.0f} queries/s {cpu_rate:11,.0f} queries/CPU-s")
+        show(f"AdaptStream parametric {label:14s}: {rate:11,.0f} queries/s {cpu_rate:11,.0f} queries/CPU-s")
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="Wall seconds per measurement.")
-    args = parser.parse_args()
+@click.command("rollout_speed")
+@click.option("--seconds", type=float, default=3.0, show_default=True, help="Wall seconds per measurement.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for rollout_speed.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
+def command(seconds: float, out: Path, as_json: bool) -> None:
+    """Simulator rollout speed on one pinned core: SpecLength iterations/s, AdaptStream queries/s."""
+    if not seconds > 0:
+        raise InputError(f"--seconds {seconds}: give a positive number of seconds")
     core = max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
     load = os.getloadavg()
-    rows = speclength_rows(args.seconds) + adaptstream_rows(args.seconds)
-    config = {"seconds_per_measurement": args.seconds, "pinned_core": core, "load_average_before": load,
+    show = table(as_json)
+    rows = speclength_rows(seconds, show) + adaptstream_rows(seconds, show)
+    config = {"seconds_per_measurement": seconds, "pinned_core": core, "load_average_before": load,
               "load_average_after": os.getloadavg(), "num_envs": SLOTS, "tokens_per_query": 512,
               "replay": "synthetic traces of default_acceptance(), 400 queries x 50 iterations"}
-    path = save_result("rollout_speed", rows, config, SEED)
-    print(f"saved {path}")
-
-
-if __name__ == "__main__":
-    main()
+    finish(as_json, rows, save_result("rollout_speed", rows, config, SEED, out))

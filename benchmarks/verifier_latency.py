@@ -8,17 +8,22 @@ median wall time over repeats after warm-up and the mean accepted length over th
 fixed draft per shape and vocabulary, so it only shows how far the sequential verifiers walked);
 saves ``benchmarks/results/verifier_latency.json``.
 
-    .venv/bin/python benchmarks/verifier_latency.py [--repeats 15] [--device cpu] [--threads 1]
+    specblock benchmark verifier_latency [--repeats 15] [--device cpu] [--threads 1]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
+from pathlib import Path
 
+import click
 import torch
 
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.paths import RESULTS
+from experiments.cli import resolve_device
 from experiments.provenance import save_result
 from real_engine.tree import DraftTree
 from real_engine.verify import VERIFIERS, TorchSampler
@@ -80,36 +85,37 @@ def measure(name: str, tree: DraftTree, p: torch.Tensor, repeats: int, warmup: i
             "p90_ms": 1e3 * times[(9 * len(times)) // 10], "mean_accepted": statistics.fmean(accepted)}
 
 
-def main() -> None:
-    """Measure every verifier at each vocabulary, print a table, save the rows with provenance."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (on a shared machine a second one waits on a busy core)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+@click.command("verifier_latency")
+@click.option("--repeats", type=int, default=15, show_default=True, help="Timed calls per verifier.")
+@click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls first.")
+@click.option("--device", default="cpu", show_default=True, help="torch device.")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="torch CPU threads (on a shared machine a second one waits on a busy core).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for verifier_latency.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
+def command(repeats: int, warmup: int, device: str, threads: int, out: Path, as_json: bool) -> None:
+    """Every verifier's latency on a 64-node draft tree at vocabularies 8,192 and 128,000."""
+    if repeats < 1 or warmup < 0 or threads < 1:
+        raise InputError(f"--repeats {repeats} --warmup {warmup} --threads {threads}: give at least 1 repeat "
+                         "and thread, and no negative warm-up")
+    device = resolve_device(device)
+    torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(SEED)
     rows = []
-    print(f"{'verifier':8} {'shape':>6} {'vocab':>7} {'median ms':>10} {'p10':>8} {'p90':>8} {'accepted':>9}")
+    show = table(as_json)
+    show(f"{'verifier':8} {'shape':>6} {'vocab':>7} {'median ms':>10} {'p10':>8} {'p90':>8} {'accepted':>9}")
     for vocab in VOCABS:
-        shapes = trees(vocab, args.device, gen)
+        shapes = trees(vocab, device, gen)
         for name in VERIFIERS:
             shape = "chain" if name in ("token", "block") else "tree"
             tree, p = shapes[shape]
             row = {"verifier": name, "shape": f"{PATHS}x{DEPTH}" if shape == "tree" else f"chain{CHAIN}",
-                   "nodes": tree.size - 1, "vocab": vocab,
-                   **measure(name, tree, p, args.repeats, args.warmup, args.device)}
+                   "nodes": tree.size - 1, "vocab": vocab, **measure(name, tree, p, repeats, warmup, device)}
             rows.append(row)
-            print(f"{name:8} {row['shape']:>6} {vocab:>7} {row['median_ms']:>10.2f} {row['p10_ms']:>8.2f} "
-                  f"{row['p90_ms']:>8.2f} {row['mean_accepted']:>9.2f}", flush=True)
-    config = {"paths": PATHS, "depth": DEPTH, "chain": CHAIN, "vocabs": list(VOCABS), "repeats": args.repeats,
-              "warmup": args.warmup, "device": args.device, "threads": args.threads, "dtype": "float32",
+            show(f"{name:8} {row['shape']:>6} {vocab:>7} {row['median_ms']:>10.2f} {row['p10_ms']:>8.2f} "
+                 f"{row['p90_ms']:>8.2f} {row['mean_accepted']:>9.2f}")
+    config = {"paths": PATHS, "depth": DEPTH, "chain": CHAIN, "vocabs": list(VOCABS), "repeats": repeats,
+              "warmup": warmup, "device": device, "threads": threads, "dtype": "float32",
               "rows": "softmax(3 z + z_p), softmax(3 z + z_q), z standard normal"}
-    path = save_result("verifier_latency", rows, config, SEED)
-    print(f"saved {path}")
-
-
-if __name__ == "__main__":
-    main()
+    finish(as_json, rows, save_result("verifier_latency", rows, config, SEED, out))

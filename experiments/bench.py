@@ -23,19 +23,19 @@ from typing import Any
 
 import torch
 
+from core.cost_profile import resolve_profile
 from core.errors import InputError
 from core.files import MAX_PROMPT_SET_BYTES, read_text
+from core.names import VANILLA, drafter_spec
+from policies import policy_from_dict
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.base import Drafter
-from real_engine.drafters.trained import TRAINED
 from real_engine.model import Output, Transformer
+from real_engine.speculate import LengthControlled
+from real_engine.training.specblock import specblock_loss
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
-ENGINE_DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
-TRAINED_DRAFTERS = TRAINED  # drafters shipped as weights under data/models/<name>
-SHAPES = ("chain", "tree", "paths")
-VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
 # The sampling verifiers that fit each kind of draft (T > 0): single-path verifiers on chains, rrs on
 # top-k trees, the multi-path ones on K i.i.d. sampled paths.
 FITS = {"chain": ("token", "block", "rrs"), "tree": ("rrs",), "paths": ("rrs", "gbv", "seqbv"),
@@ -66,7 +66,7 @@ class Settings:
     """Everything a bench run needs besides the loaded models."""
 
     domains: dict[str, list[str]]  # domain -> prompt texts
-    drafters: tuple[str, ...] = ("none", "ngram", "draft-model")
+    drafters: tuple[str, ...] = (VANILLA, "ngram", "draft-model")
     verifiers: tuple[str, ...] = ("greedy", "block", "rrs")
     temperatures: tuple[float, ...] = (0.0, 1.0)
     shapes: tuple[str, ...] = ("chain", "tree")
@@ -182,20 +182,22 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
 
     ``available`` names the drafters that can run (trained weights present); at T = 0 every drafter
     uses the greedy verifier, at T > 0 each sampling verifier of ``settings.verifiers`` that fits its
-    draft shape (n-gram drafts chains; SpecBlock, EAGLE and Medusa draft top-k trees, but the trained
-    drafters named in ``chains`` deploy a chain, which they sample at T > 0; with
-    ``settings.trained_shapes`` they also run at their training shape, a top-k tree).
+    draft shape (the draft model drafts ``settings.shapes``; the trained drafters (SpecBlock, EAGLE,
+    Medusa) top-k trees, but those named in ``chains`` deploy a chain, which they sample at T > 0; with
+    ``settings.trained_shapes`` they also run at their training shape, a top-k tree; the others, n-gram
+    among them, chains).
     """
     configs, notes = [], []
     for drafter in settings.drafters:
-        if drafter != "none" and drafter not in available:
+        if drafter != VANILLA and drafter not in available:
             notes.append(f"{drafter}: no trained weights, skipped")
     for t in settings.temperatures:
-        configs.append(Config("none", None, None, t))
-        for drafter in (d for d in settings.drafters if d != "none" and d in available):
-            shapes = settings.shapes if drafter == "draft-model" else (
-                ("chain",) if drafter == "ngram" or drafter in chains else ("tree",))
-            if drafter in TRAINED_DRAFTERS and settings.trained_shapes:
+        configs.append(Config(VANILLA, None, None, t))
+        for drafter in (d for d in settings.drafters if d != VANILLA and d in available):
+            spec = drafter_spec(drafter)
+            shapes = settings.shapes if spec.needs_draft_model else (
+                ("tree",) if spec.trained and drafter not in chains else ("chain",))
+            if spec.trained and settings.trained_shapes:
                 shapes = (*shapes, "trained")
             for shape in shapes:
                 fits = ("greedy",) if t == 0 else tuple(v for v in settings.verifiers if v in FITS[shape])
@@ -251,24 +253,22 @@ class Engine:
         return self.counters[id(module)]
 
     def _build(self, config: Config) -> Drafter:
-        s = self.s
-        if config.drafter in TRAINED_DRAFTERS:
+        s, spec = self.s, drafter_spec(config.drafter)
+        if spec.trained:
             drafter = make_drafter(config.drafter, self.target, folder=self.dir / config.drafter,
                                    deployed=config.shape != "trained")
-        elif config.drafter == "draft-model":
+        elif spec.needs_draft_model:
             chain = config.shape == "chain" and s.chain is not None
             options = dict(s.chain) if chain else {"depth": s.depth}
-            drafter = make_drafter("draft-model", self.target, self.draft, folder=self.draft_dir,
+            drafter = make_drafter(config.drafter, self.target, self.draft, folder=self.draft_dir,
                                    deployed=False, width=s.width if config.shape == "tree" else 1,
                                    budget=s.budget, paths=s.width if config.shape == "paths" else 1,
                                    **options)
-        else:
-            drafter = make_drafter(config.drafter, self.target, depth=s.depth)
+        else:  # a drafter without weights or draft model: the bench's draft depth, where it takes one
+            depth = s.depth if "depth" in spec.options else None
+            drafter = make_drafter(config.drafter, self.target, depth=depth)
         if config.policy is None:
             return drafter
-        from core.cost_profile import resolve_profile
-        from policies import policy_from_dict
-        from real_engine.speculate import LengthControlled
 
         policy = policy_from_dict(dict(s.policies)[config.policy], seed=s.seed, source=config.policy)
         return LengthControlled(drafter, policy, resolve_profile(s.profile), config.drafter)
@@ -276,7 +276,7 @@ class Engine:
     def run(self, config: Config, prompt: list[int], seed: int, max_new_tokens: int) -> Measurement:
         """Decode ``prompt`` with ``config``."""
         recorder = None
-        if config.drafter != "none":
+        if config.drafter != VANILLA:
             if config not in self.recorders:
                 inner = self._build(config)
                 self.recorders[config] = Recorder(inner, self._counter(getattr(inner, "drafter", inner)))
@@ -316,11 +316,11 @@ def text_acceptance(engine: Engine, configs: Sequence[Config], prompts: dict[str
     EAGLE's saved tree), not their deployed one, so every position they learnt is seen."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for config in configs:
-        if (config.drafter == "none" or config.drafter.startswith("hf-") or config.temperature != 0
+        if (config.drafter == VANILLA or config.drafter.startswith("hf-") or config.temperature != 0
                 or config.verifier != "greedy" or config.policy or config.label in out
                 or config.shape == "trained"):  # the deployed shape's row already drafts at this one
             continue
-        deep = replace(config, shape="trained") if config.drafter in TRAINED_DRAFTERS else config
+        deep = replace(config, shape="trained") if drafter_spec(config.drafter).trained else config
         firsts = {domain: [engine.run(deep, ids[:t], seed, TEXT_DEPTH + 1)
                            for ids in items for t in range(every, len(ids), every)]
                   for domain, items in prompts.items()}
@@ -339,8 +339,6 @@ def rank_confusion(target: Transformer, net: Any, prompts: Sequence[list[int]], 
     """SpecBlock's rank head, teacher-forced on the prompts' real text: the confusion counts of the
     target token's rank bucket in the draft law (rows) against the predicted bucket (columns), over
     the valid-prefix positions of M = 2 blocks started at every position (the training loss's view)."""
-    from real_engine.train_specblock import specblock_loss
-
     device = target.lm_head.weight.device
     generator = torch.Generator().manual_seed(seed)
     total = None

@@ -115,7 +115,7 @@ def markdown(results: dict[str, Any], title: str) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Per temperature: grouped bars of speedup by domain and config, and alpha by position (all domains)."""
-    import matplotlib
+    import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import click
 
@@ -26,6 +28,12 @@ COMMANDS = {
     "simulate": "simulate",
     "tune": "tune",
     "shapes": "shapes",
+    "results": "results",
+    "adapt-live": "adapt_live",
+    "fidelity": "fidelity",
+    "study": "study",
+    "gpu-check": "gpu_check",
+    "benchmark": "benchmark",
 }
 
 
@@ -33,10 +41,28 @@ MAX_SEED = 2**32 - 1  # seeds numpy, gymnasium and torch all take (torch's and n
 SEED = click.IntRange(0, MAX_SEED)  # the type of every --seed option
 
 
+class LiveChoice(click.Choice):
+    """A choice among the names ``names()`` gives each time it is read (a registry's, such as the drafters
+    of ``core.names``), so a name registered after the command's import is offered too."""
+
+    def __init__(self, names: Callable[[], Sequence[str]]) -> None:
+        self.names = names
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The names as they are now."""
+        return tuple(self.names())
+
+    @choices.setter
+    def choices(self, _: Sequence[str]) -> None:
+        """Ignored: click.Choice sets its choices once; these are read live."""
+
+
 def resolve_device(device: str | None) -> str:
     """The torch device a --device option names (None: cuda when available, else cpu); InputError for a
     name torch does not know, or a device this machine or torch build lacks."""
-    import torch
+    import torch  # only when a command resolves its device, never for --help
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,19 +84,22 @@ def resolve_device(device: str | None) -> str:
 
 
 class LazyGroup(click.Group):
-    """A group whose subcommands are imported on first use, so `--help` never imports torch."""
+    """A group whose subcommands are imported on first use, so `--help` never imports torch:
+    ``commands_by_name`` maps each name to a module of ``package`` that defines a click command `command`."""
+
+    commands_by_name: ClassVar[dict[str, str]] = COMMANDS
+    package = "experiments.commands"
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in COMMANDS if importlib.util.find_spec(self._module(name)) is not None]
+        return [name for name in self.commands_by_name if importlib.util.find_spec(self._module(name))]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or importlib.util.find_spec(self._module(name)) is None:
+        if name not in self.commands_by_name or importlib.util.find_spec(self._module(name)) is None:
             return None
         return importlib.import_module(self._module(name)).command
 
-    @staticmethod
-    def _module(name: str) -> str:
-        return f"experiments.commands.{COMMANDS[name]}"
+    def _module(self, name: str) -> str:
+        return f"{self.package}.{self.commands_by_name[name]}"
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -33,6 +33,9 @@ from scipy import stats
 
 from experiments.fidelity import Config, StepClock, simulate
 from experiments.intervals import REPLICATES, interval, ratio_of_sums, resample_queries, resamples
+from policies import length_features, make_policy
+from policies.features import LENGTH_CAP
+from real_engine.decode import generate
 
 CLOCK_INDEX = {"wall": 0, "cpu": 1}  # StepClock's fields
 
@@ -72,8 +75,6 @@ class LiveRun:
 
     def prompt(self, i: int) -> None:
         """Decode prompt ``i`` with every policy."""
-        from real_engine.decode import generate
-
         names = list(self.builders)
         self.log(f"deploy: prompt {i + 1}/{len(self.prompts)}, {len(names)} policies")
         turn = i % len(names)
@@ -121,9 +122,6 @@ def decision_cost(policy: Any, traces: pd.DataFrame, profile: Any, drafter: str,
     """Seconds one ``act`` of ``policy`` costs beyond a fixed length's (whose cost the profile's
     ``steering`` series holds), timed on the process's CPU clock over observations built from the
     recorded confidences and ``profile``'s step times."""
-    from policies import length_features, make_policy
-    from policies.features import LENGTH_CAP
-
     steps = profile.step_table(drafter, LENGTH_CAP)
     rows = traces.head(256)
     observations = [length_features(np.asarray(c, dtype=np.float64)[:LENGTH_CAP], int(ctx),

@@ -33,26 +33,27 @@ for the same sizes and contexts, which tells a cost error from a difference betw
 A configuration whose drafter the engine cannot build (no trained weights) is skipped with the
 reason. Writes ``benchmarks/results/fidelity.json`` (with provenance) and ``fidelity.md``.
 
-Run: ``python -m experiments.fidelity`` (``--help`` for the sizes).
+Run: ``specblock fidelity`` (``--help`` for the sizes).
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
 from core.errors import InputError
-from core.files import write_text
-from core.paths import CPU_PROFILE, DRAFT_MODEL, RESULTS, TARGET
-from experiments.cli import SEED
+from policies.base import make_policy
+from real_engine.decode import generate, make_drafter
+from real_engine.trace import record
+from simulator.replay import TraceReplay
+from simulator.rollout import run_length
+from simulator.traces import load_traces
+from simulator.vector_envs import SpecLengthVectorEnv
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,6 @@ def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], 
     (drafting costed by ``shape``, see ``draft_shape``; ``policy`` chooses the lengths instead of the
     config's fixed length, when given, and is shown the step times of ``observed``, the profile it was
     deployed with, when that is not ``profile``; each of its decisions costs ``decision_seconds``)."""
-    from policies.base import make_policy
-    from simulator.acceptance import TraceReplay
-    from simulator.rollout import run_length
-    from simulator.vector_envs import SpecLengthVectorEnv
-
     replay = TraceReplay.from_traces(traces)
     domains = [p.domain for p in prompts]
     weights = {d: domains.count(d) for d in replay.domains if d in domains}
@@ -198,8 +194,6 @@ class Engine:
     def drafter_factory(self, config: Config | Mapping[str, Any]) -> Callable[[], Any] | None:
         """A builder of fresh drafters for a config (or a TRACES entry); None for vanilla; InputError when
         the engine cannot build the drafter (no trained weights)."""
-        from real_engine.decode import make_drafter
-
         spec = asdict(config) if isinstance(config, Config) else dict(config)
         name = spec["drafter"]
         options = {k: spec.get(k) for k in ("depth", "width", "budget", "blocks")}
@@ -211,8 +205,6 @@ class Engine:
     def trace(self, prompts: Sequence[Any], spec: Mapping[str, Any]) -> tuple[Any, list[dict[str, float]]]:
         """Traces of decoding ``prompts`` with the drafter of a TRACES entry (a DataFrame of
         ``simulator.traces``), and the drafting shapes it recorded (SpecBlock's; empty for others)."""
-        from real_engine.trace import record
-
         factory, shapes = self.drafter_factory(spec), []
 
         def build() -> Any:
@@ -229,8 +221,6 @@ class Engine:
                 log: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
         """Decode ``prompts`` with every config, round-robin (each prompt by every config in turn, so a
         change of load on a shared machine touches all configs alike); config name -> ``steady_state``."""
-        from real_engine.decode import generate
-
         factories = {c.name: self.drafter_factory(c) for c in configs}
         clocks: dict[str, list[StepClock]] = {c.name: [] for c in configs}
         for i, prompt in enumerate(prompts):
@@ -357,8 +347,6 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
 
 def given_traces(items: Sequence[str]) -> dict[str, Any]:
     """``KEY=FILE`` arguments as calibration traces, checked against the drafter each key expects."""
-    from simulator.traces import load_traces
-
     out = {}
     for item in items:
         key, _, path = item.partition("=")
@@ -375,90 +363,3 @@ def given_traces(items: Sequence[str]) -> dict[str, Any]:
 def _mean_shape(shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The mean of each parameter over recorded shapes (for the report)."""
     return {k: statistics.fmean(s[k] for s in shapes) for k in shapes[0]}
-
-
-@click.command()
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET)
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL)
-@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=CPU_PROFILE)
-@click.option("--calibration", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
-@click.option("--evaluation", type=int, default=8, show_default=True, help="Evaluation prompts per domain.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--queries", type=int, default=512, show_default=True, help="Simulated queries per config.")
-@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
-@click.option("--only", default=None, help="Comma-separated configuration names to run (default: all).")
-@click.option("--name", default="fidelity", show_default=True, help="Result name under benchmarks/results.")
-@click.option("--traces", "trace_files", multiple=True,
-              help=f"KEY=FILE: reuse a calibration trace instead of recording it (KEY: {', '.join(TRACES)}).")
-@click.option("--measure-profile", "fresh_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Measure a cost profile (CPU clock, --threads) after the calibration traces, right before "
-                   "the engine runs, write it here and use it instead of --profile: a shared machine's speed "
-                   "drifts by several percent within an hour.")
-@click.option("--profile-repeats", type=int, default=15, show_default=True,
-              help="Timed repeats per configuration of --measure-profile.")
-@click.option("--seed", type=SEED, default=0, show_default=True)
-def main(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int, evaluation: int,
-         max_new_tokens: int, queries: int, threads: int, only: str | None, name: str,
-         trace_files: tuple[str, ...], fresh_path: Path | None, profile_repeats: int, seed: int) -> None:
-    """Compare the simulator's predicted tokens/s with the engine's measured tokens/s."""
-    import dataclasses
-
-    import torch
-
-    from core.cost_profile import load_profile, profile_measurement
-    from experiments.provenance import save_result
-    from real_engine import profile as prof
-    from real_engine.model import load_model
-    from real_engine.tokenizer import Tokenizer
-    from real_engine.trace import load_prompts, prompt_domains
-
-    if profile_repeats < 1:
-        raise InputError(f"--profile-repeats {profile_repeats} is too few: give 1 or more")
-    if fresh_path is not None and not fresh_path.parent.is_dir():  # fail now, not after the traces
-        raise InputError(f"--measure-profile {fresh_path}: folder {fresh_path.parent} does not exist; "
-                         "create it or write the profile elsewhere")
-    torch.set_num_threads(threads)
-    profile = None if fresh_path is not None else load_profile(profile_path)  # a bad file fails first
-    target = load_model(model_dir)
-    draft = load_model(draft_dir) if (draft_dir / "config.json").is_file() else None
-    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
-    engine = Engine(target, draft, tokenizer.eos_id, max_new_tokens, seed)
-    domains = prompt_domains()
-    room = target.args.max_position_embeddings - max_new_tokens - 17
-    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room)
-    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room)
-    configs = CONFIGS if only is None else tuple(c for c in CONFIGS if c.name in only.split(","))
-    start = time.perf_counter()
-
-    def log(message: str) -> None:
-        click.echo(f"[{time.perf_counter() - start:6.0f} s] {message}", err=True)
-
-    traces = calibrate(engine, cal, configs, given_traces(trace_files), log)
-    if fresh_path is not None:
-        log(f"measuring a cost profile ({profile_repeats} repeats) into {fresh_path}")
-        grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
-        prof.save(prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
-                               draft_name=None if draft is None else prof.model_name(draft, draft_dir),
-                               grid=grid, threads=threads, clock_kind="cpu", seed=seed), fresh_path)
-        profile_path = fresh_path
-        profile = load_profile(profile_path)
-    clock = profile_measurement(profile_path).get("clock", "wall")
-    result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
-    meta = {"profile": str(profile_path), "model": str(model_dir),
-            "draft_model": str(draft_dir) if draft is not None else None,
-            "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,
-            "queries": queries, "threads": threads, "given_traces": list(trace_files)}
-    save_result(name, result, meta, seed)
-    write_text(RESULTS / f"{name}.md", markdown(result, meta))
-    click.echo(markdown(result, meta))
-
-
-if __name__ == "__main__":
-    try:
-        main(sys.argv[1:], standalone_mode=False)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(2)
-    except InputError as err:
-        click.echo(f"fidelity: error: {err}", err=True)
-        sys.exit(2)

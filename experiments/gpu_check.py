@@ -26,7 +26,8 @@ A section that fails is reported in the results (``errors``) and the others stil
 code is then 1. ``--device cpu --tiny`` runs every section with tiny shapes in seconds (no streams on
 a CPU), which is how the test suite runs it end to end and loads the profile it writes.
 
-    python -m experiments.gpu_check                     # on the GPU machine
+    specblock gpu-check [--json]                        # where the project is installed
+    python -m experiments.gpu_check                     # on a bare GPU machine (torch, numpy, safetensors)
     python -m experiments.gpu_check --device cpu --tiny --out DIR
 """
 
@@ -58,6 +59,7 @@ from real_engine.decode import MAX_TREE_NODES, generate, make_drafter, prefill
 from real_engine.drafters.eagle import TreeShape, new_eagle
 from real_engine.drafters.specblock import SpecBlock, unroll
 from real_engine.model import ModelArgs, Transformer, load_model
+from real_engine.timing import Bench, make_timer
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 from real_engine.verify import verify as verify_tree
@@ -74,29 +76,30 @@ SHIPPED_DRAFTERS = {"ngram": ("ngram", {}), "draft-model chain 4": ("draft-model
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class CheckPlan:
     """What one run measures: the 8B shape on a GPU, or tiny shapes for a CPU test."""
 
     name: str
     args: ModelArgs
-    grid: prof.Grid  # verify, vanilla and drafting grid (its draft-model fields unused)
+    grid: prof.ProfileGrid  # verify, vanilla and drafting grid (its draft-model fields unused)
     eagle: TreeShape  # top-k and kept nodes of the EAGLE tree (its depth varies over the grid)
     update_tokens: int  # sequence length of one drafter update
     prompts: int  # synthetic prompts for the shipped models
     new_tokens: int  # tokens each of them decodes
 
 
-FULL = Plan("llama31_8b_shape", LLAMA_8B,
-            prof.Grid(nodes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), contexts=(512, 2048),
-                      draft_tokens=(), tree_depths=(), tree_widths=(), tree_budget=1,
-                      specblock_starts=(1, 2, 4, 8), specblock_blocks=(1, 2, 3),
-                      eagle_depths=tuple(range(1, 9)), draft_context=512, update_batch=(1, 512), repeats=5,
-                      warmup=2),
+FULL = CheckPlan("llama31_8b_shape", LLAMA_8B,
+            prof.ProfileGrid(nodes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128),
+                             contexts=(512, 2048), draft_tokens=(), tree_depths=(), tree_widths=(),
+                             tree_budget=1, specblock_starts=(1, 2, 4, 8), specblock_blocks=(1, 2, 3),
+                             eagle_depths=tuple(range(1, 9)), draft_context=512, update_batch=(1, 512),
+                             repeats=5, warmup=2),
             TreeShape(8, 10, 60), update_tokens=512, prompts=4, new_tokens=64)
-TINY = Plan("tiny_check", TINY_ARGS,
-            prof.Grid(nodes=(1, 2, 4, 8), contexts=(16, 32), draft_tokens=(), tree_depths=(), tree_widths=(),
-                      tree_budget=1, specblock_starts=(1, 2), specblock_blocks=(1, 2, 3),
-                      eagle_depths=(1, 2, 3), draft_context=16, update_batch=(1, 32), repeats=2, warmup=1),
+TINY = CheckPlan("tiny_check", TINY_ARGS,
+            prof.ProfileGrid(nodes=(1, 2, 4, 8), contexts=(16, 32), draft_tokens=(), tree_depths=(),
+                             tree_widths=(), tree_budget=1, specblock_starts=(1, 2),
+                             specblock_blocks=(1, 2, 3), eagle_depths=(1, 2, 3), draft_context=16,
+                             update_batch=(1, 32), repeats=2, warmup=1),
             TreeShape(3, 2, 6), update_tokens=32, prompts=1, new_tokens=8)
 
 
@@ -132,7 +135,7 @@ def synthetic_prompts(target: Transformer, count: int, seed: int) -> list[list[i
     return prompts
 
 
-def shipped(device: torch.device, plan: Plan, models: Path, seed: int) -> dict[str, Any]:
+def shipped(device: torch.device, plan: CheckPlan, models: Path, seed: int) -> dict[str, Any]:
     """(b) Greedy decoding with each shipped drafter must equal vanilla decoding; tokens/s and speedup."""
     if not (models / "target" / "config.json").is_file():
         return {"skipped": f"no shipped target in {models}"}
@@ -177,7 +180,7 @@ def shipped(device: torch.device, plan: Plan, models: Path, seed: int) -> dict[s
             "skipped": skipped, "all_equal": all(r["equal"] for r in rows)}
 
 
-def random_target(plan: Plan, device: torch.device, dtype: torch.dtype, seed: int
+def random_target(plan: CheckPlan, device: torch.device, dtype: torch.dtype, seed: int
                   ) -> tuple[Transformer, SpecBlock, Any]:
     """The target of ``plan``'s shape and its SpecBlock and EAGLE drafters, seeded random weights
     created on ``device`` in ``dtype`` directly."""
@@ -218,16 +221,16 @@ def specblock_update(net: SpecBlock, kind: str, tokens: int, seed: int) -> Calla
     return step
 
 
-def profile(plan: Plan, device: torch.device, dtype: torch.dtype, target: Transformer, specblock: SpecBlock,
-            eagle: Any, seed: int) -> dict[str, Any]:
+def profile(plan: CheckPlan, device: torch.device, dtype: torch.dtype, target: Transformer,
+            specblock: SpecBlock, eagle: Any, seed: int) -> dict[str, Any]:
     """(c) The cost profile of ``plan``'s target and drafters on this device (schema 1, plain JSON)."""
-    timer = prof.make_timer(device)
-    bench = prof.Bench(timer, plan.grid.repeats, plan.grid.warmup)
+    timer = make_timer(device)
+    bench = Bench(timer, plan.grid.repeats, plan.grid.warmup)
     verify, vanilla = prof.verify_samples(target, plan.grid, bench, seed)
     nets = {"specblock": specblock, "eagle": (eagle, plan.eagle)}
     draft, _ = prof.draft_samples(target, nets, plan.grid, bench, seed)
     bench.run()
-    updates = prof.Bench(timer, plan.grid.repeats, plan.grid.warmup)
+    updates = Bench(timer, plan.grid.repeats, plan.grid.warmup)
     seconds = {kind: updates.add(specblock_update(specblock, kind, plan.update_tokens, seed), inference=False)
                for kind in ("head", "full")}
     updates.run()
@@ -271,7 +274,7 @@ def event_seconds(fn: Callable[[], Any], stream: torch.cuda.Stream) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def overlap_jobs(plan: Plan, target: Transformer, specblock: SpecBlock, seed: int
+def overlap_jobs(plan: CheckPlan, target: Transformer, specblock: SpecBlock, seed: int
                  ) -> tuple[Callable[[], tuple[tuple[int, ...], int]], Callable[[], torch.Tensor]]:
     """The two jobs of (d): the target's verify step of a 32-node chain at the largest context, and a
     full update of a copy of ``specblock``.
@@ -299,7 +302,7 @@ def overlap_jobs(plan: Plan, target: Transformer, specblock: SpecBlock, seed: in
     return verify, specblock_update(specblock, "full", plan.update_tokens, seed)
 
 
-def overlap(plan: Plan, target: Transformer, specblock: SpecBlock, seed: int) -> dict[str, Any]:
+def overlap(plan: CheckPlan, target: Transformer, specblock: SpecBlock, seed: int) -> dict[str, Any]:
     """(d) A full drafter update on a side stream while the target verifies on the default stream:
     how much of the shorter side the concurrency hid, and whether the verify results stayed the same."""
     device = target.lm_head.weight.device
@@ -337,39 +340,35 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every section, write the profile and the results; 1 when a section failed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=None, help="torch device [default: cuda if available, else cpu]")
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes (seconds, for tests on a CPU)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for both files [default: $OUT]")
-    parser.add_argument("--models", type=Path, default=MODELS, help="shipped models folder")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
-    if args.tiny and out is None:
-        parser.error("--tiny writes a test profile: give --out DIR (or set $OUT)")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    plan = TINY if args.tiny else FULL
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def check(device: str | None = None, tiny: bool = False, out: Path | None = None, models: Path = MODELS,
+          seed: int = 0) -> dict[str, Any]:
+    """Run every section on ``device`` (None: cuda when available, else cpu) and write the profile and the
+    results under ``out`` (None: ``$OUT`` when set, else the shipped folders); the results, whose
+    ``errors`` name each section that failed. InputError when ``tiny`` has no folder to write to."""
+    out = out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    if tiny and out is None:
+        raise InputError("--tiny writes a test profile: give --out DIR (or set $OUT)")
+    chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    plan = TINY if tiny else FULL
+    dtype = torch.bfloat16 if chosen.type == "cuda" else torch.float32
     results: dict[str, Any] = {"plan": plan.name, "errors": {}, "seconds": {}}
-    name = f"{slug(prof.device_name(device))}_{plan.name}"
+    name = f"{slug(prof.device_name(chosen))}_{plan.name}"
     profile_path = (out or PROFILES) / f"{name}.json"
     built: dict[str, Any] = {}
 
     def build() -> dict[str, Any]:
-        built["models"] = random_target(plan, device, dtype, args.seed)
-        data = profile(plan, device, dtype, *built["models"], args.seed)
+        built["models"] = random_target(plan, chosen, dtype, seed)
+        data = profile(plan, chosen, dtype, *built["models"], seed)
         write_json(profile_path, data)
         return {"path": str(profile_path), "dtype": data["dtype"], "milliseconds": summary(data)}
 
     sections: dict[str, Callable[[], dict[str, Any]]] = {
-        "environment": lambda: environment(device),
-        "shipped": lambda: shipped(device, plan, args.models, args.seed),
+        "environment": lambda: environment(chosen),
+        "shipped": lambda: shipped(chosen, plan, models, seed),
         "profile": build,
-        "overlap": lambda: overlap(plan, built["models"][0], built["models"][1], args.seed),
+        "overlap": lambda: overlap(plan, built["models"][0], built["models"][1], seed),
     }
-    config = {"device": str(device), "plan": plan.name, "dtype": str(dtype), "models": str(args.models)}
+    config = {"device": str(chosen), "plan": plan.name, "dtype": str(dtype), "models": str(models)}
     for section, run in sections.items():
         start = time.perf_counter()
         print(f"[gpu_check] {section}...", file=sys.stderr, flush=True)
@@ -379,8 +378,25 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             results["errors"][section] = f"{type(exc).__name__}: {exc}"
         results["seconds"][section] = time.perf_counter() - start
-        print(f"[gpu_check] {section}: {results.get(section, results['errors'].get(section))}", flush=True)
-        save_result("gpu_check", results, config, args.seed, directory=out or RESULTS)
+        outcome = results.get(section, results["errors"].get(section))
+        print(f"[gpu_check] {section}: {outcome}", file=sys.stderr, flush=True)
+        save_result("gpu_check", results, config, seed, directory=out or RESULTS)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The bare GPU machine's entry point (argparse: it has no click): ``check``; 1 when a section failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="torch device [default: cuda if available, else cpu]")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (seconds, for tests on a CPU)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for both files [default: $OUT]")
+    parser.add_argument("--models", type=Path, default=MODELS, help="shipped models folder")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        results = check(args.device, args.tiny, args.out, args.models, args.seed)
+    except InputError as err:
+        parser.error(str(err))
     return 1 if results["errors"] else 0
 
 

@@ -21,7 +21,7 @@ from experiments.bench import Config, Measurement
 def transformers_available() -> bool:
     """Whether ``transformers`` can be imported."""
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401  (optional: the test extra)
     except ImportError:
         return False
     return True
@@ -31,7 +31,7 @@ class HFPeer:
     """Runs ``transformers``' generate on the target, with or without the draft model as assistant."""
 
     def __init__(self, target_dir: Path, draft_dir: Path, device: str | torch.device) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # optional (the test extra): the HF peer alone
         from transformers.utils import logging
 
         logging.set_verbosity_error()

@@ -33,9 +33,29 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from core.cost_profile import load_profile
 from core.errors import InputError
 from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
 from core.paths import CPU_PROFILE, MODELS
+from experiments import adapt_live
+from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN
+from experiments.deploy import LiveRun, compare, decision_cost, forecast
+from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hold, measurement_age
+from experiments.pipeline_report import write_report
+from experiments.ray_session import check_address
+from experiments.tune import load_calibration, make_setting, tune_policies
+from policies import POLICY_KINDS, load_policy, make_policy, policy_from_dict, policy_to_dict
+from real_engine import profile as prof
+from real_engine.decode import make_drafter
+from real_engine.model import load_model
+from real_engine.speculate import LengthControlled, is_length_policy
+from real_engine.tokenizer import Tokenizer
+from real_engine.trace import load_prompts, record
+from real_engine.training.drafter_data import target_fingerprint
+from simulator.calibration import fit_calibration
+from simulator.traces import load_traces, save_traces
 
 STEPS = ("models", "profile", "traces", "simulate", "tune", "deploy", "report")
 DRAFTER = "draft-model"
@@ -43,7 +63,7 @@ LENGTH_KINDS = ("fixed", "threshold", "heuristic", "libraspec")
 
 
 @dataclass(frozen=True)
-class Plan:
+class PipelinePlan:
     """Sizes of one pipeline run (``QUICK`` fits in a few minutes on 2 CPU cores)."""
 
     quick: bool
@@ -62,8 +82,8 @@ class Plan:
     seed: int = 0
 
 
-FULL = Plan(quick=False)
-QUICK = Plan(
+FULL = PipelinePlan(quick=False)
+QUICK = PipelinePlan(
     quick=True,
     calibration=6,
     evaluation=4,
@@ -82,7 +102,7 @@ class Run:
     """The run folder, its plan and what the steps share in memory."""
 
     out: Path
-    plan: Plan
+    plan: PipelinePlan
     model_dir: Path
     draft_dir: Path
     address: str | None = None
@@ -97,11 +117,6 @@ class Run:
         """The target, the draft model and the tokenizer, loaded once (on one torch thread for the CPU
         clock, so measurements do not depend on how busy the other core is)."""
         if self.loaded is None:
-            import torch
-
-            from real_engine.model import load_model
-            from real_engine.tokenizer import Tokenizer
-
             if self.plan.clock == "cpu":
                 torch.set_num_threads(1)
             target = load_model(self.model_dir)
@@ -114,8 +129,6 @@ class Run:
 
     def prompts(self, part: str) -> list[Any]:
         """The plan's calibration or evaluation prompts, domains interleaved."""
-        from real_engine.trace import load_prompts
-
         count = self.plan.calibration if part == "calibration" else self.plan.evaluation
         return load_prompts(
             self.plan.domains,
@@ -131,15 +144,12 @@ class Run:
 
 def step_models(run: Run) -> dict[str, Any]:
     """Load the models and record what they are."""
-    from real_engine.drafter_data import target_fingerprint
-    from real_engine.profile import model_name
-
     m = run.models()
     info = {
-        "target": model_name(m["target"], run.model_dir),
+        "target": prof.model_name(m["target"], run.model_dir),
         "target_dir": str(run.model_dir),
         "target_fingerprint": target_fingerprint(m["target"]),
-        "draft": model_name(m["draft"], run.draft_dir),
+        "draft": prof.model_name(m["draft"], run.draft_dir),
         "draft_dir": str(run.draft_dir),
     }
     write_json(run.path("models.json"), info)
@@ -150,8 +160,6 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
                      between: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Measure the cost profile of the target and the draft model on this machine into ``path``
     (``rounds`` timed rounds, each followed by ``between(round)``, when given)."""
-    from real_engine import profile as prof
-
     m, plan = run.models(), run.plan
     grid = (
         replace(
@@ -191,11 +199,6 @@ def step_profile(run: Run) -> dict[str, Any]:
 def step_traces(run: Run) -> dict[str, Any]:
     """Record the calibration traces of the draft-model chain; fit its confidence calibration
     (``calibration.json``) from them."""
-    from real_engine.decode import make_drafter
-    from real_engine.trace import record
-    from simulator.calibration import fit_calibration
-    from simulator.traces import save_traces
-
     m, plan = run.models(), run.plan
     prompts = run.prompts("calibration")
     rec = record(
@@ -223,10 +226,6 @@ def _predict(run: Run, policy: Any, profile: Any = None, replicates: int = 0, ob
     cost ``profile`` (default: the run's ``cost_profile.json``) and the calibration traces, the policy
     shown ``observed``'s step times when given and its decisions timed here
     (``experiments.deploy.Forecast``)."""
-    from core.cost_profile import load_profile
-    from experiments.deploy import decision_cost, forecast
-    from simulator.traces import load_traces
-
     plan = run.plan
     profile = load_profile(run.path("cost_profile.json")) if profile is None else profile
     traces = load_traces(run.path("traces.parquet"))
@@ -239,9 +238,6 @@ def _baselines(run: Run) -> dict[str, Any]:
     """The untuned policies every run reports: fixed lengths, and each kind's defaults reading the
     drafter's confidences as they are and, for the kinds that read them, through the run's calibration
     (``calibration.json``), as the tuned ones do."""
-    from experiments.tune import load_calibration
-    from policies import POLICY_KINDS, make_policy
-
     plan = run.plan
     lengths = (plan.depth // 2, plan.depth) if plan.quick else (1, 2, plan.depth // 2, plan.depth)
     out = {f"fixed-{n}": make_policy("fixed", {"length": n}) for n in sorted(set(lengths))}
@@ -268,8 +264,6 @@ def step_simulate(run: Run) -> dict[str, Any]:
 
 def step_tune(run: Run) -> dict[str, Any]:
     """Tune the length policies (and the adaptation ones) with Ray Tune; export the best of each kind."""
-    from experiments.tune import make_setting, tune_policies
-
     plan = run.plan
     tasks = [("length", LENGTH_KINDS, run.path("cost_profile.json"), run.path("traces.parquet"))]
     if plan.adapt:
@@ -304,9 +298,6 @@ def step_tune(run: Run) -> dict[str, Any]:
 
 def _policies(run: Run) -> dict[str, Any]:
     """Every deployed policy by name: the tuned files and the baselines."""
-    from policies import load_policy
-    from real_engine.speculate import is_length_policy
-
     out = _baselines(run)
     for path in sorted((run.out / "policies").glob("*.json")):
         policy = load_policy(path, seed=run.plan.seed)
@@ -320,12 +311,6 @@ def step_deploy(run: Run) -> dict[str, Any]:
     The prediction's costs come from a profile measured in this process with its rounds interleaved with
     the live prompts, so both see the machine alike; policies see the step times of the profile they
     were tuned with, in the engine and in the simulator."""
-    from core.cost_profile import load_profile
-    from experiments.deploy import LiveRun, compare
-    from policies import policy_from_dict, policy_to_dict
-    from real_engine.decode import make_drafter
-    from real_engine.speculate import LengthControlled
-
     m, plan = run.models(), run.plan
     tuned = load_profile(run.path("cost_profile.json"))
     policies = _policies(run)
@@ -369,11 +354,6 @@ ADAPTATION_KINDS = ("never", "always", "epsilon_greedy", "cost_aware_bandit")
 def _adaptation(run: Run) -> dict[str, Any]:
     """Serve the adaptation stream with the default and tuned adaptation policies (SpecBlock drafter);
     per policy, measured and simulated tokens/s and tau; a note instead when the drafter cannot run."""
-    import torch
-
-    from core.cost_profile import load_profile
-    from experiments import adapt_live
-
     policies = adapt_live.default_policies()
     for path in sorted((run.out / "policies").glob("tuned-*.json")):
         spec = read_json(path, MAX_POLICY_BYTES, "policy file", "delete it to tune it again")
@@ -382,7 +362,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
     profile = run.path("cost_profile.json")
     if "specblock" not in load_profile(profile).drafters:  # a quick profile times no feature drafter
         profile = CPU_PROFILE
-    plan = adapt_live.QUICK_PLAN if run.plan.quick else adapt_live.DEFAULT_PLAN
+    plan = QUICK_PLAN if run.plan.quick else DEFAULT_PLAN
     threads = torch.get_num_threads()
     try:
         result = adapt_live.run(
@@ -416,8 +396,6 @@ def _adaptation(run: Run) -> dict[str, Any]:
 
 def step_report(run: Run) -> dict[str, Any]:
     """Write report.md, report.png and lp.json from the other steps' files."""
-    from experiments.pipeline_report import write_report
-
     return write_report(run.out, run.plan.quick, run.plan.seed)
 
 
@@ -445,12 +423,10 @@ def _check_models(model_dir: Path, draft_dir: Path) -> None:
 
 
 def _state(
-    out: Path, plan: Plan, resume: bool, log: Callable[[str], None] = lambda _: None
+    out: Path, plan: PipelinePlan, resume: bool, log: Callable[[str], None] = lambda _: None
 ) -> dict[str, Any]:
     """The run record: new, or the resumed one after checking its shape and plan, less the steps to run
     again when its cost profile is older than ``experiments.folders.PROFILE_MAX_AGE_HOURS``."""
-    from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, measurement_age
-
     record = out / "run.json"
     if not resume:
         if out.exists() and any(path.name != LOCK for path in out.iterdir()):
@@ -490,7 +466,7 @@ def _state(
 
 def run_pipeline(
     out: Path,
-    plan: Plan = QUICK,
+    plan: PipelinePlan = QUICK,
     *,
     resume: bool = False,
     model_dir: Path = MODELS / "target",
@@ -501,9 +477,6 @@ def run_pipeline(
 ) -> dict[str, Any]:
     """Run (or resume) every step into ``out``, held by this process alone; return the summary that
     ``--json`` prints, with the age of the cost profile its results rest on."""
-    from experiments.folders import check_writable, hold, measurement_age
-    from experiments.ray_session import check_address
-
     _check_models(model_dir, draft_dir)
     address = check_address(address)
     out = Path(out).resolve()

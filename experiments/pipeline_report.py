@@ -11,16 +11,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json, write_text
+from experiments.lp_table import evaluate_verifiers
+from simulator.instances import random_instance
 
 
 def lp_table(quick: bool, seed: int = 0) -> list[dict[str, Any]]:
     """The LP bound beside every verifier on a few small random instances (expected accepted tokens)."""
-    import numpy as np
-
-    from experiments.commands.lp import evaluate_verifiers
-    from simulator.instances import random_instance
-
     rows = []
     for length, drafts in ((2, 1), (2, 2)) if quick else ((2, 1), (3, 1), (2, 2), (3, 2)):
         rng = np.random.default_rng(seed)
@@ -139,7 +138,7 @@ def _adaptation(adaptation: dict[str, Any]) -> list[str]:
 
 def _plot(rows: dict[str, Any], path: Path) -> None:
     """Predicted against measured tokens/s with their intervals, one bar pair per policy."""
-    import matplotlib
+    import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

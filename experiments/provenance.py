@@ -57,7 +57,7 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
     }
     try:
-        import torch
+        import torch  # optional here, and heavy: commands import this module for --help
 
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():

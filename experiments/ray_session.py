@@ -92,7 +92,7 @@ def start_ray(address: str | None = None) -> bool:
     """Join the Ray cluster at ``address`` (one ``check_address`` returned) or start a
     private, quiet local Ray on 2 CPUs (``address="local"``: never a cluster an earlier ``ray start`` left
     recorded); False when Ray was already up."""
-    import ray
+    import ray  # heavy: only to start a session (check_address needs none)
 
     if ray.is_initialized():
         return False

@@ -26,6 +26,14 @@ from typing import Any
 import torch
 
 from core.errors import InputError
+from core.files import write_text
+from core.names import drafter_spec
+from experiments.provenance import save_result
+from real_engine.decode import generate, make_drafter
+from real_engine.drafters.trained import trained_available, write_shape
+from real_engine.model import load_model
+from real_engine.tokenizer import Tokenizer
+from real_engine.trace import load_prompts
 
 GRIDS: dict[str, tuple[dict[str, float], ...]] = {
     "specblock": (*({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
@@ -65,8 +73,6 @@ def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, 
     """Greedy tokens/s of vanilla and of every shape of every drafter (``name -> folder``; the
     ``draft-model`` drafts with ``draft``) on ``prompts``, measured round-robin; per drafter, its
     shapes' speedup and tau, best first. Options a shape leaves out keep the trained settings."""
-    from real_engine.decode import generate, make_drafter
-
     if not prompts:
         raise InputError("no prompts to tune on: give at least one per domain")
     configs = [(name, dict(shape)) for name in drafters for shape in grids[name]]
@@ -129,27 +135,21 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
         max_new_tokens: int, rounds: int, seed: int, out: Path, tag: str, apply: bool,
         progress: bool = True) -> dict[str, Any]:
     """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes."""
-    from core.files import write_text
-    from experiments.provenance import save_result
-    from real_engine.drafters.trained import trained_available, write_shape
-    from real_engine.model import load_model
-    from real_engine.tokenizer import Tokenizer
-    from real_engine.trace import load_prompts
-
     unknown = [n for n in names if n not in GRIDS]
     if unknown:
         raise InputError(f"no shapes to tune for {unknown[0]!r}: use {', '.join(GRIDS)}")
-    folders = {n: drafters_dir / (DRAFT_MODEL_FOLDER if n == "draft-model" else n) for n in names}
-    present = {n: (f / "config.json").is_file() if n == "draft-model" else trained_available(f)
+    uses_draft = {n: drafter_spec(n).needs_draft_model for n in names}  # tuned in the draft model's folder
+    folders = {n: drafters_dir / (DRAFT_MODEL_FOLDER if uses_draft[n] else n) for n in names}
+    present = {n: (f / "config.json").is_file() if uses_draft[n] else trained_available(f)
                for n, f in folders.items()}
     missing = [n for n, ok in present.items() if not ok]
     if missing:
-        kind = "draft model" if missing[0] == "draft-model" else f"trained {missing[0]} drafter"
+        kind = "draft model" if uses_draft[missing[0]] else f"trained {missing[0]} drafter"
         raise InputError(f"no {kind} in {folders[missing[0]]}: train it with `specblock train "
                          f"{missing[0]}` or pass --drafters-dir")
     torch.manual_seed(seed)
     target = load_model(model_dir)
-    draft = load_model(folders["draft-model"]) if "draft-model" in folders else None
+    draft = next((load_model(folders[n]) for n in names if uses_draft[n]), None)
     tokenizer = Tokenizer.load(model_dir)
     prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192)]
     with torch.inference_mode():

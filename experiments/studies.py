@@ -1,6 +1,6 @@
 """The two policy studies (issue #7): speculation length, and cost-aware online adaptation.
 
-Run ``python -m experiments.studies length|adapt``. Each study tunes policies with Ray Tune on
+Run ``specblock study length|adapt``. Each study tunes policies with Ray Tune on
 tuning seeds (``experiments.tune``), then evaluates every policy on held-out seeds with the same
 simulated work for all of them (common random numbers), and writes ``benchmarks/results/
 study_<name>.json`` (``save_result``), ``.md`` (tables) and ``.png`` (plots).
@@ -19,6 +19,7 @@ study_<name>.json`` (``save_result``), ``.md`` (tables) and ``.png`` (plots).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from core.cost_profile import load_profile
 from core.errors import InputError
 from core.files import atomic_write, write_text
 from core.paths import CPU_PROFILE, PAPER_PROFILE, REPO, RESULTS, STUDY_RUNS
@@ -47,8 +49,6 @@ TUNE_SEED, HELD_OUT_SEED = 0, 100
 
 def _fresh(path: Path) -> Path:
     """A study folder that holds no earlier run (the studies always start over)."""
-    import shutil
-
     if path.exists():
         shutil.rmtree(path)
     return path
@@ -56,7 +56,7 @@ def _fresh(path: Path) -> Path:
 
 def _run_all(jobs: Sequence[tuple[Setting, str, dict[str, Any]]]) -> list[Outcome]:
     """Evaluate each (setting, kind, params) as a Ray task: the jobs spread over the cluster's CPUs."""
-    import ray
+    import ray  # after experiments.ray_session has set Ray's environment
 
     remote = ray.remote(num_cpus=1)(evaluate)
     return ray.get([remote.remote(setting, kind, params) for setting, kind, params in jobs])
@@ -71,8 +71,6 @@ def length_cases() -> tuple[list[tuple[str, Path, str]], list[str]]:
     cases = [("A100 paper, specblock (step costs)", PAPER_PROFILE, "specblock"),
              ("A100 paper, eagle (affine costs)", PAPER_PROFILE, "eagle")]
     if CPU_PROFILE.exists():
-        from core.cost_profile import load_profile
-
         drafters = sorted(load_profile(CPU_PROFILE).drafters)
         cases += [(f"CPU shipped, {kind}", CPU_PROFILE, kind) for kind in drafters]
         return cases, []
@@ -139,7 +137,7 @@ def length_markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
 
 def length_plot(result: dict[str, Any], path: Path) -> None:
     """Tokens/s against the fixed length, one panel per case, with LibraSpec and the tuned policies."""
-    import matplotlib
+    import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -228,7 +226,7 @@ def adapt_markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
 
 def adapt_plot(result: dict[str, Any], path: Path) -> None:
     """Paired ratio to never per policy, with standard errors."""
-    import matplotlib
+    import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -270,10 +268,3 @@ def run_study(name: str, directory: Path = RESULTS) -> dict[str, Any]:
     plot(result, directory / f"study_{name}.png")
     return result
 
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in STUDIES:
-        sys.exit(f"usage: python -m experiments.studies {'|'.join(STUDIES)}")
-    outcome = run_study(sys.argv[1])
-    print((RESULTS / f"study_{sys.argv[1]}.md").read_text())
-    print(f"{outcome['seconds']:.0f} s", file=sys.stderr)

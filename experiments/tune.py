@@ -45,13 +45,16 @@ import pandas as pd
 from core.cost_profile import CostProfile, load_profile
 from core.errors import InputError
 from core.files import MAX_CALIBRATION_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json
-from core.paths import CPU_PROFILE, PAPER_PROFILE, TRACES, TUNE_RUNS
+from core.paths import TUNE_RUNS
+from experiments.defaults import default_drafter, default_profile, shipped_traces
 from experiments.folders import check_writable, hold
-from experiments.ray_session import check_address, start_ray  # also quiets Ray before it loads
+from experiments.ray_session import check_address, start_ray  # quiets Ray: ray is imported later, locally
 from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
-from simulator.acceptance import PAPER_DOMAINS, AcceptanceModel, TraceReplay, paper_acceptance
+from simulator.acceptance import AcceptanceModel
 from simulator.envs import AdaptStreamEnv, default_phases
+from simulator.parametric import PAPER_DOMAINS, paper_acceptance
+from simulator.replay import TraceReplay
 from simulator.rollout import Outcome, is_adaptation, run_adapt, run_length
 from simulator.traces import load_traces
 from simulator.vector_envs import SpecLengthVectorEnv
@@ -87,7 +90,7 @@ ORDERED: Mapping[str, tuple[str, ...]] = {"heuristic": ("min_length", "initial",
 
 @dataclass(frozen=True)
 class Traffic:
-    """A paper-derived parametric acceptance model (``simulator.acceptance.paper_acceptance``)."""
+    """A paper-derived parametric acceptance model (``simulator.parametric.paper_acceptance``)."""
 
     domains: tuple[tuple[str, float], ...] = tuple(PAPER_DOMAINS.items())
     shared_sd: float = 1.0
@@ -120,10 +123,8 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
                  traffic: Traffic | None = None, drafter: str | None = None,
                  calibration: str | Path | None = None) -> Setting:
     """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
-    them; a ``traffic`` replaces the shipped traces; ``calibration`` (a file) comes with every length
-    policy that reads confidences."""
-    from experiments.commands.simulate import default_drafter
-
+    them (``experiments.defaults``); a ``traffic`` replaces the shipped traces; ``calibration`` (a file)
+    comes with every length policy that reads confidences."""
     _check_task(task)
     queries = DEFAULT_QUERIES[task] if queries is None else queries
     chunks = DEFAULT_CHUNKS[task] if chunks is None else chunks
@@ -133,10 +134,9 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
     if task == "length" and queries < chunks:
         raise InputError(f"{queries} queries cannot fill {chunks} chunks: use queries >= chunks")
     if profile is None:
-        profile = CPU_PROFILE if CPU_PROFILE.exists() else PAPER_PROFILE
-        # The shipped traces belong with the shipped profile, never with a profile the user picked.
-        if traces is None and traffic is None and profile == CPU_PROFILE and TRACES.exists():
-            traces = TRACES
+        profile = default_profile()
+        if traces is None and traffic is None:
+            traces = shipped_traces(profile)
     loaded = load_profile(profile)
     recorded = None if traces is None else load_traces(traces)
     drafter = drafter or default_drafter(loaded, recorded)
@@ -228,7 +228,7 @@ def evaluate(setting: Setting, kind: str, params: Mapping[str, Any] | None = Non
 
 def _domain(kind: str, name: str) -> Any:
     """Ray Tune's sampling domain of one parameter: its ``RANGES`` entry, narrowed by ``SEARCH_BOUNDS``."""
-    from ray import tune
+    from ray import tune  # after experiments.ray_session has set Ray's environment
 
     spec = POLICY_KINDS[kind].params_type.RANGES[name]
     if all(isinstance(choice, str) for choice in spec):
@@ -240,7 +240,7 @@ def _domain(kind: str, name: str) -> Any:
 
 def _grid_values(domain: Any, samples: int) -> list[Any]:
     """``samples`` evenly spaced values of a numeric domain (every integer when fewer), or every choice."""
-    from ray.tune.search.sample import Categorical, Integer
+    from ray.tune.search.sample import Categorical, Integer  # after ray_session set Ray's environment
 
     if isinstance(domain, Categorical):
         return list(domain.categories)
@@ -298,7 +298,7 @@ def default_params(kind: str) -> dict[str, Any]:
 
 def _trial(config: dict[str, Any], setting: Setting) -> None:
     """One Ray Tune trial: simulate chunk by chunk, reporting cumulative tokens/s after each."""
-    from ray import tune
+    from ray import tune  # after experiments.ray_session has set Ray's environment
 
     policy = config["policy"]
     done: list[Outcome] = []
@@ -348,7 +348,7 @@ class TuneResult:
 
 def _recorder(folder: Path) -> Any:
     """A Ray Tune callback (run in this process) that writes each trial's record as the trial ends."""
-    from ray.tune import Callback
+    from ray.tune import Callback  # after experiments.ray_session has set Ray's environment
 
     class Recorder(Callback):
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -411,7 +411,7 @@ def _read_record(path: Path, policies: Sequence[Mapping[str, Any]]) -> dict[str,
 
 def _tuner(setting: Setting, policies: list[dict[str, Any]], scheduler: str, out: Path) -> Any:
     """A fresh Ray Tune experiment over ``policies`` whose trials record themselves in ``out/trials``."""
-    from ray import tune
+    from ray import tune  # after experiments.ray_session has set Ray's environment
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
@@ -501,7 +501,7 @@ def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16
             tune_seconds = _run(setting, pending, scheduler, out, config)
         finally:
             if started:
-                import ray
+                import ray  # after experiments.ray_session has set Ray's environment
 
                 ray.shutdown()
         return _finish(setting, config, policies, out, start, tune_seconds, len(pending))

@@ -17,17 +17,14 @@ from typing import Any
 import torch
 
 from core.errors import InputError
+from core.names import PROBABILITY_OPTIONS, VANILLA, VERIFIERS, drafter_spec
 from real_engine.drafters.base import Drafter, clock
-from real_engine.drafters.draft_model import CHAIN_OPTIONS, DraftModelDrafter, load_vocab
-from real_engine.drafters.ngram import NgramDrafter
-from real_engine.drafters.trained import TRAINED, deployed_shape, load_trained
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
-from real_engine.verify import VERIFIERS, TorchSampler, verify
+from real_engine.verify import TorchSampler, verify
 from real_engine.warp import Sampling, warp
 
-DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
 GREEDY = Sampling()
 MAX_TREE_NODES = 512  # scratch positions the target cache reserves for a draft tree
 
@@ -85,65 +82,34 @@ def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
 
 
 def make_drafter(name: str, target: Transformer, draft: Transformer | None = None, *,
-                 folder: str | Path | None = None, depth: int | None = None, width: int | None = None,
-                 budget: int | None = None, paths: int | None = None, max_ngram: int | None = None,
-                 blocks: int | None = None, min_confidence: float | None = None, vocab: int | None = None,
-                 staged: int | None = None, lookup: int | None = None, deployed: bool = True
+                 folder: str | Path | None = None, deployed: bool = True, **options: float | None
                  ) -> Drafter | None:
-    """The drafter called ``name`` (None for ``"none"``): the one way every command builds a drafter.
+    """The drafter called ``name`` (None for ``"none"``, vanilla decoding): the one way every command
+    builds a drafter.
 
-    ``ngram`` drafts ``depth`` (4) tokens with n-grams up to ``max_ngram`` (3). ``draft-model`` drafts
-    with ``draft``: a top-k tree ``width`` wide of ``budget`` (16) nodes when ``width > 1``, ``paths``
-    sampled paths when ``paths > 1``, otherwise a chain, all ``depth`` (4) deep, a chain stopping early
-    where its law's top probability falls below ``min_confidence`` (0: never), drafting only the ``vocab``
-    most frequent tokens of its folder's token order when given, a chain guessing ahead by n-gram lookup
-    within ``staged`` forwards when given, a proposal by the lookup alone where the context's last
-    ``lookup`` tokens occurred before (``DraftModelDrafter``); given the draft model's ``folder``,
-    options left None take its deployed shape (``drafting.json``). ``specblock``,
-    ``eagle`` and ``medusa`` load the weights in ``folder`` (default ``data/models/<name>``), keeping
-    their deployed shape (``deployed=False``: their trained settings) where an option is None
-    (``drafters.trained.load_trained``). Options a drafter does not use are ignored.
+    Looks ``name`` up in the registry (``core.names``), checks the options (each a count >= 1 or, for
+    ``min_confidence``, a probability; one the drafter does not take is refused, one left None is
+    dropped) and calls the builder its spec names with ``draft`` (the draft model), ``folder`` (where
+    its weights or deployed shape lie) and ``deployed`` (False: ignore the deployed shape,
+    ``drafting.json``, and keep the trained settings).
     """
-    options = {"depth": depth, "width": width, "budget": budget, "paths": paths, "max_ngram": max_ngram,
-               "blocks": blocks, "vocab": vocab, "staged": staged, "lookup": lookup}
-    low = next((f"{k}={v}" for k, v in options.items() if v is not None and v < 1), None)
+    low = next((f"{k}={v}" for k, v in options.items()
+                if v is not None and k not in PROBABILITY_OPTIONS and v < 1), None)
     if low is not None:
         raise InputError(f"drafter option {low} is below 1: give a positive value")
-    if min_confidence is not None and not 0 <= min_confidence <= 1:
-        raise InputError(f"minimum draft confidence {min_confidence}: give a probability in [0, 1]")
-    if name == "none":
+    for option, what in PROBABILITY_OPTIONS.items():
+        value = options.get(option)
+        if value is not None and not 0 <= value <= 1:
+            raise InputError(f"{what} {value}: give a probability in [0, 1]")
+    if name == VANILLA:
         return None
-    if name == "ngram":
-        return NgramDrafter(depth or 4, max_ngram or 3)
-    if name == "draft-model":
-        if draft is None:
-            raise InputError("the draft-model drafter needs a draft model: pass one (--draft-model DIR)")
-        if draft.args.vocab_size != target.args.vocab_size:
-            raise InputError(f"the draft model's vocabulary ({draft.args.vocab_size}) differs from the "
-                             f"target's ({target.args.vocab_size}): use a draft model with the target's "
-                             "tokenizer")
-        if deployed and folder is not None and paths is None:
-            saved = deployed_shape(name, folder)
-            if (width or 1) > 1:  # a tree asked for: a deployed chain's options do not apply to it
-                saved = {k: v for k, v in saved.items() if k not in CHAIN_OPTIONS}
-            given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence,
-                     "vocab": vocab, "staged": staged, "lookup": lookup}
-            depth, width, budget, min_confidence, vocab, staged, lookup = (
-                saved.get(k) if v is None else v for k, v in given.items())
-        width, paths = width or 1, paths or 1
-        if width > 1 and paths > 1:
-            raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
-        shape = "paths" if paths > 1 else "tree" if width > 1 else "chain"
-        if vocab is not None and folder is None:
-            raise InputError("a reduced drafting vocabulary needs the draft model's folder (its token "
-                             "order): pass the folder, or drop the vocab option")
-        ids = None if vocab is None else load_vocab(folder, int(vocab))
-        return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0,
-                                 ids, staged or 0, lookup or 0)
-    if name in TRAINED:
-        return load_trained(name, target, folder, depth=depth, width=width, budget=budget, blocks=blocks,
-                            deployed=deployed)
-    raise InputError(f"unknown drafter {name!r}: use one of {', '.join(DRAFTERS)}")
+    spec = drafter_spec(name)
+    stray = next((k for k, v in options.items() if v is not None and k not in spec.options), None)
+    if stray is not None:
+        raise InputError(f"the {name} drafter takes no option {stray}: drop it (it takes "
+                         f"{', '.join(spec.options) or 'no options'})")
+    given = {k: v for k, v in options.items() if v is not None}
+    return spec.load()(target, draft, folder, deployed, **given)
 
 
 def _check(model: Transformer, prompt: torch.Tensor, drafter: Drafter | None, verifier: str,
@@ -165,7 +131,7 @@ def _check(model: Transformer, prompt: torch.Tensor, drafter: Drafter | None, ve
         raise InputError("the greedy verifier is for temperature 0: use token, block, rrs, gbv or seqbv")
 
 
-def _vanilla_step(model: Transformer, cache: KVCache, root: int, sampling: Sampling,
+def vanilla_step(model: Transformer, cache: KVCache, root: int, sampling: Sampling,
                   sampler: TorchSampler) -> tuple[Output, tuple[int, ...], int, float]:
     """Run the root alone and sample the next token: (output, empty path, token, forward seconds)."""
     device = cache.k.device
@@ -178,7 +144,7 @@ def _vanilla_step(model: Transformer, cache: KVCache, root: int, sampling: Sampl
     return out, (), token, forward
 
 
-def _speculative_step(model: Transformer, cache: KVCache, tree: DraftTree, verifier: str, sampling: Sampling,
+def speculative_step(model: Transformer, cache: KVCache, tree: DraftTree, verifier: str, sampling: Sampling,
                       sampler: TorchSampler) -> tuple[Output, tuple[int, ...], int, float]:
     """Run the root and the tree in one forward, verify, keep the accepted path in the cache."""
     if tree.size > MAX_TREE_NODES:
@@ -229,16 +195,16 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
         t0 = clock(device)
         if drafter is None:
             t1 = t0
-            out, path, token, forward = _vanilla_step(model, cache, root, sampling, sampler)
+            out, path, token, forward = vanilla_step(model, cache, root, sampling, sampler)
             new = [token]
             sizes.append(1)
         else:
             tree = drafter.propose(remaining - 1)
             t1 = clock(device)
             if tree.size == 1:  # nothing drafted (the last token, or a length policy chose 0): plain step
-                out, path, token, forward = _vanilla_step(model, cache, root, sampling, sampler)
+                out, path, token, forward = vanilla_step(model, cache, root, sampling, sampler)
             else:
-                out, path, token, forward = _speculative_step(model, cache, tree, verifier, sampling, sampler)
+                out, path, token, forward = speculative_step(model, cache, tree, verifier, sampling, sampler)
             drafted = tree.tokens.tolist()
             new = [*(drafted[i] for i in path), token]
             sizes.append(tree.size)

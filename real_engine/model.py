@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from core.errors import InputError
-from core.files import MAX_CONFIG_BYTES, read_json
+from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.kv_cache import KVCache
 from real_engine.packed import Fused, Linear, use_half
 
@@ -379,8 +379,6 @@ def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torc
     """Save in Hugging Face layout: ``config.json`` and ``model.safetensors``, or, past
     ``max_shard_bytes``, shards ``model-0000i-of-0000n.safetensors`` with the index ``transformers``
     writes (``max_shard_size``), so that no weights file outgrows what a repository should hold."""
-    from core.files import atomic_write, write_json
-
     folder = Path(folder)
     state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.args.tie_word_embeddings:

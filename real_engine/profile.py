@@ -1,7 +1,7 @@
 """Measure what one decoding iteration costs on this device and write it as a cost profile.
 
 Every timing runs the engine's own code on the running device: the target's verify step
-(``decode._speculative_step``: forward of a chain of ``nodes`` tokens, greedy verification, cache
+(``decode.speculative_step``: forward of a chain of ``nodes`` tokens, greedy verification, cache
 compaction) over a grid of tree sizes and context lengths, its vanilla step over the contexts (in runs
 of ``VANILLA_RUN`` consecutive steps, as vanilla decoding keeps its caches warm), each
 available drafter's ``propose`` + ``accept`` (one iteration's drafting, the first half of the first
@@ -17,16 +17,15 @@ CPU the process's CPU seconds (``--clock cpu``: what other jobs on a shared mach
 moves it). Drafters whose weights are not shipped are timed with seeded random weights of the
 shipped shape (timing does not depend on the values) and their model names say so. The result is
 the JSON of ``core.cost_profile`` (schema 1) plus a ``measurement`` block recording how it was
-measured. ``core.cost_profile`` is imported only where a profile is validated, so the timing parts
-import with torch, numpy and safetensors alone (``experiments.gpu_check`` runs them on a bare GPU
-machine).
+measured. The module imports with torch, numpy and safetensors alone (``experiments.gpu_check`` runs
+it on a bare GPU machine), so the SpecBlock update, which needs the training code, loads only where it
+is timed.
 """
 
 from __future__ import annotations
 
 import copy
 import platform
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -36,25 +35,29 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.files import write_json
 from core.paths import MODELS
-from real_engine.decode import MAX_TREE_NODES, _speculative_step, _vanilla_step, prefill
-from real_engine.drafters.base import Drafter, clock
+from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
+from real_engine.drafters.base import Drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
+from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
+from real_engine.drafters.medusa import MedusaDrafter, choose_tree, load_medusa, new_medusa
 from real_engine.drafters.ngram import NgramDrafter
+from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock
+from real_engine.feedback import Feedback, FeedbackBuffer, FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
+from real_engine.steering import steering_samples
+from real_engine.timing import Bench, make_timer
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
-from real_engine.warp import Sampling
-
-GREEDY = Sampling()
 
 
 @dataclass(frozen=True)
-class Grid:
-    """What to measure and how often."""
+class ProfileGrid:
+    """The measurement grid of a profile: what to measure and how often."""
 
     nodes: tuple[int, ...]  # verify forward sizes, root included
     contexts: tuple[int, ...]  # tokens in the KV cache
@@ -72,13 +75,13 @@ class Grid:
     prefill_tokens: tuple[int, ...] = (32, 64, 128, 256, 512)  # prompt lengths of a query's start
 
 
-FULL = Grid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
+FULL = ProfileGrid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
             contexts=(32, 128, 256, 512, 1024), draft_tokens=tuple(range(1, 17)),
             tree_depths=(2, 3, 4, 6, 8), tree_widths=(2, 3, 4), tree_budget=16,
             specblock_starts=(1, 2, 4, 8), specblock_blocks=(1, 2, 3, 4),
             eagle_depths=(1, 2, 3, 4, 5, 6, 7, 8), draft_context=256, update_batch=(8, 256), repeats=7,
             warmup=2)
-QUICK = Grid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), tree_depths=(2, 4),
+QUICK = ProfileGrid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), tree_depths=(2, 4),
              tree_widths=(2,), tree_budget=8, specblock_starts=(1, 2), specblock_blocks=(1, 2),
              eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3, warmup=1,
              prefill_tokens=(16, 64))
@@ -105,65 +108,11 @@ def model_name(model: Transformer, folder: str | Path | None) -> str:
             f"vocab {a.vocab_size})")
 
 
-Timer = Callable[[], float]
-CLOCKS = ("wall", "cpu")
-
-
-def make_timer(device: torch.device, kind: str = "wall") -> Timer:
-    """Seconds now: ``wall`` time once the device is idle, or ``cpu`` seconds of this process.
-
-    The CPU clock counts the work the process did, not the time other jobs held the cores, so it
-    measures a CPU engine reproducibly on a shared machine; with one torch thread it equals wall time
-    on an idle machine.
-    """
-    if kind not in CLOCKS:
-        raise InputError(f"unknown clock {kind!r}: use one of {', '.join(CLOCKS)}")
-    if kind == "cpu":
-        if device.type != "cpu":
-            raise InputError(f"the cpu clock cannot time a {device.type} device: use the wall clock")
-        return time.process_time
-    return lambda: clock(device)
-
-
-class Bench:
-    """Timed jobs, run round-robin: every round calls each job once, so each configuration's repeats
-    spread over the whole measurement (a burst of load on a shared machine touches every grid point
-    alike), and each call finds the caches as the other jobs left them, as in the decode loop."""
-
-    def __init__(self, timer: Timer, repeats: int, warmup: int) -> None:
-        self.timer, self.repeats, self.warmup = timer, repeats, warmup
-        self.jobs: list[tuple[Callable[[], Any], bool, int, list[float], Callable[[], Any] | None]] = []
-
-    def add(self, fn: Callable[[], Any], inference: bool = True, per: int = 1,
-            before: Callable[[], Any] | None = None) -> list[float]:
-        """Register ``fn`` (run under ``torch.inference_mode(inference)``, right after ``before``, which is
-        not timed); its seconds, divided by ``per`` (the steps one call runs), fill the list returned here
-        when ``run`` is called."""
-        seconds: list[float] = []
-        self.jobs.append((fn, inference, per, seconds, before))
-        return seconds
-
-    def run(self, between: Callable[[int], Any] | None = None) -> None:
-        """``warmup`` untimed rounds, then ``repeats`` timed ones, each timed round ``k`` followed by
-        ``between(k)`` (other work measured alongside, so that drift touches both alike)."""
-        for round_ in range(self.warmup + self.repeats):
-            for fn, inference, per, seconds, before in self.jobs:
-                with torch.inference_mode(inference):
-                    if before is not None:
-                        before()
-                    start = self.timer()
-                    fn()
-                    if round_ >= self.warmup:
-                        seconds.append((self.timer() - start) / per)
-            if between is not None and round_ >= self.warmup:
-                between(round_ - self.warmup)
-
-
 def _tokens(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randint(1, vocab, (n,), generator=generator)
 
 
-def _contexts(grid: Grid, model: Transformer) -> tuple[int, ...]:
+def _contexts(grid: ProfileGrid, model: Transformer) -> tuple[int, ...]:
     """The grid's contexts that leave room for the largest tree within the model's positions."""
     limit = model.args.max_position_embeddings - max(grid.nodes) - 1
     kept = tuple(c for c in grid.contexts if c <= limit)
@@ -197,16 +146,16 @@ def warm_step(model: Transformer, context: int, nodes: int = 1, seed: int = 0) -
 
     def step() -> None:
         if nodes == 1:
-            _vanilla_step(model, cache, int(tree.tokens[0]), GREEDY, sampler)
+            vanilla_step(model, cache, int(tree.tokens[0]), GREEDY, sampler)
         else:
-            _speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
+            speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
         cache.truncate(context)
 
     return step
 
 
 @torch.inference_mode()
-def verify_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0,
+def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0,
                    before: Callable[[], Any] | None = None) -> tuple[list[dict], list[dict]]:
     """Rows of ``samples.verify`` (a chain of ``nodes`` tokens at each context, each after ``before``,
     untimed: the drafter's step, as in the loop) and ``samples.vanilla``, timed when ``bench`` runs."""
@@ -222,14 +171,14 @@ def verify_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0,
             tree = DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
 
             def step(tree: DraftTree = tree, cache: KVCache = cache, context: int = context) -> None:
-                _speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
+                speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
                 cache.truncate(context)
 
             verify.append({"nodes": nodes, "context": context, "seconds": bench.add(step, before=before)})
 
         def plain(cache: KVCache = cache, context: int = context) -> None:
             for _ in range(VANILLA_RUN):
-                _vanilla_step(model, cache, int(_tokens(1, vocab, gen)), GREEDY, sampler)
+                vanilla_step(model, cache, int(_tokens(1, vocab, gen)), GREEDY, sampler)
                 cache.truncate(context)
 
         vanilla.append({"context": context, "seconds": bench.add(plain, per=VANILLA_RUN)})
@@ -260,8 +209,9 @@ class _Session:
         self.drafter.accept(path, int(_tokens(1, self.vocab, self.gen)), rows)
 
 
-def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, bench: Bench, seed: int = 0,
-                  recording: bool = False) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+def draft_samples(target: Transformer, drafters: dict[str, Any], grid: ProfileGrid, bench: Bench,
+                  seed: int = 0, recording: bool = False
+                  ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
     """Rows of ``samples.draft`` for each drafter kind in ``drafters`` (kind -> its model or net), and of
     ``samples.draft_trees`` (the draft model's top-k trees), timed when ``bench`` runs. With
     ``recording``, SpecBlock drafts as a stream that adapts online runs it: wrapped in the
@@ -285,9 +235,6 @@ def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, ben
              "seconds": run(DraftModelDrafter(draft, "tree", d, w, grid.tree_budget), d)}
             for d in grid.tree_depths for w in grid.tree_widths]
     if "specblock" in drafters:
-        from real_engine.adapt import FeedbackDrafter
-        from real_engine.drafters.specblock import SpecBlockDrafter
-
         net = drafters["specblock"]
         # Every bucket drafts children, so each later block really starts from `starts` nodes.
         children = (net.config.block_size,) * (len(net.config.edges) + 1)
@@ -300,15 +247,11 @@ def draft_samples(target: Transformer, drafters: dict[str, Any], grid: Grid, ben
         rows["specblock"] = [{"starts": s, "blocks": m, "seconds": run(specblock(m, s), m * k)}
                              for s in grid.specblock_starts for m in grid.specblock_blocks]
     if "eagle" in drafters:
-        from real_engine.drafters.eagle import EagleDrafter, TreeShape
-
         net, shape = drafters["eagle"]
         shapes = {d: TreeShape(d, shape.top_k, shape.total_tokens) for d in grid.eagle_depths}
         rows["eagle"] = [{"depth": d, "seconds": run(EagleDrafter(net, target, s), d)}
                          for d, s in shapes.items()]
     if "medusa" in drafters:
-        from real_engine.drafters.medusa import MedusaDrafter
-
         net, tree = drafters["medusa"]
         rows["medusa"] = [{"seconds": run(MedusaDrafter(net, target, tree), max(len(n) for n in tree))}]
     return rows, trees
@@ -326,7 +269,8 @@ def drafter_seconds(target: Transformer, drafter: Drafter, depth: int, *, clock_
     return seconds
 
 
-def update_samples(model: Transformer, grid: Grid, bench: Bench, seed: int = 0) -> dict[str, list[float]]:
+def update_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0
+                   ) -> dict[str, list[float]]:
     """Seconds of one next-token-loss backward plus AdamW step, LM head only vs all parameters (on a
     copy), timed when ``bench`` runs: the update cost of a plain LM drafter (no SpecBlock profiled)."""
     device = model.lm_head.weight.device
@@ -356,18 +300,18 @@ NEW_TOKENS = 48  # generated tokens of a synthetic feedback query (as adapt_live
 REJECTED_EVERY = 3  # a cut-short draft every third generated position (about what the engine buffers)
 
 
-def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: Bench, seed: int = 0,
+def specblock_update_samples(target: Transformer, net: Any, grid: ProfileGrid, bench: Bench, seed: int = 0,
                              feedback: Sequence[Any] | None = None
                              ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Seconds of one online update of the SpecBlock drafter as the engine runs it
     (``real_engine.adapt.update_drafter``, ``AdaptConfig`` defaults), head and full, each on a buffer
     filled to its capacity, then on a buffer of its newest query alone; and the query windows each full
     buffer held (the update trains one per query). The feedback is ``feedback`` (served queries'
-    ``real_engine.adapt.Feedback``, oldest first: the buffers take the newest, as the engine's do) or
+    ``real_engine.feedback.Feedback``, oldest first: the buffers take the newest, as the engine's do) or
     else synthetic: queries of ``grid.update_batch[1]`` random tokens whose last ``NEW_TOKENS`` are
     roots, every ``REJECTED_EVERY``-th rejected, with the target's own features and top-k
     log-probabilities. Timed when ``bench`` runs."""
-    from real_engine.adapt import AdaptConfig, Feedback, FeedbackBuffer, update_drafter
+    from real_engine.adapt import AdaptConfig, update_drafter  # needs rich, absent on gpu_check's machine
 
     config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
     if feedback is None:
@@ -404,14 +348,11 @@ def specblock_update_samples(target: Transformer, net: Any, grid: Grid, bench: B
     return out, single, windows
 
 
-def prefill_samples(target: Transformer, net: Any | None, grid: Grid, bench: Bench, seed: int = 0
+def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, bench: Bench, seed: int = 0
                     ) -> list[dict]:
     """Rows of ``samples.prefill``: a query's start as ``decode.generate`` runs it (its caches, the
     target's prefill of the prompt and, given the SpecBlock ``net``, the begin of the drafter the engine
     adapts online, recording feedback) for each of ``grid.prefill_tokens``; timed when ``bench`` runs."""
-    from real_engine.adapt import FeedbackDrafter
-    from real_engine.drafters.specblock import SpecBlockDrafter
-
     device, gen = target.lm_head.weight.device, torch.Generator().manual_seed(seed)
     limit = target.args.max_position_embeddings - NEW_TOKENS
     rows = []
@@ -438,10 +379,6 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int =
 
     Returns (kind -> what ``draft_samples`` needs, kind -> the model name for the profile).
     """
-    from real_engine.drafters.eagle import TreeShape, load_eagle, new_eagle
-    from real_engine.drafters.medusa import choose_tree, load_medusa, new_medusa
-    from real_engine.drafters.specblock import SpecBlock, load_specblock
-
     loaders: dict[str, tuple[Callable[[Path], Any], Callable[[], Any]]] = {
         "specblock": (lambda f: load_specblock(f, target), lambda: SpecBlock.for_target(target, seed=seed)),
         "eagle": (lambda f: load_eagle(f, target), lambda: (new_eagle(target, seed=seed), TreeShape())),
@@ -460,8 +397,8 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int =
 
 
 def measure(target: Transformer, *, target_name: str, draft: Transformer | None = None,
-            draft_name: str | None = None, grid: Grid = FULL, feature: bool = True, dtype: str = "float32",
-            threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
+            draft_name: str | None = None, grid: ProfileGrid = FULL, feature: bool = True,
+            dtype: str = "float32", threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
             models_dir: Path = MODELS, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
     when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``core.cost_profile``;
@@ -470,7 +407,6 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     timer = make_timer(device, clock_kind)
     bench = Bench(timer, grid.repeats, grid.warmup)
     updates = Bench(timer, min(grid.repeats, 3), min(grid.warmup, 1))  # an update takes seconds
-    from real_engine.steering import steering_samples  # imports core.cost_profile: not for gpu_check
 
     context = min(grid.draft_context, _contexts(grid, target)[-1])
     verify, vanilla = verify_samples(target, grid, bench, seed,
@@ -516,7 +452,6 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         **({"update_windows": windows} if windows else {}),
         "samples": samples,
     }
-    from core.cost_profile import profile_from_json
 
     profile = profile_from_json(data)
     return {**profile.to_json(), "measurement": {
@@ -529,7 +464,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                  "path accepted"}}
 
 
-def draft_shapes(nets: dict[str, Any], grid: Grid) -> dict[str, dict[str, int]]:
+def draft_shapes(nets: dict[str, Any], grid: ProfileGrid) -> dict[str, dict[str, int]]:
     """The settings each tree drafter's series holds fixed (the profile's ``draft_shapes``)."""
     shapes = {}
     if "draft-model" in nets:
@@ -544,8 +479,6 @@ def draft_shapes(nets: dict[str, Any], grid: Grid) -> dict[str, dict[str, int]]:
 
 def save(data: dict[str, Any], path: str | Path) -> Path:
     """Validate and write a measured profile atomically."""
-    from core.cost_profile import profile_from_json
-
     profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     return write_json(path, data)
 
@@ -553,8 +486,6 @@ def save(data: dict[str, Any], path: str | Path) -> Path:
 def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
     """Headline numbers of a profile at ``context``: milliseconds of vanilla, verify at 2/9/17/65 nodes,
     a 4-token draft of each drafter (and a depth-4, width-2 draft-model tree), and the two updates."""
-    from core.cost_profile import profile_from_json
-
     profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     ms = {"vanilla": 1e3 * float(profile.vanilla_seconds(context))}
     for nodes in (2, 9, 17, 65):

@@ -13,9 +13,10 @@ import torch
 
 from core.cost_profile import profile_from_json
 from policies import make_policy
+from real_engine.decode import GREEDY
 from real_engine.model import Output, Transformer
-from real_engine.profile import GREEDY, Bench
 from real_engine.speculate import LengthControlled
+from real_engine.timing import Bench
 from real_engine.tree import DraftTree
 
 

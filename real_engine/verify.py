@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from core import names
 from core.errors import InputError
 from real_engine.tree import DraftTree
 
@@ -428,9 +429,10 @@ def _emit(law: LawFn, tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Ver
     return VerifyResult(decision.path, sampler.categorical(decision.law), decision.bonus)
 
 
-VERIFIERS: dict[str, Verifier] = {
-    "greedy": greedy, **{name: partial(_emit, law) for name, law in LAWS.items() if name != "greedy"},
-}
+# keyed by the command line's verifier names, in their order (core.names)
+VERIFIERS: dict[str, Verifier] = dict(zip(names.VERIFIERS, (
+    greedy, *(partial(_emit, law) for law in (token_law, block_law, rrs_law, gbv_law, seqbv_law))),
+    strict=True))
 
 
 def verify(name: str, tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None) -> VerifyResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from sklearn.isotonic import IsotonicRegression
 
 from core.errors import InputError
 from policies.calibration import MAX_POSITIONS, Calibration
@@ -33,8 +34,6 @@ def verdicts(traces: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def fit_calibration(traces: pd.DataFrame, min_samples: int = 40) -> Calibration:
     """Isotonic maps from confidence to acceptance, one per depth while depths have ``min_samples``
     verdicts, then one for all deeper positions."""
-    from sklearn.isotonic import IsotonicRegression
-
     depth, conf, accepted = verdicts(traces)
     if depth.size < min_samples:
         raise InputError(f"{depth.size} drafted verdicts are too few to calibrate (need {min_samples}): "

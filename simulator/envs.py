@@ -29,13 +29,9 @@ from policies.features import (
     length_bounds,
     length_features,
 )
-from simulator.acceptance import (
-    AcceptanceModel,
-    AdaptationDynamics,
-    check_domains,
-    level_rates,
-    resolve_acceptance,
-)
+from simulator.acceptance import AcceptanceModel, check_domains
+from simulator.adaptation import AdaptationDynamics, level_rates
+from simulator.replay import resolve_acceptance
 
 DEFAULT_TOKENS = 512
 DEFAULT_PROMPT = (128, 1024)
@@ -467,7 +463,7 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     Before each query the policy chooses to skip, to train the head on the head buffer, or to train
     the whole drafter on the full buffer; an update moves each domain's acceptance toward a ceiling
     in proportion to that domain's share of the buffer, with diminishing returns and a small chance
-    of harm (``simulator.acceptance.AdaptationDynamics``; its ``head_draft`` and ``full_draft`` move
+    of harm (``simulator.adaptation.AdaptationDynamics``; its ``head_draft`` and ``full_draft`` move
     the drafting time the same way), and costs the profile's update time (per query window the
     buffer holds, see Rewards). Queries then run at the drafter's current acceptance with the
     profile's iteration time.

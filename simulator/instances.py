@@ -19,7 +19,7 @@ import numpy as np
 
 from core.errors import InputError
 
-DRAFTERS = ("indep", "mix")
+DRAFT_LAWS = ("indep", "mix")  # how random_instance draws the draft laws
 MIX_WEIGHT = 0.6  # "mix" drafter: q = MIX_WEIGHT * p + (1 - MIX_WEIGHT) * Dirichlet(1)
 TOLERANCE = 1e-9
 
@@ -102,8 +102,8 @@ def random_instance(vocab: int, length: int, rng: np.random.Generator, drafter: 
     """Dirichlet(1) target laws for every prefix; the drafter is an independent Dirichlet(1) draw
     (``"indep"``) or ``0.6 p + 0.4 Dirichlet(1)`` (``"mix"``, a drafter that partly knows the target)."""
     check_shape(vocab, length)
-    if drafter not in DRAFTERS:
-        raise InputError(f"unknown drafter kind {drafter!r}: use one of {', '.join(DRAFTERS)}")
+    if drafter not in DRAFT_LAWS:
+        raise InputError(f"unknown drafter kind {drafter!r}: use one of {', '.join(DRAFT_LAWS)}")
     ones = np.ones(vocab)
     p = tuple(rng.dirichlet(ones, size=vocab**m) for m in range(length + 1))
     noise = tuple(rng.dirichlet(ones, size=vocab**m) for m in range(length + 1))

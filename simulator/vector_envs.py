@@ -20,7 +20,7 @@ from gymnasium.vector.utils import batch_space
 
 from core.cost_profile import DraftShape
 from policies.features import LENGTH_CAP, adapt_bounds, length_bounds
-from simulator.acceptance import AdaptationDynamics
+from simulator.adaptation import AdaptationDynamics
 from simulator.envs import (
     DEFAULT_PROMPT,
     DEFAULT_TOKENS,

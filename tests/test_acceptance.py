@@ -8,17 +8,16 @@ from test_traces import tree_rows
 
 from core.errors import InputError
 from policies.features import tree_confidences
-from simulator.acceptance import (
+from simulator.adaptation import AdaptationDynamics, level_rates
+from simulator.parametric import (
     PAPER_DOMAINS,
-    AdaptationDynamics,
     ParametricAcceptance,
-    TraceReplay,
     default_acceptance,
-    level_rates,
     paper_rates,
-    positions,
     synthetic_traces,
 )
+from simulator.positions import positions
+from simulator.replay import TraceReplay
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,12 @@ from core.errors import InputError
 from policies.adaptation import FULL, HEAD, SKIP
 from policies.base import make_policy
 from policies.features import ADAPT_INDEX
-from real_engine.adapt import AdaptConfig, Adapter, StreamServer, reference_kl, run_stream, update_drafter
+from real_engine.adapt import AdaptConfig, reference_kl, update_drafter
+from real_engine.adapter import Adapter
 from real_engine.decode import Iteration, generate
 from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter
 from real_engine.model import ModelArgs, Transformer
+from real_engine.stream_server import StreamServer, run_stream
 
 VOCAB = 48
 

@@ -10,9 +10,11 @@ import pytest
 from core.cost_profile import load_profile
 from core.errors import InputError
 from core.paths import PAPER_PROFILE
-from experiments.adapt_live import add_draft_ratios, build_stream, mean_shape, record_of, summary, update_text
+from experiments.adapt_live import build_stream
+from experiments.adapt_predict import add_draft_ratios, mean_shape, record_of, summary
+from experiments.adapt_report import update_text
 from policies.adaptation import FULL, HEAD, SKIP
-from simulator.acceptance import (
+from simulator.adaptation import (
     AdaptationDynamics,
     AdaptRecord,
     adaptation_draft,
@@ -159,7 +161,8 @@ def test_each_query_gets_the_drafting_ratio_of_its_own_shapes() -> None:
 
 
 def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None:
-    from experiments.adapt_live import retime, retime_text, with_samples
+    from experiments.adapt_report import retime_text
+    from experiments.adapt_serve import retime, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
@@ -193,7 +196,8 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
 
 
 def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) -> None:
-    from experiments.adapt_live import bracket_ms, decode_ms, pooled, retime, stream_samples, with_samples
+    from experiments.adapt_report import bracket_ms, decode_ms
+    from experiments.adapt_serve import pooled, retime, stream_samples, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from core.names import DOMAINS
 from core.paths import DATA
-from real_engine import corpus
+from real_engine.training import corpus
 
 MANIFEST = json.loads((DATA / "corpus_manifest.json").read_text())
 SAME_PYTHON = MANIFEST["python_version"] == sys.version.split()[0]
@@ -38,12 +39,12 @@ def test_recorded_manifest_matches_this_python() -> None:
     for domain in ("code", "tests"):
         listed = MANIFEST["domains"][domain]
         assert set(listed["train"]) | set(listed["heldout"]) <= set(corpus.domain_files(domain))
-    hashes = "".join(MANIFEST["domains"][d]["sha256"] for d in corpus.DOMAINS)
+    hashes = "".join(MANIFEST["domains"][d]["sha256"] for d in DOMAINS)
     assert hashlib.sha256(hashes.encode()).hexdigest() == MANIFEST["sha256"]
 
 
 def test_heldout_files_never_enter_training() -> None:
-    for domain in corpus.DOMAINS:
+    for domain in DOMAINS:
         listed = MANIFEST["domains"][domain]
         assert listed["heldout"], domain
         assert not set(listed["train"]) & set(listed["heldout"])
@@ -71,7 +72,7 @@ def test_prose_extracts_docstrings_and_comments() -> None:
 def test_tokenizer_round_trips_every_domain(tokenizer) -> None:
     assert tokenizer.get_vocab_size() == corpus.VOCAB_SIZE
     assert tokenizer.token_to_id(corpus.EOS) == 0
-    samples = [json.loads(line)["text"] for d in corpus.DOMAINS
+    samples = [json.loads(line)["text"] for d in DOMAINS
                for line in (DATA / "prompts" / f"{d}.jsonl").read_text().splitlines()[:5]]
     samples += [doc.text for doc in corpus.build_domain("text")[:20]]
     samples.append("naïve café — ünïcode ✓ \t\r\n  indented")
@@ -79,7 +80,7 @@ def test_tokenizer_round_trips_every_domain(tokenizer) -> None:
         assert tokenizer.decode(tokenizer.encode(text).ids) == text
 
 
-@pytest.mark.parametrize("domain", corpus.DOMAINS)
+@pytest.mark.parametrize("domain", DOMAINS)
 def test_prompt_files(domain: str) -> None:
     rows = [json.loads(line) for line in (DATA / "prompts" / f"{domain}.jsonl").read_text().splitlines()]
     assert len(rows) >= 60

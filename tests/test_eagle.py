@@ -9,7 +9,6 @@ import torch
 
 from core.errors import InputError
 from real_engine.decode import generate, prefill
-from real_engine.drafter_data import prepare_drafter_data
 from real_engine.drafters.eagle import (
     EagleDrafter,
     TreeShape,
@@ -19,7 +18,8 @@ from real_engine.drafters.eagle import (
     save_eagle,
 )
 from real_engine.model import ModelArgs, Output, Transformer
-from real_engine.train_baselines import BaselineConfig, eagle_loss, train_eagle
+from real_engine.training.baselines import BaselineConfig, eagle_loss, train_eagle
+from real_engine.training.drafter_data import prepare_drafter_data
 from real_engine.warp import Sampling, warp
 
 VOCAB = 48

@@ -15,14 +15,10 @@ from core.errors import InputError
 from core.paths import PAPER_PROFILE
 from policies.adaptation import ADAPT_INFO_KEYS
 from policies.features import ADAPT_INDEX, LENGTH_CAP, adapt_features, length_features
-from simulator.acceptance import (
-    AdaptationDynamics,
-    default_acceptance,
-    level_rates,
-    resolve_acceptance,
-    synthetic_traces,
-)
+from simulator.adaptation import AdaptationDynamics, level_rates
 from simulator.envs import AdaptStreamEnv, SpecLengthEnv, _push, default_phases
+from simulator.parametric import default_acceptance, synthetic_traces
+from simulator.replay import resolve_acceptance
 from simulator.traces import save_traces
 from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
 

@@ -12,6 +12,7 @@ from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.paths import DATA, TRACES
 from experiments import fidelity
+from experiments.cli import main
 from real_engine.trace import Prompt
 
 TRACE_TOKENS = 128  # new tokens per prompt of the shipped traces (acceptance grows along a generation)
@@ -178,11 +179,16 @@ def test_run_fidelity_compares_tokens_per_second_and_speedup() -> None:
     assert chain["calibration"]["tau"] == pytest.approx(5.0) and vanilla["calibration"] is None
 
 
-def test_profile_options_are_checked_before_anything_runs(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="--profile-repeats 0"):
-        fidelity.main(["--measure-profile", "p.json", "--profile-repeats", "0"], standalone_mode=False)
-    with pytest.raises(InputError, match="does not exist"):
-        fidelity.main(["--measure-profile", str(tmp_path / "missing" / "p.json")], standalone_mode=False)
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--measure-profile", "p.json", "--profile-repeats", "0"], "--profile-repeats 0"),
+    (["--measure-profile", "{tmp}/missing/p.json"], "does not exist"),
+])
+def test_profile_options_are_checked_before_anything_runs(tmp_path: Path, capsys, argv, message) -> None:
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fidelity", *argv, "--out", str(tmp_path / "results")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 

@@ -22,7 +22,7 @@ import torch
 from core.cost_profile import load_profile
 from core.paths import REPO, TARGET
 from experiments import gpu_check
-from real_engine.decode import GREEDY, _speculative_step, prefill
+from real_engine.decode import GREEDY, prefill, speculative_step
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 
@@ -110,7 +110,7 @@ def test_overlap_jobs_verify_as_the_decode_loop_and_update_the_drafter() -> None
     cache = target.new_cache(context + 600)
     with torch.inference_mode():
         prefill(target, cache, torch.randint(1, plan.args.vocab_size, (context,), generator=gen))
-        _, path, token, _ = _speculative_step(target, cache, tree, "greedy", GREEDY, TorchSampler())
+        _, path, token, _ = speculative_step(target, cache, tree, "greedy", GREEDY, TorchSampler())
     assert (path, token) == first
     before = [p.detach().clone() for p in specblock.parameters()]
     losses = [float(update()) for _ in range(2)]

@@ -26,7 +26,6 @@ from experiments.tune import load_calibration
 from policies.base import load_policy
 from real_engine import trace
 from real_engine.decode import generate, make_drafter
-from real_engine.drafter_data import open_drafter_data
 from real_engine.drafters.draft_model import load_vocab
 from real_engine.drafters.eagle import load_eagle
 from real_engine.drafters.medusa import load_medusa
@@ -34,6 +33,7 @@ from real_engine.drafters.specblock import load_specblock
 from real_engine.drafters.trained import deployed_shape
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 from real_engine.tokenizer import Tokenizer
+from real_engine.training.drafter_data import open_drafter_data
 from real_engine.warp import MIN_TEMPERATURE, Sampling, warp
 from simulator.traces import load_traces
 
@@ -309,11 +309,11 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_train_finds_the_shipped_data_from_another_folder(elsewhere: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from real_engine import drafter_recipes, train
+    from real_engine.training import draft_model, recipes, windows
 
     calls: dict[str, tuple] = {}
-    monkeypatch.setattr(train, "train_draft_model", lambda *a, **k: calls.setdefault("draft", a) and {})
-    monkeypatch.setattr(drafter_recipes, "train_drafter",
+    monkeypatch.setattr(draft_model, "train_draft_model", lambda *a, **k: calls.setdefault("draft", a) and {})
+    monkeypatch.setattr(recipes, "train_drafter",
                         lambda *a, **k: calls.setdefault("eagle", (a, k)) and {})
     code, _, err = run(["train", "draft-model", "--steps", "1", "--threads", "1"], capsys)
     assert code == 0, err
@@ -327,4 +327,4 @@ def test_train_finds_the_shipped_data_from_another_folder(elsewhere: Path, monke
     assert options["data_dir"] == REPO / "runs/drafter-data"
     assert not list(elsewhere.iterdir())  # nothing written to the working folder
     assert TOKENIZER.is_file() and (PROMPTS / "code.jsonl").is_file()
-    assert train.TOKEN_CACHE.is_relative_to(REPO)
+    assert windows.TOKEN_CACHE.is_relative_to(REPO)

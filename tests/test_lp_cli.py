@@ -103,12 +103,13 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
 
 
 def test_a_solver_failure_exits_1_with_one_line(capsys, monkeypatch):
-    from simulator import lp
+    from experiments import lp_table
+    from simulator.lp import LPSolveError
 
     def fail(*args, **kwargs):
-        raise lp.LPSolveError("the LP was not solved: CLARABEL returned solver_error")
+        raise LPSolveError("the LP was not solved: CLARABEL returned solver_error")
 
-    monkeypatch.setattr(lp, "solve_lp", fail)
+    monkeypatch.setattr(lp_table, "solve_lp", fail)
     code, out, err = run(["--vocab", "2", "--length", "1", "--json"], capsys)
     assert (code, out) == (1, "")
     assert err.splitlines() == ["specblock: error: the LP was not solved: CLARABEL returned solver_error"]

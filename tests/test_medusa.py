@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 from core.errors import InputError
 from real_engine.decode import generate, prefill
-from real_engine.drafter_data import DrafterData, prepare_drafter_data
 from real_engine.drafters.medusa import (
     MedusaDrafter,
     choose_tree,
@@ -22,7 +21,8 @@ from real_engine.drafters.medusa import (
     save_medusa,
 )
 from real_engine.model import ModelArgs, Transformer
-from real_engine.train_baselines import BaselineConfig, medusa_loss, train_medusa
+from real_engine.training.baselines import BaselineConfig, medusa_loss, train_medusa
+from real_engine.training.drafter_data import DrafterData, prepare_drafter_data
 from real_engine.warp import Sampling, warp
 
 VOCAB = 48

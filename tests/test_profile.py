@@ -14,6 +14,7 @@ from core.cost_profile import DRAFT_KEYS, load_profile
 from experiments.cli import main
 from real_engine import profile as prof
 from real_engine.model import ModelArgs, Transformer, load_model
+from real_engine.timing import Bench, make_timer
 
 TINY = dataclasses.replace(prof.QUICK, repeats=2, warmup=0)
 
@@ -107,8 +108,8 @@ def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_d
     import torch
 
     from core.errors import InputError
-    from real_engine.adapt import Feedback
     from real_engine.drafters.specblock import SpecBlock
+    from real_engine.feedback import Feedback
 
     target = load_model(llama_dir)
     net = SpecBlock.for_target(target, seed=0)
@@ -124,7 +125,7 @@ def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_d
     # 8 queries of 10 cut-short drafts: the head buffer (64 positions) holds the newest 7 of them
     # (the oldest of those in part), the full one (256) all 8.
     feedback = [query(tuple(range(21, 31))) for _ in range(8)]
-    bench = prof.Bench(prof.make_timer(torch.device("cpu")), 1, 0)
+    bench = Bench(make_timer(torch.device("cpu")), 1, 0)
     full, single, windows = prof.specblock_update_samples(target, net, TINY, bench, 0, feedback)
     assert windows == {"head": 7, "full": 8}
     bench.run()
@@ -135,18 +136,18 @@ def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_d
 
 def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(
         llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from real_engine import adapt
+    from real_engine import feedback as recorder
     from real_engine.drafters.specblock import SpecBlock
 
     target = load_model(llama_dir)
     net = SpecBlock.for_target(target, seed=0)
     kept: list[int] = []
-    keep = adapt.FeedbackDrafter._keep
-    monkeypatch.setattr(adapt.FeedbackDrafter, "_keep",
+    keep = recorder.FeedbackDrafter._keep
+    monkeypatch.setattr(recorder.FeedbackDrafter, "_keep",
                         lambda self, out: (kept.append(1), keep(self, out))[1])
     grid = dataclasses.replace(prof.QUICK, specblock_starts=(1,), specblock_blocks=(1,), repeats=2, warmup=0)
     for recording in (False, True):
-        bench = prof.Bench(prof.make_timer(target.lm_head.weight.device, "cpu"), grid.repeats, 0)
+        bench = Bench(make_timer(target.lm_head.weight.device, "cpu"), grid.repeats, 0)
         rows, _ = prof.draft_samples(target, {"specblock": net}, grid, bench, 0, recording=recording)
         bench.run()
         assert len(rows["specblock"][0]["seconds"]) == 2
@@ -155,16 +156,16 @@ def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(
 
 def test_bench_divides_a_run_of_steps_and_times_vanilla_in_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter(range(100))
-    bench = prof.Bench(lambda: float(next(ticks)), repeats=2, warmup=1)
+    bench = Bench(lambda: float(next(ticks)), repeats=2, warmup=1)
     calls: list[str] = []
     single = bench.add(lambda: calls.append("one"))
     run = bench.add(lambda: calls.append("four"), per=4)
     bench.run()
     assert calls == ["one", "four"] * 3 and single == [1.0, 1.0] and run == [0.25, 0.25]
     steps: list[int] = []
-    monkeypatch.setattr(prof, "_vanilla_step", lambda *args: steps.append(1))
+    monkeypatch.setattr(prof, "vanilla_step", lambda *args: steps.append(1))
     grid = dataclasses.replace(prof.QUICK, nodes=(1,), contexts=(4,))
-    timed = prof.Bench(prof.make_timer(torch.device("cpu")), 1, 0)
+    timed = Bench(make_timer(torch.device("cpu")), 1, 0)
     args = ModelArgs(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, head_dim=8)
     _, vanilla = prof.verify_samples(Transformer(args).eval(), grid, timed)

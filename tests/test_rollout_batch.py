@@ -7,7 +7,7 @@ import pytest
 
 from policies.base import make_policy
 from policies.features import LENGTH_CAP, LENGTH_SLICES
-from simulator.acceptance import default_acceptance
+from simulator.parametric import default_acceptance
 from simulator.rollout import run_length
 from simulator.vector_envs import SpecLengthVectorEnv
 

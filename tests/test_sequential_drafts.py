@@ -61,8 +61,8 @@ def test_adaptstream_charges_what_replayed_iterations_verify() -> None:
     cost the mean of T(2) and T(8), not T(8) (a SpecBlock tree is often smaller than its budget)."""
 
 
-    from simulator.acceptance import TraceReplay
     from simulator.envs import AdaptStreamEnv
+    from simulator.replay import TraceReplay
 
     short, long = chain_traces(accepted=1, drafted=2), chain_traces(accepted=4, drafted=8)
     long["query_id"] += 100
@@ -102,7 +102,7 @@ def test_rejections_count_cut_short_drafts_not_empty_ones() -> None:
     chain accepted whole is none: the replay's rates follow the same rule."""
 
 
-    from simulator.acceptance import TraceReplay
+    from simulator.replay import TraceReplay
 
     cut = chain_traces(accepted=1, drafted=4)  # every draft cut short
     whole = chain_traces(accepted=4, drafted=4)  # every draft accepted whole
@@ -119,7 +119,7 @@ def test_rejections_count_cut_short_drafts_not_empty_ones() -> None:
 def test_iterations_the_query_end_cut_short_are_not_replayed() -> None:
     """A 10-token query of a 4-deep chain: the loop drafts at most the tokens left less one, so its last
     two iterations (3 then 2 tokens left: drafts of 2 and 1) are end effects, left out of the replay."""
-    from simulator.acceptance import end_limited
+    from simulator.positions import end_limited
 
     depths, accepted = [4, 4, 2, 1], [4, 1, 0, 1]
     rows = pd.DataFrame({

@@ -1,4 +1,4 @@
-"""`specblock shapes`: the round-robin sweep of drafter shapes, the deployed shape that `load_trained`
+"""`specblock shapes`: the round-robin sweep of drafter shapes, the deployed shape that `make_drafter`
 then uses, and one-line input errors. Tiny random models, CPU."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from experiments.cli import main
 from experiments.shapes import markdown, sweep
 from real_engine.decode import make_drafter
 from real_engine.drafters.specblock import SpecBlock, save_specblock
-from real_engine.drafters.trained import deployed_shape, load_trained, write_shape
+from real_engine.drafters.trained import deployed_shape, write_shape
 from real_engine.model import load_model
 
 
@@ -49,18 +49,18 @@ def test_the_deployed_shape_is_the_default_and_options_override_it(llama_dir: Pa
                                                                    specblock_dir: Path) -> None:
     target = load_model(llama_dir)
     assert deployed_shape("specblock", specblock_dir) == {}
-    assert load_trained("specblock", target, specblock_dir).blocks == 2  # the trained default
+    assert make_drafter("specblock", target, folder=specblock_dir).blocks == 2  # the trained default
     write_shape("specblock", specblock_dir, {"blocks": 1, "budget": 8}, {"speedup": 1.1})
-    drafter = load_trained("specblock", target, specblock_dir)
+    drafter = make_drafter("specblock", target, folder=specblock_dir)
     assert (drafter.blocks, drafter.budget) == (1, 8)
-    assert load_trained("specblock", target, specblock_dir, blocks=3).blocks == 3
-    assert load_trained("specblock", target, specblock_dir, deployed=False).blocks == 2
+    assert make_drafter("specblock", target, folder=specblock_dir, blocks=3).blocks == 3
+    assert make_drafter("specblock", target, folder=specblock_dir, deployed=False).blocks == 2
     with pytest.raises(InputError, match="no shape option"):
         write_shape("specblock", specblock_dir, {"depth": 3}, {})
     for bad in ('{"shape": {"blocks": 0}}', '{"shape": {"depth": 2}}', "{", '{"blocks": 1}'):
         (specblock_dir / "drafting.json").write_text(bad)
         with pytest.raises(InputError, match=r"drafting\.json"):
-            load_trained("specblock", target, specblock_dir)
+            make_drafter("specblock", target, folder=specblock_dir)
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -122,5 +122,5 @@ def test_a_deployed_specblock_chain_is_sampled_and_block_verified_at_temperature
     assert verifier("--tree-width", "1") == "block"  # a chain: sampled, so block verification applies
     write_shape("specblock", specblock_dir, {"blocks": 1, "width": 1, "budget": 4}, {"speedup": 1.0})
     assert verifier() == "block" and verifier("--verifier", "token") == "token"
-    drafter = load_trained("specblock", load_model(llama_dir), specblock_dir)
+    drafter = make_drafter("specblock", load_model(llama_dir), folder=specblock_dir)
     assert drafter.children == (1, 1, 1, 0) and drafter.budget == 4

@@ -11,7 +11,7 @@ import pytest
 from core.paths import PAPER_PROFILE, REPO
 from experiments.cli import main
 from policies.base import make_policy, save_policy
-from simulator.acceptance import default_acceptance, synthetic_traces
+from simulator.parametric import default_acceptance, synthetic_traces
 from simulator.traces import save_traces
 
 ROW_KEYS = {"name", "kind", "env", "tokens_per_second", "tau", "latency_seconds", "speedup"}

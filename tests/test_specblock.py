@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from core.errors import InputError
-from real_engine import train_specblock as ts
 from real_engine.decode import generate
-from real_engine.drafter_data import open_drafter_data, prepare_drafter_data
 from real_engine.drafters import rank
 from real_engine.drafters.specblock import (
     SpecBlock,
@@ -22,6 +20,8 @@ from real_engine.drafters.specblock import (
     with_draft_vocab,
 )
 from real_engine.model import ModelArgs, Output, Transformer
+from real_engine.training import specblock as ts
+from real_engine.training.drafter_data import open_drafter_data, prepare_drafter_data
 from real_engine.warp import Sampling
 
 VOCAB = 48
@@ -314,7 +314,7 @@ def test_drafter_data_rows_and_resume(target: Transformer, data) -> None:
 
 def test_training_reduces_the_loss_deterministically(target: Transformer, data, tmp_path) -> None:
     prepared, _ = data
-    config = ts.TrainConfig(steps=12, batch_size=4, starts=8, lr=1e-2, checkpoint_every=12)
+    config = ts.SpecBlockTrainConfig(steps=12, batch_size=4, starts=8, lr=1e-2, checkpoint_every=12)
     fixed = prepared.batch(range(12))
     starts, slots = torch.arange(0, 18, 2), torch.tensor([[0, 1, 2, 3, 3, 2, 1, 0, 3]])
 
@@ -348,13 +348,13 @@ def test_prefix_rows_add_their_slot_zero_losses(target: Transformer, data) -> No
     # every prefix row is a slot 0 predicting the next position, the target's law there its teacher
     assert weighted.item() == pytest.approx((plain + 0.5 * (kl + ce)).item(), rel=1e-5)
     with pytest.raises(InputError, match="prefix_weight"):
-        ts.TrainConfig(prefix_weight=-1.0)
+        ts.SpecBlockTrainConfig(prefix_weight=-1.0)
 
 
 def test_resume_continues_exactly(target: Transformer, data, tmp_path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     prepared, _ = data
-    config = ts.TrainConfig(steps=8, batch_size=4, starts=6, lr=3e-3, checkpoint_every=4)
+    config = ts.SpecBlockTrainConfig(steps=8, batch_size=4, starts=6, lr=3e-3, checkpoint_every=4)
     whole = ts.train_specblock(target, prepared, tmp_path / "whole", tmp_path / "rwhole", config=config,
                                progress=False)
     loss, calls = ts.specblock_loss, []
@@ -376,7 +376,7 @@ def test_resume_continues_exactly(target: Transformer, data, tmp_path,
     assert resumed["losses"] == whole["losses"]
     with pytest.raises(InputError):
         ts.train_specblock(target, prepared, tmp_path / "cut", tmp_path / "rcut",
-                           config=ts.TrainConfig(steps=9), resume=True, progress=False)
+                           config=ts.SpecBlockTrainConfig(steps=9), resume=True, progress=False)
 
 
 def test_save_load_round_trip_and_bad_files(target: Transformer, tmp_path) -> None:
@@ -507,7 +507,7 @@ def test_the_cut_head_follows_the_weights_and_survives_a_round_trip(target: Tran
 
 
 def test_frequent_targets_rank_the_targets_top_tokens(target: Transformer, data) -> None:
-    from real_engine.drafter_data import frequent_targets
+    from real_engine.training.drafter_data import frequent_targets
 
     prepared, seqs = data
     with torch.no_grad():
@@ -523,11 +523,12 @@ def test_frequent_targets_rank_the_targets_top_tokens(target: Transformer, data)
 
 
 def test_training_saves_the_drafting_vocabulary_it_was_asked_for(target: Transformer, data, tmp_path) -> None:
-    from real_engine.drafter_data import frequent_targets
+    from real_engine.training.drafter_data import frequent_targets
 
     prepared, _ = data
     for asked, kept in ((12, 12), (VOCAB, 0), (4 * VOCAB, 0)):  # a vocabulary no larger is drafted whole
-        config = ts.TrainConfig(steps=1, batch_size=2, starts=4, draft_vocab=asked, checkpoint_every=1)
+        config = ts.SpecBlockTrainConfig(steps=1, batch_size=2, starts=4, draft_vocab=asked,
+                                         checkpoint_every=1)
         ts.train_specblock(target, prepared, tmp_path / f"d{asked}", tmp_path / f"r{asked}", config=config,
                            progress=False)
         saved = load_specblock(tmp_path / f"d{asked}", target)

@@ -11,7 +11,7 @@ from core.cost_profile import profile_from_json
 from core.errors import InputError
 from policies import make_policy
 from policies.features import LENGTH_SLICES
-from simulator.acceptance import TraceReplay
+from simulator.replay import TraceReplay
 from simulator.rollout import run_length
 from simulator.vector_envs import SpecLengthVectorEnv
 
@@ -87,7 +87,7 @@ def test_the_estimator_chooses_median_or_mean_of_the_repeats() -> None:
 
 
 def test_bench_runs_preludes_untimed_and_work_between_rounds() -> None:
-    from real_engine.profile import Bench
+    from real_engine.timing import Bench
 
     now = [0.0]
     log: list[str] = []

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from policies.base import make_policy
-from simulator.acceptance import TraceReplay
+from simulator.replay import TraceReplay
 from simulator.rollout import run_length
 from simulator.vector_envs import SpecLengthVectorEnv
 

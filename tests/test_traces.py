@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.errors import InputError
-from simulator.acceptance import default_acceptance, synthetic_traces
+from simulator.parametric import default_acceptance, synthetic_traces
 from simulator.traces import COLUMNS, load_traces, save_traces
 
 

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
 
 from core.errors import InputError
+from real_engine.drafters.draft_model import load_vocab
 from real_engine.model import Transformer
-from real_engine.train import (
-    TARGETS,
-    Rollouts,
-    TokenWindows,
-    TrainConfig,
-    init_weights,
-    learning_rate,
-    rollout,
-    train_loop,
-)
+from real_engine.training import drafter_data
+from real_engine.training.draft_model import write_token_order
+from real_engine.training.drafter_data import training_windows
+from real_engine.training.loop import TrainConfig, init_weights, learning_rate, train_loop
+from real_engine.training.target import TARGETS
+from real_engine.training.windows import Rollouts, TokenWindows, corpus_windows, rollout
 
 VOCAB = 64
+STREAM = "real_engine.training.windows.token_stream"  # every corpus window is read through it
 TINY = TrainConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
                    num_key_value_heads=1, head_dim=32, seq_len=16, batch_size=2, warmup_steps=1,
                    min_lr_ratio=1.0, lr=1e-2, steps=4, log_every=1, checkpoint_minutes=1e9)
@@ -170,13 +169,8 @@ def test_target_recipes_are_sized_as_named() -> None:
 def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_path, monkeypatch) -> None:
     """``draft_vocab.json``: the target's top tokens over the windows by count, then the rest by count in
     the corpus, then by id; every id once, and the draft model's ``load_vocab`` reads its head."""
-    import json
-
-    from real_engine import train
-    from real_engine.drafters.draft_model import load_vocab
-
     stream = np.array([5] * 40 + [7] * 30 + [9] * 20 + list(range(VOCAB)), dtype=np.uint16)
-    monkeypatch.setattr(train, "token_stream", lambda domain, split: stream)
+    monkeypatch.setattr(STREAM, lambda domain, split: stream)
     class Target:  # its top token is 3 wherever its input is 9, else 0
         args = TINY.model_args(VOCAB, 0)
 
@@ -187,7 +181,7 @@ def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_pat
             return type("Out", (), {"logits": logits})
 
     target = Target()
-    path = train.write_token_order(tmp_path, target, windows=4, seq_len=16)
+    path = write_token_order(tmp_path, target, windows=4, seq_len=16)
     ids = json.loads(path.read_text())["ids"]
     assert sorted(ids) == list(range(VOCAB))
     assert ids[:5] == [0, 3, 5, 7, 9] and ids[5:8] == [1, 2, 4]  # by top count, corpus count, then id
@@ -199,10 +193,7 @@ def test_drafter_windows_with_an_on_policy_share(tokens, monkeypatch: pytest.Mon
     """At share 0.5 the odd windows become the target's continuations of their first 4 tokens (greedy,
     then sampled, alternately), the even ones stay corpus windows, and the rows are cached apart; the
     continuations are kept and read back for the same corpus windows, seed and prompt length only."""
-    import real_engine.train
-    from real_engine.drafter_data import corpus_windows, training_windows
-
-    monkeypatch.setattr(real_engine.train, "token_stream", lambda domain, split: tokens)
+    monkeypatch.setattr(STREAM, lambda domain, split: tokens)
     target = _model().eval()
     corpus = corpus_windows(["code"], 16, 8, seed=0)
     windows, folder = training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=4)
@@ -215,7 +206,7 @@ def test_drafter_windows_with_an_on_policy_share(tokens, monkeypatch: pytest.Mon
     def no_rollouts(*args: object) -> None:
         raise AssertionError("the kept continuations were generated again")
 
-    monkeypatch.setattr(real_engine.train, "rollout", no_rollouts)  # kept: read back, not regenerated
+    monkeypatch.setattr(drafter_data, "rollout", no_rollouts)  # kept: read back, not regenerated
     again, _ = training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=4)
     assert torch.equal(again, windows)
     with pytest.raises(AssertionError, match="generated again"):  # another prompt length: not reused

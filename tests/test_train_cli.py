@@ -14,10 +14,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from experiments.cli import main
+from experiments.commands.train import command
 from real_engine.decode import generate, make_drafter
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
+from real_engine.training.target import TARGET, TARGETS
 
 VOCAB = 40
+STREAM = "real_engine.training.windows.token_stream"  # every corpus window is read through it
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -70,13 +73,11 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_di
 def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    import real_engine.train
-
     def stream(domain: str, split: str) -> np.ndarray:  # a synthetic corpus in place of the tokenized one
         rng = np.random.default_rng([len(domain), len(split)])
         return rng.integers(1, VOCAB, 4096).astype(np.uint16)
 
-    monkeypatch.setattr(real_engine.train, "token_stream", stream)
+    monkeypatch.setattr(STREAM, stream)
     out, data = tmp_path / "out", tmp_path / "data"
     code, stdout, err = run([kind, "--target", str(target_dir), "--out", str(out), "--run-dir",
                              str(tmp_path / "run"), "--data-dir", str(data), "--steps", "2",
@@ -113,8 +114,6 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
 
 
 def test_the_size_choices_are_the_target_recipes() -> None:
-    from experiments.commands.train import command
-    from real_engine.train import TARGET, TARGETS
 
     size = next(p for p in command.params if p.name == "size")
     assert tuple(size.type.choices) == tuple(TARGETS) and size.default is None
@@ -126,9 +125,7 @@ def test_on_policy_drafter_data_is_cached_apart(target_dir: Path, tmp_path: Path
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """`--on-policy 0.5` reaches the drafter's data recipe: its rows live in their own folder."""
-    import real_engine.train
-
-    monkeypatch.setattr(real_engine.train, "token_stream",
+    monkeypatch.setattr(STREAM,
                         lambda domain, split: np.random.default_rng(len(domain)).integers(1, VOCAB, 4096))
     data = tmp_path / "data"
     code, stdout, err = run(["eagle", "--target", str(target_dir), "--out", str(tmp_path / "out"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -9,12 +10,12 @@ from typing import Any
 import click
 
 from core.errors import InputError
+from core.names import DRAFT_SHAPES, VERIFIERS, drafter_choices, registry, trained_drafters
 from core.paths import CPU_PROFILE, MODELS, PROMPTS, RESULTS
+from experiments.bench_report import markdown, write_report
 from experiments.cli import SEED, resolve_device
-
-SPEC_DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
-SPEC_VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
-SPEC_SHAPES = ("chain", "tree", "paths")
+from experiments.provenance import save_result
+from real_engine.drafters.trained import deployed_shape, trained_available
 
 
 def _split(value: str, flag: str) -> tuple[str, ...]:
@@ -39,7 +40,7 @@ def _temperatures(value: str) -> tuple[float, ...]:
         raise InputError(f"--temperatures {value!r} is not a list of numbers: give e.g. 0,1") from exc
     if not temps:
         raise InputError(f"--temperatures {value!r}: give one or more temperatures >= 0, e.g. 0,1")
-    from real_engine.warp import Sampling
+    from real_engine.warp import Sampling  # torch: not for --help
 
     for temp in temps:
         try:
@@ -51,7 +52,7 @@ def _temperatures(value: str) -> tuple[float, ...]:
 
 def _policies(paths: tuple[Path, ...]) -> tuple[tuple[str, dict[str, Any]], ...]:
     """(name, content) of each length policy file; InputError for a bad file or an adaptation policy."""
-    from policies import load_policy, policy_to_dict
+    from policies import load_policy, policy_to_dict  # numpy, torch: not for --help
     from real_engine.speculate import is_length_policy
 
     out = {}
@@ -73,8 +74,8 @@ def _model(path: Path, flag: str, train: str) -> Path:
 
 
 @click.command()
-@click.option("--drafters", default=",".join(SPEC_DRAFTERS), show_default=True,
-              help="Drafters to measure (vanilla always runs); specblock, eagle and medusa need their "
+@click.option("--drafters", default=",".join(drafter_choices()), show_default=True,
+              help=f"Drafters to measure (vanilla always runs); {', '.join(trained_drafters())} need their "
                    "trained weights under --drafters-dir and are skipped with a note otherwise.")
 @click.option("--verifiers", default="greedy,block,rrs", show_default=True,
               help="Verifiers: T=0 uses greedy; T>0 each listed sampling verifier that fits a draft shape.")
@@ -85,9 +86,9 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--shapes", default="chain,tree", show_default=True,
               help="Draft-model shapes: chain, tree (top-k), paths (K sampled paths).")
 @click.option("--trained-shapes", is_flag=True,
-              help="Also run specblock, eagle and medusa at the shape they were trained with (SpecBlock's 2 "
-                   "blocks, EAGLE's saved tree, Medusa's static tree: the papers' deep trees), beside the "
-                   "deployed one.")
+              help=f"Also run the trained drafters ({', '.join(trained_drafters())}) at the shape they were "
+                   "trained with (SpecBlock's 2 blocks, EAGLE's saved tree, Medusa's static tree: the "
+                   "papers' deep trees), beside the deployed one.")
 @click.option("--hf/--no-hf", default=True, show_default=True,
               help="Also measure transformers' assisted generation (skipped with a note if unavailable).")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=MODELS / "target",
@@ -95,7 +96,7 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=MODELS / "draft",
               show_default="data/models/draft", help="Draft model folder (draft-model and --hf).")
 @click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
-              help="Folder holding the trained specblock/, eagle/ and medusa/ drafters.")
+              help=f"Folder holding the trained drafters ({', '.join(f'{n}/' for n in trained_drafters())}).")
 @click.option("--prompts-dir", type=click.Path(path_type=Path), default=PROMPTS,
               show_default="data/prompts", help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
@@ -130,9 +131,9 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
     """
-    from experiments.bench import Settings, load_prompts
+    from experiments.bench import Settings, load_prompts  # torch and the engine: not for --help
 
-    names = _names(drafters, "--drafters", SPEC_DRAFTERS, "; the transformers peer is --hf")
+    names = _names(drafters, "--drafters", drafter_choices(), "; the transformers peer is --hf")
     for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-length", draft_length),
                         ("--tree-width", tree_width), ("--tree-budget", tree_budget), ("--threads", threads)):
         if value is not None and value < 1:
@@ -143,31 +144,27 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
     chain = None
     if draft_length is None and (draft_dir / "config.json").is_file():
         from real_engine.drafters.draft_model import CHAIN_OPTIONS
-        from real_engine.drafters.trained import deployed_shape
 
         deployed = deployed_shape("draft-model", draft_dir)
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
             chain = {k: v for k, v in deployed.items() if k in ("depth", "vocab", *CHAIN_OPTIONS)}
     settings = Settings(
         domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
-        drafters=names, verifiers=_names(verifiers, "--verifiers", SPEC_VERIFIERS),
-        temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", SPEC_SHAPES),
+        drafters=names, verifiers=_names(verifiers, "--verifiers", VERIFIERS),
+        temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", DRAFT_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
         budget=tree_budget, chain=chain, policies=_policies(policy_files),
         profile=str(profile_path), trained_shapes=trained_shapes)
     _model(model_dir, "--model", "target")
     notes: list[str] = []
     has_draft = (draft_dir / "config.json").is_file()
-    if "draft-model" in names:
+    if any(registry[n].needs_draft_model for n in names if n in registry):
         _model(draft_dir, "--draft-model", "draft-model")
     if hf and not has_draft:
         notes.append(f"hf-assisted: no draft model in {draft_dir}, skipped")
     name = f"bench_{tag}" if tag else "bench"
     results, config = _run(settings, model_dir, draft_dir if has_draft else None, drafters_dir,
                            hf and has_draft, threads, device, notes)
-    from experiments.bench_report import markdown, write_report
-    from experiments.provenance import save_result
-
     config.update(model=str(model_dir), draft_model=str(draft_dir) if has_draft else None,
                   prompts_dir=str(prompts_dir), name=name)
     saved = save_result(name, results, config, seed, directory=out)
@@ -183,14 +180,11 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
 def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: Path, hf: bool,
          threads: int | None, device: str, notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load the models, plan and measure; return (results, config for provenance)."""
-    import dataclasses
-
-    import torch
+    import torch  # torch, rich and the engine: not for --help
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from experiments.bench import (
-        TRAINED_DRAFTERS,
         Engine,
         agreement,
         plan,
@@ -199,7 +193,6 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         text_acceptance,
     )
     from experiments.hf_peer import HFPeer, transformers_available
-    from real_engine.drafters.trained import deployed_shape, trained_available
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
 
@@ -219,12 +212,13 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     empty = [d for d, p in prompts.items() if not p]
     if empty:
         raise InputError(f"the {empty[0]} prompts encode to no tokens: give prompts with text")
-    available = ["ngram", *(["draft-model"] if draft is not None else []),
-                 *(n for n in TRAINED_DRAFTERS if trained_available(drafters_dir / n))]
+    available = [n for n, spec in registry.items()  # what each needs: trained weights, the draft model
+                 if (not spec.trained or trained_available(drafters_dir / n))
+                 and (not spec.needs_draft_model or draft is not None)]
     if hf and not transformers_available():
         notes.append("hf-assisted: transformers is not installed, skipped")
         hf = False
-    chains = [n for n in ("specblock", "eagle") if n in available  # a deployed chain samples at T > 0
+    chains = [n for n in trained_drafters() if n in available  # a deployed chain samples at T > 0
               and deployed_shape(n, drafters_dir / n).get("width") == 1]
     configs, plan_notes = plan(settings, available, hf, chains)
     notes.extend(plan_notes)
@@ -232,7 +226,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id, draft_dir)
     agree = {d: agreement(target, draft, p) for d, p in prompts.items()} if draft is not None else {}
     confusion = {}
-    if "specblock" in available and "specblock" in settings.drafters:
+    if "specblock" in available and "specblock" in settings.drafters:  # its rank head's confusion
         from real_engine.drafters.specblock import load_specblock
 
         net = load_specblock(drafters_dir / "specblock", target)
@@ -248,7 +242,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     results = {"rows": measured["rows"], "agreement": agree, "text_acceptance": on_text,
                "rank_confusion": confusion, "notes": notes, "per_prompt": measured["per_prompt"]}
     config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "domains"}
-    config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n) for n in TRAINED_DRAFTERS
+    config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n) for n in trained_drafters()
                                    if n in available and n in settings.drafters})
     config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,
                   threads=torch.get_num_threads(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,19 +12,53 @@ import click
 
 from core.errors import InputError
 from core.files import MAX_PROMPT_BYTES, read_text
+from core.names import (
+    DTYPES,
+    VANILLA,
+    VERIFIERS,
+    DrafterSpec,
+    drafter_choices,
+    drafter_spec,
+    registry,
+    trained_drafters,
+)
 from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
-from experiments.cli import SEED, resolve_device
+from experiments.cli import SEED, LiveChoice, resolve_device
+from real_engine.drafters.trained import deployed_shape, trained_folder
 
-DRAFTERS = ("none", "ngram", "draft-model", "specblock", "eagle", "medusa")
-TRAINED = ("specblock", "eagle", "medusa")  # drafters loaded from trained weights (--drafter-model)
-USES = {"none": (), "ngram": ("--draft-length", "--ngram-max"),  # the draft options each drafter reads
-        "draft-model": ("--draft-length", "--tree-width", "--tree-budget", "--paths", "--min-confidence",
-                        "--draft-vocab", "--staged", "--lookup"),
-        "specblock": ("--drafter-model", "--tree-width", "--tree-budget", "--blocks"),
-        "eagle": ("--drafter-model", "--draft-length", "--tree-width", "--tree-budget"),
-        "medusa": ("--drafter-model", "--draft-length", "--tree-budget")}
-VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
-DTYPES = ("float32", "bfloat16", "float16")
+# make_drafter's options and the flags that set them, in the order --help lists them
+FLAGS = {"depth": "--draft-length", "width": "--tree-width", "budget": "--tree-budget", "paths": "--paths",
+         "min_confidence": "--min-confidence", "vocab": "--draft-vocab", "staged": "--staged",
+         "lookup": "--lookup", "blocks": "--blocks", "max_ngram": "--ngram-max"}
+
+
+def _uses(spec: DrafterSpec | None) -> tuple[str, ...]:
+    """The draft flags the drafter reads (None: vanilla decoding reads none)."""
+    if spec is None:
+        return ()
+    return (*(("--drafter-model",) if spec.trained else ()),
+            *(flag for option, flag in FLAGS.items() if option in spec.options))
+
+
+def _either(names: tuple[str, ...]) -> str:
+    """``a, b or c``."""
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else "none"
+
+
+def _which(keep: Callable[[DrafterSpec], bool]) -> tuple[str, ...]:
+    """The registered drafters whose spec ``keep`` holds for (for --help)."""
+    return tuple(name for name, spec in registry.items() if keep(spec))
+
+
+def _taking(option: str) -> str:
+    """The registered drafters taking ``option`` (for --help)."""
+    return ", ".join(_which(lambda spec: option in spec.options))
+
+
+def _drafter_help() -> str:
+    """--drafter's help: what each choice is."""
+    kinds = "; ".join(f"{name}: {spec.summary}" for name, spec in registry.items())
+    return f"{VANILLA}: vanilla decoding; {kinds}. Trained (--drafter-model): {', '.join(trained_drafters())}"
 
 
 def _folder(path: Path, flag: str, train: str) -> Path:
@@ -35,14 +70,14 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 
 def _check_policy(path: Path, drafter: str, paths: int | None) -> Any:
     """The length policy in ``path``; InputError when it cannot steer this generation."""
-    from policies import load_policy
+    from policies import load_policy  # numpy, torch: not for --help
     from real_engine.speculate import is_length_policy
 
     policy = load_policy(path)
     if not is_length_policy(policy):
         raise InputError(f"--policy {path}: kind {policy.kind!r} decides drafter updates across a stream of "
                          "queries: deploy it with `specblock pipeline`, or give a length policy")
-    if drafter == "none":
+    if drafter == VANILLA:
         raise InputError("--policy chooses how much of each draft to verify: give a --drafter")
     if (paths or 1) > 1:
         raise InputError("--policy trims a draft by confidence, which would bias K sampled paths: "
@@ -65,44 +100,43 @@ def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
     return prompt
 
 
-def _sampled_chain(drafter: str, tree_width: int | None) -> bool:
-    """Whether the drafter drafts a chain it samples at T > 0: the draft model's (tree width 1), or a
-    SpecBlock or EAGLE chain; a trained drafter's width None is its trained top-k tree."""
-    return tree_width == 1 and drafter in ("draft-model", "specblock", "eagle")
-
-
-def _check_verifier(verifier: str, drafter: str, tree_width: int | None) -> None:
-    """gbv needs i.i.d. sampled paths; gbv and seqbv need unmerged paths of equal length; the trained
-    drafters' deterministic top-k trees are verified by rrs (or greedy); their sampled chains by any
-    single-draft verifier."""
-    chain = _sampled_chain(drafter, tree_width)
-    if drafter in TRAINED and verifier not in ("greedy", "rrs", *(("token", "block") if chain else ())):
-        chain_hint = "" if drafter == "medusa" else ", or --tree-width 1 (a sampled chain) for token, block"
-        raise InputError(f"the {drafter} drafter drafts a deterministic top-k tree: use --verifier rrs "
+def _check_verifier(verifier: str, spec: DrafterSpec | None, tree_width: int | None) -> None:
+    """gbv needs i.i.d. sampled paths (only a drafter taking paths samples them); gbv and seqbv need
+    unmerged paths of equal length; the trained drafters' deterministic top-k trees are verified by rrs
+    (or greedy); their sampled chains (tree width 1, where they take a width) by any single-draft
+    verifier. ``tree_width`` is set only for a drafter that takes one."""
+    if spec is None:
+        return
+    chain = tree_width == 1
+    if spec.trained and verifier not in ("greedy", "rrs", *(("token", "block") if chain else ())):
+        chain_hint = ", or --tree-width 1 (a sampled chain) for token, block" * ("width" in spec.options)
+        raise InputError(f"the {spec.name} drafter drafts a deterministic top-k tree: use --verifier rrs "
                          f"(or greedy at temperature 0){chain_hint}")
-    if verifier == "gbv" and (drafter == "ngram" or (tree_width or 1) > 1):
+    if verifier == "gbv" and ("paths" not in spec.options or (tree_width or 1) > 1):
         raise InputError("gbv verifies i.i.d. sampled paths: use --drafter draft-model with --tree-width 1 "
                          "(and --paths K), or another verifier")
-    if verifier == "seqbv" and drafter == "draft-model" and (tree_width or 1) > 1:
+    if verifier == "seqbv" and (tree_width or 1) > 1:
         raise InputError("seqbv verifies unmerged paths, not a top-k tree: use --paths K instead of "
                          "--tree-width, or --verifier rrs")
 
 
-def _check_options(drafter: str, given: dict[str, Any]) -> None:
+def _check_options(drafter: str, spec: DrafterSpec | None, given: dict[str, Any]) -> None:
     """Refuse a drafter option the chosen drafter would not use (rather than ignore it)."""
-    unused = [flag for flag, value in given.items() if value is not None and flag not in USES[drafter]]
+    uses = _uses(spec)
+    unused = [flag for flag, value in given.items() if value is not None and flag not in uses]
     if unused:
-        takes = ", ".join(USES[drafter]) or "no draft options"
+        takes = ", ".join(uses) or "no draft options"
         raise InputError(f"{unused[0]} does not apply to --drafter {drafter} (it takes {takes}): drop it")
 
 
-def _auto_verifier(temperature: float, drafter: str, tree_width: int | None, paths: int) -> str:
-    """Greedy at T = 0; else block verification for a sampled chain (the draft model's, or a SpecBlock or
-    EAGLE chain, tree width 1), SeqBV for paths, RRS for top-k trees (None: the trained drafter's tree)."""
+def _auto_verifier(temperature: float, spec: DrafterSpec | None, tree_width: int | None, paths: int) -> str:
+    """Greedy at T = 0; else SeqBV for paths, RRS for a top-k tree (tree width > 1, or None for a trained
+    drafter: its trained tree), block verification for a chain (n-gram's, the draft model's, a SpecBlock
+    or EAGLE chain of tree width 1)."""
     if temperature == 0:
         return "greedy"
-    chain = _sampled_chain(drafter, tree_width) or drafter in ("ngram", "none")
-    return "seqbv" if paths > 1 else "block" if chain else "rrs"
+    tree = (tree_width or 1) > 1 or (tree_width is None and spec is not None and spec.trained)
+    return "seqbv" if paths > 1 else "rrs" if tree else "block"
 
 
 class _Stream:
@@ -128,12 +162,13 @@ class _Stream:
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
               show_default="data/models/target", help="Target checkpoint folder (config.json + safetensors).")
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
-              show_default="data/models/draft", help="Draft model folder, for --drafter draft-model.")
-@click.option("--drafter", type=click.Choice(DRAFTERS), default="ngram", show_default=True,
-              help="none is vanilla decoding; specblock, eagle and medusa load trained weights.")
+              show_default="data/models/draft",
+              help=f"Draft model folder, for --drafter {_either(_which(lambda s: s.needs_draft_model))}.")
+@click.option("--drafter", type=LiveChoice(drafter_choices), default="ngram", show_default=True,
+              help=_drafter_help())
 @click.option("--drafter-model", "drafter_dir", type=click.Path(path_type=Path), default=None,
               show_default="data/models/<drafter>",
-              help="Trained weights folder, for --drafter specblock, eagle or medusa.")
+              help=f"Trained weights folder, for --drafter {_either(trained_drafters())}.")
 @click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
               help="Default: greedy at temperature 0, else block (chain), rrs (tree) or seqbv (paths).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
@@ -142,12 +177,12 @@ class _Stream:
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds every random draw.")
 @click.option("--draft-length", type=int, default=None, show_default="4; trained: as trained",
-              help="Draft depth: tokens per chain or path, levels of a tree (EAGLE, Medusa too).")
+              help=f"Draft depth: tokens per chain or path, levels of a tree ({_taking('depth')}).")
 @click.option("--tree-width", type=int, default=None, show_default="1; EAGLE: as trained",
               help="Draft model: >1 drafts a top-k tree this wide per level; EAGLE: its top-k; SpecBlock: "
                    "children per node at most (1: a chain).")
 @click.option("--tree-budget", type=int, default=None, show_default="16; trained: as trained",
-              help="Most draft nodes kept (the likeliest): draft-model tree, SpecBlock, EAGLE, Medusa.")
+              help=f"Most draft nodes kept (the likeliest): {_taking('budget')}.")
 @click.option("--min-confidence", type=click.FloatRange(0, 1), default=None, show_default="0",
               help="Draft model's chain: draft a further token only while the draft's top probability is "
                    "at least this (assisted generation's assistant_confidence_threshold).")
@@ -193,17 +228,17 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     Without --json the text streams to stdout and a stats line goes to stderr.
     """
     text = _prompt_text(prompt, prompt_file)
+    spec = None if drafter == VANILLA else drafter_spec(drafter)
     length_policy = None if policy is None else _check_policy(policy, drafter, paths)
-    _check_options(drafter, {"--drafter-model": drafter_dir, "--draft-length": draft_length,
-                             "--tree-width": tree_width, "--tree-budget": tree_budget, "--paths": paths,
-                             "--min-confidence": min_confidence, "--draft-vocab": draft_vocab,
-                             "--staged": staged, "--lookup": lookup, "--blocks": blocks,
-                             "--ngram-max": ngram_max})
+    given = {"depth": draft_length, "width": tree_width, "budget": tree_budget, "paths": paths,
+             "min_confidence": min_confidence, "vocab": draft_vocab, "staged": staged, "lookup": lookup,
+             "blocks": blocks, "max_ngram": ngram_max}  # make_drafter's options, in FLAGS order
+    _check_options(drafter, spec, {"--drafter-model": drafter_dir, **{FLAGS[k]: v for k, v in given.items()}})
     for flag, value in (("--min-confidence", min_confidence), ("--staged", staged), ("--lookup", lookup)):
         if value and max(tree_width or 1, paths or 1) > 1:
             raise InputError(f"{flag} shapes a chain, not a tree or paths: drop it, or drop --tree-width and "
                              "--paths")
-    import torch
+    import torch  # torch and the engine: not for --help
 
     from real_engine.decode import generate, make_drafter
     from real_engine.model import load_model
@@ -211,44 +246,42 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     from real_engine.warp import Sampling
 
     sampling = Sampling(temperature, top_k, top_p)
+    needs_draft = spec is not None and spec.needs_draft_model
+    folder = draft_dir if needs_draft else drafter_dir  # where its weights or drafting.json lie
     width = tree_width
-    if drafter in ("draft-model", "specblock", "eagle") and width is None and paths is None:
-        from real_engine.drafters.trained import deployed_shape, trained_folder  # the deployed shape's width
-
-        folder = draft_dir if drafter == "draft-model" else trained_folder(drafter, drafter_dir)
-        width = deployed_shape(drafter, folder).get("width", 1 if drafter == "draft-model" else None)
-    verifier = verifier or _auto_verifier(temperature, drafter, width, paths or 1)
-    _check_verifier(verifier, drafter, width)
+    if spec is not None and "width" in spec.shape_options and width is None and paths is None:
+        saved = trained_folder(drafter, folder) if spec.trained else folder
+        width = (deployed_shape(drafter, saved) if saved else {}).get("width", None if spec.trained else 1)
+    verifier = verifier or _auto_verifier(temperature, spec, width, paths or 1)
+    _check_verifier(verifier, spec, width)
     device = resolve_device(device)
     target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
     draft = None
-    if drafter == "draft-model":
+    if needs_draft:
         draft = load_model(_folder(draft_dir, "--draft-model", "draft-model"), getattr(torch, dtype), device)
-    folder = draft_dir if drafter == "draft-model" else drafter_dir  # where its drafting.json lies
-    spec = make_drafter(drafter, target, draft, folder=folder, depth=draft_length, width=tree_width,
-                        budget=tree_budget, paths=paths, max_ngram=ngram_max, blocks=blocks,
-                        min_confidence=min_confidence, vocab=draft_vocab, staged=staged, lookup=lookup)
+    speculator = make_drafter(drafter, target, draft, folder=folder, **given)
     if length_policy is not None:
         from core.cost_profile import load_profile
         from real_engine.speculate import LengthControlled
 
-        spec = LengthControlled(spec, length_policy, load_profile(profile_path), drafter)
+        speculator = LengthControlled(speculator, length_policy, load_profile(profile_path), drafter)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     ids = tokenizer.encode(text)
     if not ids:
         raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
     stream = None if as_json else _Stream(tokenizer.decode)
-    result = generate(target, ids, drafter=spec, verifier=verifier, sampling=sampling,
+    result = generate(target, ids, drafter=speculator, verifier=verifier, sampling=sampling,
                       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed, on_tokens=stream)
     stats = result.stats
     if as_json:
         click.echo(json.dumps({
             "text": tokenizer.decode(list(result.tokens)), "token_ids": list(result.tokens),
             "prompt_tokens": len(ids), **stats.to_dict(), "drafter": drafter,
-            "verifier": verifier if spec is not None else None, "temperature": temperature, "seed": seed,
+            "verifier": verifier if speculator is not None else None, "temperature": temperature,
+            "seed": seed,
             "policy": None if length_policy is None else length_policy.kind,
             "verified_per_iteration": None if length_policy is None else
-            [n for _, n in spec.decisions],
+            [n for _, n in speculator.decisions],
         }))
         return
     stream.show(tokenizer.decode(list(result.tokens)))

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
 from core.errors import InputError
 from experiments.cli import SEED
 
-if TYPE_CHECKING:
-    from simulator.instances import ARInstance
-
-MULTI_DRAFT = ("rrs", "seqbv", "gbv")
-COLUMNS = ("lp", "token", "bv", *MULTI_DRAFT)
 MAX_ENUMERATED = 4096  # draft tuples V^(L*K) the exact evaluation walks through (about 1 min per instance)
 DEFAULT_INSTANCES = 5
 MAX_INSTANCES = 10_000  # instances are built up front: more would hold memory for hours of solving
@@ -38,7 +32,7 @@ def _parse_vector(text: str, flag: str) -> list[float]:
 def _check_flags(vocab: int | None, length: int, drafts: int, count: int | None,
                  step: tuple[list[float], list[float]] | None) -> tuple[int, int]:
     """Refuse bad or oversized input before anything is built; return the vocabulary and instance count."""
-    from simulator.instances import check_shape
+    from simulator.instances import check_shape  # the simulator, cvxpy: not for --help
     from simulator.lp import check_drafts, check_size
 
     if step is not None:
@@ -64,24 +58,11 @@ def _check_flags(vocab: int | None, length: int, drafts: int, count: int | None,
     return vocab, count
 
 
-def evaluate_verifiers(inst: ARInstance, drafts: int) -> dict[str, float]:
-    """The LP bound and every verifier's exact expected accepted length on one instance."""
-    from real_engine.exact import expected_accepted
-    from simulator.lp import LPSolveError, expected_bv, expected_token, solve_lp
-
-    try:
-        bound = solve_lp(inst, drafts)
-    except LPSolveError as exc:
-        raise click.ClickException(str(exc)) from None
-    row = {"lp": bound.value, "token": expected_token(inst), "bv": expected_bv(inst)}
-    row.update({name: expected_accepted(name, inst, drafts=drafts) for name in MULTI_DRAFT})
-    row["seconds"] = bound.seconds
-    return row
-
-
 def _table(rows: list[dict[str, float]], vocab: int, length: int, drafts: int) -> None:
-    from rich.console import Console
+    from rich.console import Console  # rich, and torch for the LP table: not for --help
     from rich.table import Table
+
+    from experiments.lp_table import COLUMNS
 
     table = Table(title=f"Expected accepted draft tokens, V={vocab} L={length} K={drafts}",
                   caption="token and BV verify the first path; RRS, SeqBV, GBV and the LP bound use all K")
@@ -109,11 +90,13 @@ def _table(rows: list[dict[str, float]], vocab: int, length: int, drafts: int) -
 def command(vocab: int | None, length: int, drafts: int, count: int | None, seed: int, step_p: str | None,
             step_q: str | None, drafter: str, as_json: bool) -> None:
     """Bound the expected accepted length of lossless verification by an LP; score each verifier."""
-    import numpy as np
+    import numpy as np  # numpy, rich, the simulator and torch: not for --help
     from rich.console import Console
     from rich.progress import track
 
+    from experiments.lp_table import evaluate_verifiers
     from simulator.instances import random_instance, step_instance
+    from simulator.lp import LPSolveError
 
     if (step_p is None) != (step_q is None):
         raise InputError("--step-p and --step-q go together: give both the target and the draft distribution")
@@ -125,9 +108,12 @@ def command(vocab: int | None, length: int, drafts: int, count: int | None, seed
         rng = np.random.default_rng(seed)
         instances = [random_instance(vocab, length, rng, drafter) for _ in range(count)]
     stderr = Console(stderr=True)
-    rows = [evaluate_verifiers(inst, drafts)
-            for inst in track(instances, description="instances", console=stderr,
-                                                        transient=True, disable=not stderr.is_terminal)]
+    try:
+        rows = [evaluate_verifiers(inst, drafts)
+                for inst in track(instances, description="instances", console=stderr,
+                                  transient=True, disable=not stderr.is_terminal)]
+    except LPSolveError as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         report = {"vocab": vocab, "length": length, "drafts": drafts, "instances": rows}
         sys.stdout.write(json.dumps(report) + "\n")

@@ -79,7 +79,7 @@ def command(
     as_json: bool,
 ) -> None:
     """Profile, trace, simulate, tune, deploy and report, into one run folder."""
-    from rich.console import Console
+    from rich.console import Console  # rich, torch and Ray: not for --help
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from experiments.pipeline import FULL, QUICK, STEPS, run_pipeline

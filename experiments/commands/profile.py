@@ -8,6 +8,7 @@ random weights of the shipped shape) and a head-only and a full drafter update; 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,10 +16,9 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.names import DTYPES, trained_drafters
 from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
 from experiments.cli import SEED, resolve_device
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _model_folder(path: Path, flag: str, train: str) -> Path:
@@ -36,7 +36,8 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--out", type=click.Path(path_type=Path), default=CPU_PROFILE,
               show_default="data/profiles/cpu_shipped.json", help="Profile JSON to write.")
 @click.option("--quick", is_flag=True, help="Small grid and few repeats (well under a minute).")
-@click.option("--no-feature-drafters", is_flag=True, help="Skip SpecBlock, EAGLE and Medusa.")
+@click.option("--no-feature-drafters", is_flag=True,
+              help=f"Skip the trained feature drafters ({', '.join(trained_drafters())}).")
 @click.option("--repeats", type=int, default=None, help="Timed repeats per configuration (median kept).")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
@@ -61,9 +62,7 @@ def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_
         raise InputError(f"--repeats {repeats} is too few: time each configuration at least once")
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads} is invalid: give 1 or more")
-    import dataclasses
-
-    import torch
+    import torch  # torch and the engine: not for --help
 
     from real_engine import profile as prof
     from real_engine.model import load_model

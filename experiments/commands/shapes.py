@@ -14,12 +14,17 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.names import registry, trained_drafters
 from core.paths import MODELS, RESULTS
 from experiments.cli import SEED
 
+# the drafters with a deployable shape: the trained ones, then the others (the draft model)
+TUNABLE = (*trained_drafters(),
+           *(name for name, spec in registry.items() if spec.shape_options and not spec.trained))
+
 
 @click.command("shapes")
-@click.option("--drafters", default="specblock,eagle,medusa,draft-model", show_default=True,
+@click.option("--drafters", default=",".join(TUNABLE), show_default=True,
               help="Comma-separated drafters to tune (trained ones and the draft model).")
 @click.option("--domains", default="code,tests,prose,text", show_default=True, help="Prompt domains.")
 @click.option("--prompts", "count", type=int, default=4, show_default=True,
@@ -41,7 +46,7 @@ def command(drafters: str, domains: str, count: int, rounds: int, max_new_tokens
             drafters_dir: Path, threads: int, seed: int, out: Path, tag: str, apply: bool,
             as_json: bool) -> None:
     """Measure every shape of each drafter against vanilla; optionally deploy the fastest."""
-    import torch
+    import torch  # torch and the engine: not for --help
 
     from experiments.shapes import label, run
 

@@ -3,7 +3,7 @@
 Defaults: the profile is ``data/profiles/cpu_shipped.json`` when it exists, else the paper-derived
 A100 profile; the acceptance model replays ``data/traces/default.parquet`` when the shipped profile
 is used and the traces exist, else it is the paper-derived parametric model
-(``simulator.acceptance.default_acceptance``). The drafter is the one the traces were recorded with,
+(``simulator.parametric.default_acceptance``). The drafter is the one the traces were recorded with,
 else ``specblock`` when profiled, else the profile's first.
 Without ``--policy`` the baselines are fixed lengths 1, 2, 4 and 8. Vanilla decoding (length 0) is
 always evaluated: ``speedup`` is tokens/s over vanilla's. Length policies serve ``--queries`` queries
@@ -32,10 +32,12 @@ default acceptance model, as they were recorded with the shipped models the meas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,8 +46,10 @@ from typing import Any
 import click
 
 from core.errors import InputError
-from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, REPO, TRACES
+from core.files import MAX_PROFILE_BYTES, read_json
+from core.paths import MODELS, REPO, TARGET
 from experiments.cli import SEED
+from experiments.defaults import default_drafter, default_profile, shipped_traces
 from experiments.provenance import cpu_name
 
 BASELINES = (1, 2, 4, 8)
@@ -56,23 +60,6 @@ PROBE_MIN_RUNS = 5
 DATE_FIELDS = ("date", "measured_at", "created")  # where a profile may record when it was measured
 DATE_SOURCES = {"git commit": "the date of the git commit that last changed the file",
                 "file mtime": "the file's modification time"}
-
-
-def default_drafter(profile: Any, traces: Any) -> str:
-    kinds = sorted(profile.drafters)
-    if traces is not None:
-        used = sorted(set(traces["drafter"]))
-        if len(used) != 1 or used[0] not in kinds:
-            raise InputError(f"the traces were recorded with drafter(s) {', '.join(used)} and the profile "
-                             f"times {', '.join(kinds)}: pass traces of one profiled drafter")
-        return used[0]
-    return "specblock" if "specblock" in kinds else kinds[0]
-
-
-def default_profile() -> Path:
-    """The profile ``simulate`` uses without ``--profile``: the shipped one, else the paper's."""
-
-    return CPU_PROFILE if CPU_PROFILE.exists() else PAPER_PROFILE
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
@@ -115,14 +102,15 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
     Raises ``LookupError`` with the reason when the probe cannot compare like with like."""
     if profile.derived_from is not None:
         raise LookupError("the profile is derived from publications, not measured")
-    target_dir = MODELS / "target"
+    target_dir = TARGET
     if not (target_dir / "config.json").is_file():
         raise LookupError(f"no shipped target at {target_dir}")
-    import torch
+    import torch  # torch and the engine: not for --help
 
     from real_engine import profile as prof
-    from real_engine.decode import MAX_TREE_NODES, _vanilla_step, prefill
+    from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, vanilla_step
     from real_engine.model import load_model
+    from real_engine.timing import make_timer
     from real_engine.verify import TorchSampler
 
     measurement = data.get("measurement") or {}
@@ -142,7 +130,7 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
         name = prof.model_name(model, target_dir)
         if name != profile.target:
             raise LookupError(f"the profile times another target ({profile.target}) than {name}")
-        timer = prof.make_timer(device, clock_kind)
+        timer = make_timer(device, clock_kind)
         run = prof.VANILLA_RUN
         gen = torch.Generator().manual_seed(0)
         sampler = TorchSampler(torch.Generator(device=device).manual_seed(0))
@@ -156,7 +144,7 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
             for i in range(10_000):
                 start = timer()
                 for root in roots:
-                    _vanilla_step(model, cache, root, prof.GREEDY, sampler)
+                    vanilla_step(model, cache, root, GREEDY, sampler)
                     cache.truncate(context)
                 if i > 0:  # the first run warms up
                     step_seconds.append((timer() - start) / run)
@@ -176,8 +164,7 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
 def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
     """Where the default profile comes from and, unless ``run_probe`` is false, how this machine's
     vanilla step compares with it (``probe``; null with ``probe_skipped`` saying why)."""
-    from core.cost_profile import load_profile
-    from core.files import MAX_PROFILE_BYTES, read_json
+    from core.cost_profile import load_profile  # numpy: not for --help
 
     profile = load_profile(profile_path)
     data = read_json(profile_path, MAX_PROFILE_BYTES, "cost profile",
@@ -205,10 +192,7 @@ def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
 def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
     """Profile this machine on a quick grid (the shipped target and draft model, CPU seconds, one torch
     thread), write it to ``out`` (else a new temporary folder) and say where it comes from."""
-    import dataclasses
-    import tempfile
-
-    import torch
+    import torch  # torch and the engine: not for --help
 
     from real_engine import profile as prof
     from real_engine.model import load_model
@@ -248,10 +232,11 @@ def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
 
 def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[Path, ...],
               queries: int, seed: int) -> dict[str, Any]:
-    from core.cost_profile import load_profile
+    from core.cost_profile import load_profile  # numpy and the simulator: not for --help
     from policies.base import load_policy, make_policy
-    from simulator.acceptance import TraceReplay, default_acceptance
     from simulator.envs import AdaptStreamEnv, default_phases
+    from simulator.parametric import default_acceptance
+    from simulator.replay import TraceReplay
     from simulator.rollout import is_adaptation, run_adapt, run_length
     from simulator.traces import load_traces
     from simulator.vector_envs import SpecLengthVectorEnv
@@ -312,7 +297,7 @@ def _where_lines(where: dict[str, Any]) -> list[str]:
 
 
 def _table(result: dict[str, Any]) -> None:
-    from rich.console import Console
+    from rich.console import Console  # rich: not for --help
     from rich.table import Table
 
     source = "paper-derived" if result["derived"] else "measured"
@@ -370,10 +355,8 @@ def command(profile_path: Path | None, measure: bool, measure_out: Path | None, 
     elif profile_path is None:
         profile_path = default_profile()
         where = where_shipped(profile_path, not no_probe)
-    # The shipped traces were recorded with the shipped models: they go with the shipped profile and with
-    # one measured here (which times those models), never with a profile the user picked.
-    if traces_path is None and (measure or profile_path == CPU_PROFILE) and TRACES.exists():
-        traces_path = TRACES
+    if traces_path is None:
+        traces_path = shipped_traces(profile_path, measured_here=measure)
     result = _evaluate(profile_path, traces_path, policy_paths, queries, seed)
     if where is not None:
         result["where"] = where

@@ -14,16 +14,15 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.names import DTYPES, VERIFIERS, drafter_names, drafter_spec
 from core.paths import DRAFT_MODEL, TARGET
-from experiments.cli import SEED, resolve_device
+from experiments.cli import SEED, LiveChoice, resolve_device
 
-DRAFTERS = ("ngram", "draft-model", "specblock", "eagle", "medusa")
-VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
-DTYPES = ("float32", "bfloat16", "float16")
+UNTRAINED_SHAPE = {"depth": 8, "width": 1, "budget": 16}  # defaults of a drafter that is not trained
 
 
 def _domains(text: str) -> tuple[str, ...]:
-    from real_engine.trace import prompt_domains
+    from real_engine.trace import prompt_domains  # torch, pandas: not for --help
 
     names = tuple(d.strip() for d in text.split(",") if d.strip())
     if not names:
@@ -40,8 +39,8 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 
 
 @click.command("trace")
-@click.option("--drafter", type=str, default="draft-model", show_default=True,
-              help=f"Drafter kind: one of {', '.join(DRAFTERS)}.")
+@click.option("--drafter", type=LiveChoice(drafter_names), default="draft-model", show_default=True,
+              help="Drafter kind.")
 @click.option("--domains", default="code,prose,tests,text", show_default=True,
               help="Comma-separated prompt domains (files in data/prompts).")
 @click.option("--prompts", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
@@ -72,12 +71,10 @@ def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path
             temperature: float, seed: int, device: str | None, dtype: str, threads: int | None,
             as_json: bool) -> None:
     """Record one trace row per decoding iteration of the live engine."""
-    if drafter not in DRAFTERS:
-        raise InputError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
-    if drafter in ("ngram", "draft-model"):  # a trained drafter keeps the settings it was trained with
-        draft_length = 8 if draft_length is None else draft_length
-        tree_width = 1 if tree_width is None else tree_width
-        tree_budget = 16 if tree_budget is None else tree_budget
+    spec = drafter_spec(drafter)
+    given = {"depth": draft_length, "width": tree_width, "budget": tree_budget}
+    if not spec.trained:  # a trained drafter keeps the settings it was trained with
+        given = {k: UNTRAINED_SHAPE[k] if v is None and k in spec.options else v for k, v in given.items()}
     names = _domains(domains)
     if prompts < 1:
         raise InputError(f"--prompts {prompts} is too few: trace at least 1 prompt per domain")
@@ -86,9 +83,9 @@ def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads} is invalid: give 1 or more")
     _folder(model_dir, "--model", "target")
-    if drafter == "draft-model":
+    if spec.needs_draft_model:
         _folder(draft_dir, "--draft-model", "draft-model")
-    import torch
+    import torch  # torch and the engine: not for --help
 
     from real_engine.decode import make_drafter
     from real_engine.model import load_model
@@ -100,20 +97,20 @@ def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path
     if threads is not None:
         torch.set_num_threads(threads)
     sampling = Sampling(temperature)
-    tree_drafter = (tree_width or 1) > 1 or drafter in ("specblock", "eagle", "medusa")
+    tree_drafter = (given["width"] or 1) > 1 or spec.trained
     verifier = verifier or ("greedy" if temperature == 0 else "rrs" if tree_drafter else "block")
     device = resolve_device(device)
     target = load_model(model_dir, getattr(torch, dtype), device)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
-    room = target.args.max_position_embeddings - max_new_tokens - (draft_length or 16) - 1
+    room = target.args.max_position_embeddings - max_new_tokens - (given["depth"] or 16) - 1
     if room < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
                          f"{target.args.max_position_embeddings} positions: lower it")
     chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room)
-    draft = load_model(draft_dir, getattr(torch, dtype), device) if drafter == "draft-model" else None
+    draft = load_model(draft_dir, getattr(torch, dtype), device) if spec.needs_draft_model else None
 
     def new() -> object:
-        return make_drafter(drafter, target, draft, depth=draft_length, width=tree_width, budget=tree_budget)
+        return make_drafter(drafter, target, draft, **given)
 
     new()  # bad drafter settings fail here, before any decoding
 

@@ -4,22 +4,24 @@ Kinds: ``tokenizer`` (corpus manifest, tokenizer and prompt sets under data/), `
 LM, shipped to data/models/target), ``draft-model`` (a small model distilled from the target,
 shipped to data/models/draft) and the feature drafters ``specblock``, ``eagle`` and ``medusa``
 (trained on the target's rows, cached under runs/drafter-data; shipped to data/models/<kind>, see
-``real_engine.drafter_recipes``). Checkpoints live under runs/<kind>/ and ``--resume`` continues them.
+``real_engine.training.recipes``). Checkpoints live under runs/<kind>/ and ``--resume`` continues them.
 The default paths (data/..., runs/...) lie in the repository wherever the command runs; a path given
 on the command line is relative to the working directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import click
 
 from core.errors import InputError
+from core.names import trained_drafters
 from core.paths import MODELS, RUNS
 
-DRAFTERS = ("specblock", "eagle", "medusa")
+DRAFTERS = trained_drafters()  # the feature drafters (core.names registers them trained)
 KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
 DEFAULT_OUT = {"target": MODELS / "target", "draft-model": MODELS / "draft",
                **{kind: MODELS / kind for kind in DRAFTERS}}
@@ -86,17 +88,15 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"--sequences {sequences}: give a positive count, for specblock, eagle or medusa")
     if kind in (*DRAFTERS, "draft-model") and not (target_dir / "config.json").exists():
         raise InputError(f"no target model in {target_dir}: run `specblock train target` or give --target")
-    import dataclasses
+    import torch  # torch and the training code: not for --help
 
-    import torch
-
-    from real_engine import train
+    from real_engine.training import corpus, draft_model, target
 
     torch.set_num_threads(threads)
     if kind == "tokenizer":
-        result = train.prepare_data()
+        result = corpus.prepare_data()
     elif kind in DRAFTERS:
-        from real_engine.drafter_recipes import DataRecipe, train_drafter
+        from real_engine.training.recipes import DataRecipe, train_drafter
 
         given = (("steps", steps), ("lr", lr), ("batch_size", batch_size))
         overrides = {k: v for k, v in given if v is not None}
@@ -108,7 +108,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
         result["out"] = str(out)
     else:
-        base = train.TARGETS[size or "16m"] if kind == "target" else train.DRAFT_MODEL
+        base = target.TARGETS[size or "16m"] if kind == "target" else draft_model.DRAFT_MODEL
         overrides = {k: v for k, v in (("minutes", minutes), ("steps", steps), ("lr", lr),
                                        ("batch_size", batch_size), ("on_policy", on_policy))
                      if v is not None}
@@ -116,9 +116,9 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         out = out or DEFAULT_OUT[kind]
         run_dir = run_dir or RUNS / kind
         if kind == "target":
-            log = train.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
+            log = target.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
         else:
-            log = train.train_draft_model(out, run_dir, target_dir, cfg, resume=resume, init=init_dir)
+            log = draft_model.train_draft_model(out, run_dir, target_dir, cfg, resume=resume, init=init_dir)
         result = {k: v for k, v in log.items() if k not in ("loss_curve", "eval_curve")}
         result["out"] = str(out)
     if as_json:

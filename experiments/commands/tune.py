@@ -23,7 +23,7 @@ TASKS = ("length", "adapt")
 
 
 def _table(task: str, report: dict[str, Any]) -> None:
-    from rich.console import Console
+    from rich.console import Console  # rich: not for --help
     from rich.table import Table
 
     rate = report["trials_per_minute"]
@@ -82,7 +82,7 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
             calibration_path: Path | None, address: str | None, out: Path | None, resume: bool,
             as_json: bool) -> None:
     """Tune speculation-length or adaptation policies with Ray Tune; write the results and best policy."""
-    from experiments.tune import StudyError, check_kinds, make_setting, tune_policies
+    from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
 
     setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
                            calibration=calibration_path)

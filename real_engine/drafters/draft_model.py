@@ -55,14 +55,15 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, read_json
+from core.names import DRAFT_SHAPES
 from real_engine.drafters.base import clock
 from real_engine.drafters.ngram import NgramIndex, lookup_chain
+from real_engine.drafters.trained import deployed_shape
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, cut_rows
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
-SHAPES = ("chain", "tree", "paths")
 CHAIN_OPTIONS = ("min_confidence", "staged", "lookup")  # options that only a chain takes
 VOCAB_FILE = "draft_vocab.json"  # in the draft model's folder: {"ids": every token id, most frequent first}
 _NO_HEAD = nn.Identity()  # as the LM head of a forward: its "logits" are the final hidden states
@@ -96,8 +97,8 @@ class DraftModelDrafter:
     def __init__(self, model: Transformer, shape: str = "chain", depth: int = 4, width: int = 4,
                  budget: int = 16, paths: int = 4, min_confidence: float = 0.0,
                  vocab: torch.Tensor | None = None, staged: int = 0, lookup: int = 0) -> None:
-        if shape not in SHAPES:
-            raise InputError(f"unknown draft shape {shape!r}: use one of {', '.join(SHAPES)}")
+        if shape not in DRAFT_SHAPES:
+            raise InputError(f"unknown draft shape {shape!r}: use one of {', '.join(DRAFT_SHAPES)}")
         if min(depth, width, budget, paths) < 1:
             raise InputError("draft depth, tree width, tree budget and path count must all be >= 1")
         if not 0.0 <= min_confidence <= 1.0:
@@ -339,3 +340,41 @@ class DraftModelDrafter:
         self.backlog.extend(self._tokens[n] for n in path)
         self.root = token
         self._base = None
+
+
+def build_draft_model(target: Transformer, draft: Transformer | None, folder: str | Path | None,
+                      deployed: bool, *, depth: int | None = None, width: int | None = None,
+                      budget: int | None = None, paths: int | None = None,
+                      min_confidence: float | None = None, vocab: int | None = None,
+                      staged: int | None = None, lookup: int | None = None) -> DraftModelDrafter:
+    """The ``draft-model`` drafter (``make_drafter``): drafts with ``draft`` a top-k tree ``width`` wide of
+    ``budget`` (16) nodes when ``width > 1``, ``paths`` sampled paths when ``paths > 1``, otherwise a
+    chain, all ``depth`` (4) deep, a chain stopping early where its law's top probability falls below
+    ``min_confidence`` (0: never), drafting only the ``vocab`` most frequent tokens of its folder's token
+    order when given, a chain guessing ahead by n-gram lookup within ``staged`` forwards when given, a
+    proposal by the lookup alone where the context's last ``lookup`` tokens occurred before. Given the
+    draft model's ``folder`` (and ``deployed``), options left None take its deployed shape."""
+    if draft is None:
+        raise InputError("the draft-model drafter needs a draft model: pass one (--draft-model DIR)")
+    if draft.args.vocab_size != target.args.vocab_size:
+        raise InputError(f"the draft model's vocabulary ({draft.args.vocab_size}) differs from the "
+                         f"target's ({target.args.vocab_size}): use a draft model with the target's "
+                         "tokenizer")
+    if deployed and folder is not None and paths is None:
+        saved = deployed_shape("draft-model", folder)
+        if (width or 1) > 1:  # a tree asked for: a deployed chain's options do not apply to it
+            saved = {k: v for k, v in saved.items() if k not in CHAIN_OPTIONS}
+        given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence,
+                 "vocab": vocab, "staged": staged, "lookup": lookup}
+        depth, width, budget, min_confidence, vocab, staged, lookup = (
+            saved.get(k) if v is None else v for k, v in given.items())
+    width, paths = width or 1, paths or 1
+    if width > 1 and paths > 1:
+        raise InputError("choose a top-k tree (tree width > 1) or sampled paths (paths > 1), not both")
+    shape = "paths" if paths > 1 else "tree" if width > 1 else "chain"
+    if vocab is not None and folder is None:
+        raise InputError("a reduced drafting vocabulary needs the draft model's folder (its token "
+                         "order): pass the folder, or drop the vocab option")
+    ids = None if vocab is None else load_vocab(folder, int(vocab))
+    return DraftModelDrafter(draft, shape, depth or 4, width, budget or 16, paths, min_confidence or 0.0,
+                             ids, staged or 0, lookup or 0)

@@ -39,6 +39,7 @@ from torch import nn
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
+from real_engine.drafters.trained import train_hint, trained_shape
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
 from real_engine.packed import Linear, use_half
@@ -265,3 +266,15 @@ def eagle_drafter(folder: str | Path, target: Transformer, depth: int | None = N
     overrides = {"depth": depth, "top_k": top_k, "total_tokens": total_tokens}
     shape = dataclasses.replace(shape, **{k: v for k, v in overrides.items() if v is not None})
     return EagleDrafter(net, target, shape)
+
+
+def build_eagle(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
+                depth: int | None = None, width: int | None = None, budget: int | None = None
+                ) -> EagleDrafter:
+    """The ``eagle`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
+    ``data/models/eagle``): a dynamic tree ``depth`` deep, ``width`` the top-k (children per node and
+    frontier width), ``budget`` tokens in all; options not given keep the deployed shape (``deployed``),
+    else the saved tree shape."""
+    folder, shape = trained_shape("eagle", folder, deployed, depth=depth, width=width, budget=budget)
+    with train_hint("eagle"):
+        return eagle_drafter(folder, target, shape.get("depth"), shape.get("width"), shape.get("budget"))

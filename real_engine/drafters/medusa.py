@@ -31,6 +31,7 @@ from torch import nn
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
+from real_engine.drafters.trained import train_hint, trained_shape
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, use_half
 from real_engine.tree import DraftTree
@@ -239,3 +240,16 @@ def medusa_drafter(folder: str | Path, target: Transformer, budget: int | None =
     """The heads saved in ``folder`` with their saved tree (or one of ``budget`` nodes)."""
     net, tree = load_medusa(folder, target, budget)
     return MedusaDrafter(net, target, tree)
+
+
+def build_medusa(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
+                 depth: int | None = None, budget: int | None = None) -> MedusaDrafter:
+    """The ``medusa`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
+    ``data/models/medusa``): a static tree of ``budget`` nodes (re-chosen from the saved calibration
+    accuracies) cut at ``depth``; options not given keep the deployed shape (``deployed``), else the saved
+    tree."""
+    folder, shape = trained_shape("medusa", folder, deployed, depth=depth, budget=budget)
+    with train_hint("medusa"):
+        net, tree = load_medusa(folder, target, shape.get("budget"))
+        depth = shape.get("depth")
+        return MedusaDrafter(net, target, [n for n in tree if depth is None or len(n) <= depth])

@@ -11,12 +11,13 @@ length; the draft model reads its staged chains' guesses and its lookup proposal
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from core.errors import InputError
-from real_engine.model import Output
+from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
@@ -95,3 +96,10 @@ class NgramDrafter:
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
         """Append the accepted tokens (node ``i`` of the chain is draft token ``i - 1``) and ``token``."""
         self.index.extend([*(self._last[node - 1] for node in path), token])
+
+
+def build_ngram(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
+                depth: int = 4, max_ngram: int = 3) -> NgramDrafter:
+    """The ``ngram`` drafter (``make_drafter``): chains of ``depth`` tokens looked up with n-grams of up to
+    ``max_ngram`` tokens; it runs no model and reads no folder."""
+    return NgramDrafter(depth, max_ngram)

@@ -51,6 +51,7 @@ from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
+from real_engine.drafters.trained import train_hint, trained_shape
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
 from real_engine.packed import Linear, cut_rows, use_half
@@ -566,3 +567,18 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
         raise InputError(f"{weights} has tensors of the wrong shape for its config: re-save the drafter"
                          ) from exc
     return use_half(net, state).eval()
+
+
+def build_specblock(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool,
+                    *, blocks: int | None = None, budget: int | None = None, width: int | None = None
+                    ) -> SpecBlockDrafter:
+    """The ``specblock`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
+    ``data/models/specblock``): ``blocks`` block forwards (M), ``budget`` drafted nodes, ``width``
+    children per node at most (1 drafts a chain that still stops where the rank head gives up); options
+    not given keep the deployed shape (``deployed``), else the trained settings."""
+    folder, shape = trained_shape("specblock", folder, deployed, blocks=blocks, budget=budget, width=width)
+    options: dict[str, Any] = {k: shape[k] for k in ("blocks", "budget") if k in shape}
+    if "width" in shape:
+        options["children"] = tuple(min(c, shape["width"]) for c in CHILDREN)
+    with train_hint("specblock"):
+        return SpecBlockDrafter(load_specblock(folder, target), **options)

@@ -25,6 +25,8 @@ from safetensors.torch import save_file
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.model import Transformer
+from real_engine.training.progress import progress_bar
+from real_engine.training.windows import check_on_policy, corpus_windows, rollout
 
 FIELDS = ("tokens", "features", "hidden", "topk_logp", "topk_ids")
 
@@ -55,41 +57,16 @@ def target_fingerprint(target: Transformer) -> str:
     return h.hexdigest()
 
 
-def corpus_windows(domains: Sequence[str], seq_len: int, count: int, seed: int = 0) -> torch.Tensor:
-    """``count`` token windows ([count, seq_len] long) of the training split of ``domains``.
-
-    Each domain's packed token stream (``real_engine.train.token_stream``, the one the target was
-    trained on) is cut into non-overlapping windows; ``count`` of them are drawn, seeded, from the pool.
-    """
-    from real_engine.train import token_stream
-
-    if seq_len < 2 or count < 1:
-        raise InputError(f"need seq_len >= 2 and count >= 1, got {seq_len} and {count}")
-    pool = []
-    for domain in domains:
-        ids = token_stream(domain, "train")
-        usable = len(ids) // seq_len * seq_len
-        pool.append(torch.from_numpy(ids[:usable].astype("int64")).view(-1, seq_len))
-    windows = torch.cat(pool)
-    if len(windows) < count:
-        raise InputError(f"the corpus gives {len(windows)} windows of {seq_len} tokens, not {count}: "
-                         "ask for fewer")
-    order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed))[:count]
-    return windows[order.sort().values]
-
-
 def training_windows(target: Transformer, domains: Sequence[str], seq_len: int, count: int, seed: int,
                      on_policy: float, data_dir: str | Path, prefix: int = 64) -> tuple[torch.Tensor, Path]:
     """The drafters' training windows and the folder that caches the target's rows for them.
 
-    ``corpus_windows``, of which a share ``on_policy`` (rows spread evenly over the domains) is replaced
-    by the target's own continuation of the window's first ``prefix`` tokens, alternately greedy and
-    sampled (``real_engine.train.rollout``): on-policy data, as the draft model's ``--on-policy``. The
+    ``windows.corpus_windows``, of which a share ``on_policy`` (rows spread evenly over the domains) is
+    replaced by the target's own continuation of the window's first ``prefix`` tokens, alternately greedy
+    and sampled (``windows.rollout``): on-policy data, as the draft model's ``--on-policy``. The
     continuations are kept in the folder (``windows.safetensors``, keyed by the corpus windows, the
     seed and the prompt length), so that a resumed run or another drafter does not generate them again.
     """
-    from real_engine.train import check_on_policy, rollout
-
     check_on_policy(on_policy, prefix, seq_len)
     windows = corpus_windows(domains, seq_len, count, seed)
     folder = Path(data_dir) / target_fingerprint(target)[:12]
@@ -128,15 +105,6 @@ def target_rows(target: Transformer, tokens: torch.Tensor, top_k: int) -> dict[s
             "hidden": out.hidden.to(torch.bfloat16).cpu(),
             "topk_logp": logp.values.cpu(),
             "topk_ids": logp.indices.to(torch.int32).cpu()}
-
-
-def progress_bar(enabled: bool) -> Any:
-    """A rich progress bar on stderr (a no-op when not ``enabled``)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
-    return Progress(*columns, console=Console(stderr=True), disable=not enabled)
 
 
 def prepare_drafter_data(target: Transformer, sequences: torch.Tensor, folder: str | Path, *, top_k: int = 32,

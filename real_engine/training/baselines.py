@@ -1,8 +1,8 @@
 """Training the EAGLE-style and Medusa-style baseline drafters on data from their target.
 
-The data is the target's own view of the corpus, prepared once by ``real_engine.drafter_data``:
+The data is the target's own view of the corpus, prepared once by ``training.drafter_data``:
 per position its low/mid/high features, its final hidden state and its top-k log-probabilities. The
-draft loss is the same as SpecBlock's (``train_specblock.draft_kl``: the KL from the target's law,
+draft loss is the same as SpecBlock's (``training.specblock.draft_kl``: the KL from the target's law,
 renormalized on its top-k support, to the draft law), so the three drafters are trained alike.
 
 - **EAGLE, training-time test** (EAGLE-3): step 1 reads the target's features at every position
@@ -41,11 +41,12 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
-from real_engine.drafter_data import DrafterData, open_drafter_data, progress_bar, target_fingerprint
 from real_engine.drafters.eagle import EagleNet, TreeShape, load_eagle, new_eagle, save_eagle
 from real_engine.drafters.medusa import MedusaNet, choose_tree, load_medusa, new_medusa, save_medusa
 from real_engine.model import Transformer
-from real_engine.train_specblock import draft_kl
+from real_engine.training.drafter_data import DrafterData, open_drafter_data, target_fingerprint
+from real_engine.training.progress import progress_bar
+from real_engine.training.specblock import draft_kl
 
 Batch = dict[str, torch.Tensor]  # drafter_data fields: tokens, features, hidden, topk_logp, topk_ids
 LossFn = Callable[[Batch, torch.Tensor | None], tuple[torch.Tensor, list[float]]]  # (batch, scored) -> loss

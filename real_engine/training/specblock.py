@@ -1,4 +1,4 @@
-"""Training the SpecBlock drafter on data from its target (``real_engine.drafter_data``).
+"""Training the SpecBlock drafter on data from its target (``training.drafter_data``).
 
 A step takes a batch of sequences and, per sequence, ``starts`` random positions ``t`` where block 1
 starts (conditioned on the target's features at ``t - 1``, on token ``t``), then ``blocks - 1``
@@ -40,15 +40,6 @@ from safetensors.torch import load_file, save_file
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from core.paths import RUNS, SPECBLOCK_DATA
-from real_engine.drafter_data import (
-    DrafterData,
-    frequent_targets,
-    open_drafter_data,
-    prepare_drafter_data,
-    progress_bar,
-    target_fingerprint,
-    training_windows,
-)
 from real_engine.drafters.rank import bucket_of, rank_of
 from real_engine.drafters.specblock import (
     SpecBlock,
@@ -59,10 +50,19 @@ from real_engine.drafters.specblock import (
     with_draft_vocab,
 )
 from real_engine.model import Transformer
+from real_engine.training.drafter_data import (
+    DrafterData,
+    frequent_targets,
+    open_drafter_data,
+    prepare_drafter_data,
+    target_fingerprint,
+    training_windows,
+)
+from real_engine.training.progress import progress_bar
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class SpecBlockTrainConfig:
     """Optimization settings of :func:`train_specblock`."""
 
     steps: int = 1000
@@ -89,7 +89,7 @@ class TrainConfig:
                              "prefix_weight >= 0 and draft_vocab >= 0")
 
 
-def learning_rate(step: int, config: TrainConfig) -> float:
+def learning_rate(step: int, config: SpecBlockTrainConfig) -> float:
     """Linear warm-up over ``warmup * steps`` steps (at least one), then cosine decay to zero."""
     warm = max(1, round(config.warmup * config.steps))
     if step < warm:
@@ -198,7 +198,8 @@ def _save_checkpoint(folder: Path, net: SpecBlock, optimizer: torch.optim.Optimi
 
 
 def train_specblock(target: Transformer, data: str | Path | DrafterData, out: str | Path,
-                    run_dir: str | Path = RUNS / "specblock", *, config: TrainConfig = TrainConfig(),
+                    run_dir: str | Path = RUNS / "specblock", *,
+                    config: SpecBlockTrainConfig = SpecBlockTrainConfig(),
                     drafter: SpecBlockConfig | None = None, resume: bool = False,
                     minutes: float | None = None, progress: bool = True,
                     init: str | Path | None = None) -> dict[str, Any]:
@@ -282,7 +283,7 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
 def train_from_corpus(target: Transformer, out: str | Path, run_dir: str | Path = RUNS / "specblock",
                       data_dir: str | Path = SPECBLOCK_DATA, *, sequences: int = 512, seq_len: int = 256,
                       domains: tuple[str, ...] = ("code", "tests", "prose", "text"), top_k: int = 32,
-                      config: TrainConfig = TrainConfig(), resume: bool = False,
+                      config: SpecBlockTrainConfig = SpecBlockTrainConfig(), resume: bool = False,
                       minutes: float | None = None, progress: bool = True,
                       init: str | Path | None = None, on_policy: float = 0.0) -> dict[str, Any]:
     """The whole recipe for a loaded target: ``sequences`` windows (corpus, with a share ``on_policy`` of

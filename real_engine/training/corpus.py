@@ -22,21 +22,22 @@ import ast
 import functools
 import hashlib
 import io
+import json
 import sys
 import sysconfig
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from core.errors import InputError
+from core.files import write_json, write_text
+from core.names import DOMAINS
+from core.paths import CORPUS_MANIFEST, PROMPTS, TOKENIZER
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-DOMAINS = ("code", "tests", "prose", "text")
 HELD_OUT_FRACTION = 0.04
 TEXT_SUFFIXES = frozenset({".txt", ".rst", ".html", ".xml", ".toml", ".json", ".cfg", ".ini"})
 TEXT_NAMES = frozenset({"README", "NEWS", "TODO", "LICENSE", "CREDITS", "HISTORY", "ChangeLog"})
@@ -233,8 +234,6 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
 
     ``<|endoftext|>`` (id 0) ends each document and is the models' BOS/EOS.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -246,8 +245,6 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Read a ``tokenizer.json``."""
-    from tokenizers import Tokenizer
-
     path = Path(path)
     if not path.exists():
         raise InputError(f"no tokenizer at {path}: run `specblock train tokenizer` first")
@@ -294,3 +291,17 @@ def prompt_set(tok: Tokenizer, domain: str, count: int = PROMPTS_PER_DOMAIN, see
         prompts.append({"id": f"{domain}-{len(prompts):03d}", "domain": domain, "source": doc.path,
                         "tokens": len(ids), "text": tok.decode(ids)})
     return prompts
+
+
+def prepare_data() -> dict[str, Any]:
+    """Write the corpus manifest, the tokenizer and the prompt sets into the shipped data folder."""
+    man = manifest()
+    write_json(CORPUS_MANIFEST, man)
+    tok = train_tokenizer()
+    write_text(TOKENIZER, tok.to_str())
+    counts = {}
+    for domain in DOMAINS:
+        rows = prompt_set(tok, domain)
+        write_text(PROMPTS / f"{domain}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        counts[domain] = len(rows)
+    return {"corpus_sha256": man["sha256"], "vocab_size": tok.get_vocab_size(), "prompts": counts}

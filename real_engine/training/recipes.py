@@ -17,16 +17,23 @@ from typing import Any
 import torch
 
 from core.errors import InputError
+from core.names import DOMAINS
 from core.paths import DRAFTER_DATA
-from real_engine.drafter_data import DrafterData, prepare_drafter_data, target_fingerprint, training_windows
+from real_engine.decode import make_drafter
 from real_engine.model import Transformer, load_model
-from real_engine.train_baselines import BaselineConfig, train_eagle, train_medusa
-from real_engine.train_specblock import TrainConfig, train_from_corpus
+from real_engine.training.baselines import BaselineConfig, train_eagle, train_medusa
+from real_engine.training.drafter_data import (
+    DrafterData,
+    prepare_drafter_data,
+    target_fingerprint,
+    training_windows,
+)
+from real_engine.training.specblock import SpecBlockTrainConfig, train_from_corpus
+from real_engine.training.windows import heldout_windows
 
 KINDS = ("specblock", "eagle", "medusa")
-DOMAINS = ("code", "tests", "prose", "text")
-RECIPES: dict[str, TrainConfig | BaselineConfig] = {
-    "specblock": TrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
+RECIPES: dict[str, SpecBlockTrainConfig | BaselineConfig] = {
+    "specblock": SpecBlockTrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
                              draft_vocab=2048, checkpoint_every=20),
     "eagle": BaselineConfig(steps=1000, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
     "medusa": BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
@@ -54,8 +61,6 @@ def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split:
         windows, folder = training_windows(target, DOMAINS, recipe.seq_len, recipe.sequences, seed,
                                            recipe.on_policy, data_dir)
     else:
-        from real_engine.train import heldout_windows
-
         folder = Path(data_dir) / target_fingerprint(target)[:12]
         per_domain = heldout_windows(recipe.seq_len - 1, -(-recipe.heldout // len(DOMAINS)))
         windows = torch.cat([per_domain[d] for d in DOMAINS])[:recipe.heldout]
@@ -77,9 +82,7 @@ def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: s
     config = dataclasses.replace(RECIPES[kind], **(overrides or {}))
     target = load_model(target_dir)
     if init is not None:  # a wrong warm start fails before minutes of the target's rows are computed
-        from real_engine.drafters.trained import load_trained
-
-        load_trained(kind, target, init, deployed=False)
+        make_drafter(kind, target, folder=init, deployed=False)
     if kind == "specblock":
         return train_from_corpus(target, out, run_dir, data_dir, sequences=recipe.sequences,
                                  seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,

@@ -1,0 +1,135 @@
+"""The simulated half of ``experiments.adapt_live``: engine streams as ``AdaptRecord``s, ``AdaptStream``'s
+prediction of each policy's stream, and the figures both are compared by."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from policies.adaptation import ACTIONS, SKIP
+from policies.base import make_policy
+from simulator.adaptation import AdaptRecord
+from simulator.envs import AdaptStreamEnv
+
+if TYPE_CHECKING:
+    from experiments.adapt_plan import StreamPlan
+
+
+def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
+    """An engine stream as ``simulator.adaptation.AdaptRecord`` (domain order ``domains``)."""
+    share = np.zeros((len(rows), len(domains)))
+    action, fill = np.full(len(rows), SKIP), np.zeros(len(rows))
+    for i, row in enumerate(rows):
+        update = row["update"]
+        if update is not None:
+            action[i], fill[i] = ACTIONS.index(update["kind"]), update["fill"]
+            for domain, value in update["shares"].items():
+                share[i, domains.index(domain)] = value
+    column = {key: np.array([r[key] for r in rows]) for key in ("tau", "reverted", "checkpoint")}
+    domain = np.array([domains.index(r["domain"]) for r in rows])
+    draft = np.array([r["draft_ratio"] for r in rows]) if all("draft_ratio" in r for r in rows) else None
+    return AdaptRecord(domain, column["tau"], action, fill, share, column["reverted"], column["checkpoint"],
+                       draft)
+
+
+def simulate(
+    spec: Mapping[str, Any],
+    stream_domains: Sequence[str],
+    acceptance: Any,
+    profile: Any,
+    dynamics: Any,
+    plan: StreamPlan,
+    prompt_tokens: tuple[int, int],
+    seed: int,
+    shapes: Sequence[Mapping[str, float]],
+) -> dict[str, list[float]]:
+    """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of the policy ``spec``
+    (policy-file content), drafting costed at the recorded SpecBlock ``shapes``."""
+    env = AdaptStreamEnv(
+        profile=profile,
+        acceptance=acceptance,
+        drafter="specblock",
+        draft_length=acceptance.cap,
+        tokens_per_query=plan.max_new_tokens,
+        prompt_tokens=prompt_tokens,
+        phases=[(1, {d: 1.0}) for d in stream_domains],
+        dynamics=dynamics,
+        draft_shape=list(shapes),
+    )
+    q = len(stream_domains)
+    tau, tps, update, updated = (np.zeros((plan.sim_seeds, q)) for _ in range(4))
+    for s in range(plan.sim_seeds):
+        policy = make_policy(spec["kind"], spec["params"], seed=seed)
+        obs, _ = env.reset(seed=seed * 1000 + s)
+        for i in range(q):
+            action = policy.act(obs)
+            next_obs, reward, _, _, info = env.step(action)
+            policy.observe(obs, action, reward, info)
+            if getattr(policy, "should_revert", lambda: False)():
+                env.revert()
+                policy.acknowledge_revert()
+            if getattr(policy, "checkpoint_good", False):
+                env.checkpoint()
+            tau[s, i], tps[s, i] = info["tau"], info["tokens_per_second"]
+            update[s, i], updated[s, i] = info["update_seconds"], info["updated"]
+            obs = next_obs
+    return {
+        "tau": tau.mean(0).tolist(),
+        "tokens_per_second": tps.mean(0).tolist(),
+        "update_seconds": update.mean(0).tolist(),
+        "update_rate": updated.mean(0).tolist(),
+    }
+
+
+def add_draft_ratios(rows: Sequence[dict[str, Any]], shapes: Sequence[Mapping[str, float]], profile: Any,
+                     base_ms: float) -> None:
+    """Set each row's ``draft_ratio``: the profile's mean drafting time at the shapes its query ran (its
+    ``proposals`` entries of ``shapes``, in order) over ``base_ms``."""
+    start = 0
+    for row in rows:
+        mine = shapes[start:start + row["proposals"]]
+        start += row["proposals"]
+        row["draft_ratio"] = mean_shape(profile, mine)["draft_ms"] / base_ms if mine else 1.0
+
+
+def mean_shape(profile: Any, shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Mean block forwards and start nodes of recorded SpecBlock shapes, and the profile's mean drafting
+    milliseconds at them."""
+    out = {k: float(np.mean([s[k] for s in shapes])) for k in ("blocks", "starts")}
+    out["draft_ms"] = 1e3 * float(np.mean([profile.draft_seconds("specblock", **s) for s in shapes]))
+    return out
+
+
+def summary(
+    domains: Sequence[str],
+    tau: Sequence[float],
+    tps: Sequence[float],
+    update: Sequence[float],
+    tokens: Sequence[int],
+    first: int,
+) -> dict[str, float]:
+    """Stream figures: tokens/s with updates charged, mean tau, and tau on the shifted domains (those
+    after the first phase's) in the first and the second half of the mixed phase."""
+    seconds = [n / r for n, r in zip(tokens, tps, strict=True)]
+    mixed = len(domains) - first
+    shifted = [i for i in range(first, len(domains)) if domains[i] != domains[0]]
+    early = [tau[i] for i in shifted if i < first + mixed // 2]
+    late = [tau[i] for i in shifted if i >= first + mixed // 2]
+    return {
+        "tokens_per_second": sum(tokens) / (sum(seconds) + sum(update)),
+        "tau": float(np.mean(tau)),
+        "shifted_tau_early": float(np.mean(early)) if early else float("nan"),
+        "shifted_tau_late": float(np.mean(late)) if late else float("nan"),
+        "update_seconds": float(sum(update)),
+    }
+
+
+def errors(measured: Sequence[float], simulated: Sequence[float]) -> dict[str, float]:
+    """Mean absolute relative error per query and the relative error of the means (sim / measured - 1)."""
+    m, s = np.asarray(measured, dtype=float), np.asarray(simulated, dtype=float)
+    return {
+        "per_query_mape": float(np.mean(np.abs(s / m - 1.0))),
+        "mean_error": float(s.mean() / m.mean() - 1.0),
+    }

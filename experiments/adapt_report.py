@@ -1,0 +1,170 @@
+"""The report of ``experiments.adapt_live``: the markdown tables (with how the simulator charged drafting,
+updates and the re-timed decoding) and the per-query plot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.files import atomic_write
+from experiments.adapt_predict import mean_shape
+from experiments.adapt_serve import pooled, with_samples
+
+
+def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """The results table."""
+    lines = [
+        "# Live online adaptation vs the simulator (AdaptStream)",
+        "",
+        f"Stream: {config['plan']['first']} code queries, then {config['plan']['mixed']} mixed "
+        f"(domains in turn), {config['plan']['max_new_tokens']} new tokens each, greedy; SpecBlock "
+        f"drafter `{config['drafter']}` (tree: {config['draft']}); CPU clock, one torch thread. "
+        "Shifted tau: the non-code queries of the first vs the second half of the mixed phase. "
+        "Tokens/s charge update seconds.",
+        "",
+        "| policy | tokens/s | sim | tau | sim | shifted tau early -> late | sim | updates (head/full) | "
+        "update s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, entry in result["policies"].items():
+        m, s = entry["measured"], entry["simulated_summary"]
+        lines.append(
+            f"| {kind} | {m['tokens_per_second']:.1f} | {s['tokens_per_second']:.1f} | {m['tau']:.3f} | "
+            f"{s['tau']:.3f} | {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f} | "
+            f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
+            f"{entry['updates']['full']} | {m['update_seconds']:.1f} |"
+        )
+    lines += ["", "Drafting per policy: the shapes each policy's drafter ran (its rank head decides them, "
+              "and updates retrain it), the profile's drafting time at them, and the engine's time per "
+              "iteration.",
+              "", "| policy | block forwards | start nodes | profile draft ms | engine ms/iter |",
+              "|---|---|---|---|---|"]
+    for kind, entry in result["policies"].items():
+        d, rows = entry["drafted"], entry["rows"]
+        per_iteration = sum(r["query_seconds"] for r in rows) / sum(r["iterations"] for r in rows)
+        lines.append(f"| {kind} | {d['blocks']:.2f} | {d['starts']:.2f} | {d['draft_ms']:.2f} | "
+                     f"{1e3 * per_iteration:.2f} |")
+    fit = result["fit"]
+    lines += [
+        "",
+        "Simulator error (sim / measured - 1; per-query MAPE of the seed-averaged prediction; no factor "
+        "fitted to the measured speed). Drafting is costed at the SpecBlock shapes the `never` stream "
+        f"ran (mean {result['simulator_profile']['draft_shape']['blocks']:.2f} block forwards, "
+        f"{result['simulator_profile']['draft_shape']['starts']:.2f} start nodes per later block); "
+        + update_text(result["simulator_profile"]),
+        "",
+        *([text, ""] if (text := retime_text(result["simulator_profile"])) else []),
+        "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, entry in result["policies"].items():
+        e = entry["errors"]
+        lines.append(
+            f"| {kind} | {e['tau']['per_query_mape']:.1%} | {e['tau']['mean_error']:+.1%} | "
+            f"{e['tokens_per_second']['per_query_mape']:.1%} | "
+            f"{e['tokens_per_second']['mean_error']:+.1%} |"
+        )
+    lines += [
+        "",
+        "Fitted `AdaptationDynamics` (paper defaults in brackets): "
+        + ", ".join(
+            f"{k} {fit['dynamics'][k]:.3g} [{fit['paper'][k]:.3g}]"
+            for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise", "head_draft",
+                      "full_draft")
+        )
+        + f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def decode_ms(profile: Any, shapes: Sequence[Mapping[str, float]], context: float = 256.0
+              ) -> dict[str, float]:
+    """A profile's decoding at a glance: a plain step and a 9-node verify at ``context``, drafting at the
+    recorded ``shapes`` and a 128-token query start, in milliseconds."""
+    return {"vanilla_ms": 1e3 * float(profile.vanilla_seconds(context)),
+            "verify9_ms": 1e3 * float(profile.verify_seconds(9, context)),
+            "draft_ms": mean_shape(profile, shapes)["draft_ms"],
+            "prefill128_ms": 1e3 * float(profile.prefill_cost(128))}
+
+
+def bracket_ms(profile: Any, timed: Mapping[str, Any], shapes: Sequence[Mapping[str, float]]
+               ) -> dict[str, dict[str, float]]:
+    """``decode_ms`` of ``profile`` with the samples re-timed before, during (pooled) and after a stream
+    (``timed``: ``serve``'s ``{"before", "during", "after"}``; the updates are timed before only)."""
+    before = timed["before"]
+    sides = {"before": before, "during": {**before, **pooled(*timed["during"])} if timed["during"] else None,
+             "after": {**before, **timed["after"]}}
+    return {side: decode_ms(with_samples(profile, t), shapes) for side, t in sides.items() if t is not None}
+
+
+def retime_text(costed: Mapping[str, Any]) -> str:
+    """The re-timed decoding beside the shipped profile's, for the report ('' when nothing was re-timed)."""
+    if not costed.get("retimed"):
+        return ""
+    rows = {"shipped profile": costed["shipped"]}
+    for kind, sides in costed.get("bracket", {}).items():
+        rows.update({f"{kind} {side}": t for side, t in sides.items()})
+    return ("Decoding re-timed right before, between every few queries of (during) and right after each "
+            "policy's stream, all timings pooled (ms: plain step and 9-node verify at context 256, drafting "
+            "at the `never` stream's shapes, a 128-token query start): "
+            + "; ".join(f"{name} {t['vanilla_ms']:.2f} / {t['verify9_ms']:.2f} / {t['draft_ms']:.2f} / "
+                        f"{t['prefill128_ms']:.1f}" for name, t in rows.items()) + ".")
+
+
+def update_text(costed: Mapping[str, Any]) -> str:
+    """How the simulator charged updates, for the report."""
+    retimed = costed.get("retimed")
+    if retimed:
+        timings = "; ".join(f"{kind} {t['head_single']:.2f} / {t['head']:.2f} s head on "
+                            f"{t['windows']['head']} windows, {t['full_single']:.2f} / {t['full']:.2f} s "
+                            f"full on {t['windows']['full']}" for kind, t in retimed.items())
+        return ("updates linear in the buffered query windows between one window and the full buffer, at "
+                "the profile's update samples re-timed right before each policy's stream, on the `never` "
+                f"stream's last queries once it has run (one window / full buffer: {timings}).")
+    seconds, windows = costed["update_seconds"], costed.get("update_windows")
+    single = costed.get("update_single")
+    if windows and single:
+        return (f"updates linear in the buffered query windows, from the profile's one-window time "
+                f"({single['head']:.2f} s head, {single['full']:.2f} s full) to its full-buffer time "
+                f"({seconds['head']:.2f} s for {windows['head']} windows, {seconds['full']:.2f} s for "
+                f"{windows['full']}).")
+    if windows:
+        head, full = (seconds[k] / windows[k] for k in ("head", "full"))
+        return (f"updates at the profile's time per buffered query window ({head:.2f} s head, {full:.2f} s "
+                "full) times the windows in the buffer.")
+    return (f"updates at the profile's full-buffer times ({seconds['head']:.2f} s head, "
+            f"{seconds['full']:.2f} s full) times the buffer's fill.")
+
+
+def plot(result: Mapping[str, Any], path: Path, first: int) -> None:
+    """Tau and tokens/s per query, measured vs simulated, one column per policy."""
+    import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(result["policies"])
+    fig, axes = plt.subplots(2, len(kinds), figsize=(5 * len(kinds), 6.5), sharex=True, squeeze=False)
+    for col, kind in enumerate(kinds):
+        entry = result["policies"][kind]
+        rows, sim = entry["rows"], entry["simulated"]
+        x = np.arange(len(rows))
+        for ax, key, label in ((axes[0, col], "tau", "tau"), (axes[1, col], "tokens_per_second", "tokens/s")):
+            ax.plot(x, [r[key] for r in rows], "o-", ms=3, lw=1, label="engine")
+            ax.plot(x, sim[key], "-", lw=2, alpha=0.8, label="simulator (fitted)")
+            for i, r in enumerate(rows):
+                if r["update"] is not None:
+                    color = "tab:green" if r["update"]["kind"] == "head" else "tab:red"
+                    ax.axvline(i, color=color, alpha=0.15)
+            ax.axvline(first - 0.5, color="k", ls="--", lw=1)
+            ax.set_ylabel(label)
+        axes[0, col].set_title(f"{kind} (green: head, red: full update)")
+        axes[1, col].set_xlabel("query (dashed: code-only -> mixed)")
+        axes[0, col].legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)

@@ -1,0 +1,157 @@
+"""The live half of ``experiments.adapt_live``: each policy's engine stream, and the cost profile's samples
+re-timed right before, during and after it (this shared machine's speed drifts within minutes)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.cost_profile import profile_from_json
+from policies.base import make_policy
+from real_engine import profile as prof
+from real_engine.decode import generate
+from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
+from real_engine.stream_server import StreamServer
+from real_engine.timing import Bench, make_timer
+from real_engine.trace import iteration_row
+
+if TYPE_CHECKING:
+    from experiments.adapt_plan import StreamPlan
+
+DRAFT = {"blocks": 2, "starts": 4, "budget": 16}  # the deployed tree; budget = the simulator's positions
+RETIME = {"nodes": (1, 2, 3, 4, 5, 6, 8, 12, 17), "contexts": (64, 128, 256), "specblock_starts": (1, 2, 4),
+          "specblock_blocks": (1, 2, 3), "prefill_tokens": (32, 64, 128, 256), "warmup": 1}
+"""What ``retime`` changes in the profile's full grid: the part of it this stream's trees, contexts and
+prompts reach (the full grid's update batch and drafting context kept)."""
+DECODING = ("verify", "vanilla", "prefill")  # decoding samples ``retime`` times (with SpecBlock drafting)
+REPLACED = (*DECODING, "update", "update_single")  # samples ``retime`` replaces whole
+
+
+def log(message: str) -> None:
+    """Progress on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None,
+           updates: bool = True) -> dict[str, Any]:
+    """The cost profile's samples of what the stream runs, timed now as ``real_engine.profile`` times
+    them (CPU clock): verification and plain steps, SpecBlock drafting (recording feedback, as the
+    stream's drafter does) and query starts on ``RETIME``
+    (``repeats`` rounds each), and with ``updates`` the SpecBlock updates (``repeats`` rounds) on
+    ``feedback`` (served queries' ``Feedback``; synthetic when None)."""
+    grid = replace(prof.FULL, **RETIME, repeats=repeats)
+    timer = make_timer(target.lm_head.weight.device, "cpu")
+    decode = Bench(timer, repeats, grid.warmup)
+    verify, vanilla = prof.verify_samples(target, grid, decode, seed)
+    draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
+    prefill = prof.prefill_samples(target, net, grid, decode, seed)
+    timed = {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"]},
+             "prefill": prefill}
+    if updates:
+        bench = Bench(timer, repeats, 0)
+        full, single, windows = prof.specblock_update_samples(target, net, grid, bench, seed, feedback)
+        timed.update(update=full, update_single=single, update_windows=windows)
+    decode.run()
+    if updates:
+        bench.run()
+    return timed
+
+
+def pooled(before: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, Any]:
+    """``before``'s samples with the decoding samples of ``others`` (``retime`` without updates) added:
+    every timing of each grid point counts (``core.cost_profile`` pools a point's rows; medians)."""
+    out = {**before, "draft": {"specblock": before["draft"]["specblock"]
+                               + [row for t in others for row in t["draft"]["specblock"]]}}
+    out.update({key: before[key] + [row for t in others for row in t[key]] for key in DECODING})
+    return out
+
+
+def with_samples(profile: Any, timed: Mapping[str, Any] | None) -> Any:
+    """``profile`` with the samples ``retime`` measured in place of its own (its other drafters' kept);
+    itself for None."""
+    if timed is None:
+        return profile
+    data = {**profile.to_json(), "fits": None, "update_windows": dict(timed["update_windows"])}
+    samples = {**data["samples"], **{key: timed[key] for key in REPLACED}}
+    samples["draft"] = {**samples["draft"], **timed["draft"]}
+    return profile_from_json({**data, "samples": samples})
+
+
+def serve(
+    target: Any,
+    drafter_dir: Path,
+    stream: Sequence[tuple[str, list[int]]],
+    plan: StreamPlan,
+    config: Any,
+    seed: int,
+    policies: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], dict[str, list[dict[str, float]]],
+           dict[str, dict[str, dict[str, list[float]]]]]:
+    """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
+    content), the ``never`` stream's iterations as trace rows, each policy's drafting shapes, and the
+    profile samples ``retime`` measured right before (``"before"``, updates included: after the ``never``
+    stream they train on that stream's last buffered queries), between every ``plan.retime_every``
+    queries of (``"during"``, one round of decoding each) and right after (``"after"``, decoding only)
+    each policy's stream (``plan.retime_repeats`` > 0).
+
+    The policies serve the stream one after another, each with its own drafter, as a deployment runs
+    one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
+    its profile predicted (the other policies' updates evict what decoding keeps cached). The samples
+    are re-timed before each stream because this shared machine's speed drifts: the same one-window
+    head update took 0.98 to 1.5 s within half an hour, and decoding ran 7 to 11% faster than a
+    profile measured an hour before; a timing right before a 4-minute stream once caught a moment 30%
+    faster than the stream ran, and one after it a moment 10% slower, hence timings after and during
+    it (between queries, when no update runs). Synthetic feedback makes an update
+    slower than the stream's own (a one-window head update 1.17 s against 0.97 s on the stream), hence
+    the recorded feedback."""
+    traces: list[dict[str, Any]] = []
+    counts: dict[int, int] = {}
+
+    def keep(query: int, iteration: Any) -> None:
+        counts[query] = counts.get(query, 0) + 1
+        traces.append(iteration_row(iteration, query, stream[query][0], "specblock", counts[query] - 1))
+
+    warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
+    generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
+    drafters, timed = {}, {}
+    feedback = None  # the never stream's last buffered queries, once it has run
+    began = time.perf_counter()
+    for kind, spec in policies.items():
+        drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
+        drafter.shapes = []  # record what the drafter runs
+        server = StreamServer(target, drafter, [d for d, _ in stream],
+                              make_policy(spec["kind"], spec["params"], seed=seed), config=config,
+                              max_new_tokens=plan.max_new_tokens, seed=seed,
+                              on_iteration=keep if kind == "never" else None)
+        if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
+            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
+                           "during": []}
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
+        for index, (domain, prompt) in enumerate(stream):
+            if plan.retime_repeats > 0 and plan.retime_every and index and index % plan.retime_every == 0:
+                timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False))
+            before = len(drafter.shapes)
+            r = server.serve(index, domain, prompt)
+            r["proposals"] = len(drafter.shapes) - before  # this query's entries of the shapes
+            rows[kind].append(r)
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
+                f"{r['action']}")
+        server.close()
+        if plan.retime_repeats > 0:  # bracket the stream: the machine's speed drifts within minutes
+            timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed,
+                                          updates=False)
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind}: decoding re-timed after the stream")
+        if kind == "never":  # it never trains, so its full buffer holds its last queries' feedback
+            feedback = [f for f, _ in server.adapter.full.drain()]
+    return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed
+
+
+def stream_samples(timed: Mapping[str, Any]) -> dict[str, Any]:
+    """The samples a policy's stream is simulated with: every timing of ``serve``'s ``timed[kind]``
+    (before, during and after the stream) pooled."""
+    return pooled(timed["before"], *timed["during"], timed["after"])

@@ -1,0 +1,56 @@
+"""`specblock adapt-live`: live online adaptation on a shifting stream, and the simulator's prediction of it.
+
+The engine serves the stream once per adaptation policy (never, always, the cost-aware bandit); the
+simulator, fitted to those streams, predicts each (``experiments.adapt_live`` describes the experiment).
+Writes ``<out>/<name>.json``, ``.md`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from core.paths import CPU_PROFILE, MODELS, RESULTS, TARGET
+from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN
+from experiments.cli import SEED
+
+
+@click.command("adapt-live")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
+              show_default="data/models/target", help="Target model folder.")
+@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=MODELS / "specblock",
+              show_default="data/models/specblock", help="SpecBlock drafter folder (save_specblock).")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=CPU_PROFILE,
+              show_default="data/profiles/cpu_shipped.json",
+              help="CPU cost profile the simulator starts from.")
+@click.option("--quick", is_flag=True, help="A one-minute smoke run (12 short queries, 4 simulated streams).")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--name", default=None, help="Result file name [adapt_live; adapt_live_quick with --quick].")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with each policy's figures.")
+def command(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, seed: int, name: str | None,
+            out: Path, as_json: bool) -> None:
+    """Serve a domain-shifting stream live with each adaptation policy; compare with the simulator."""
+    from experiments.adapt_live import run  # torch, the simulator: not for --help
+
+    name = name or ("adapt_live_quick" if quick else "adapt_live")
+    result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name,
+                 results=out)
+    figures = {kind: {"measured": entry["measured"], "simulated": entry["simulated_summary"],
+                      "errors": entry["errors"], "updates": entry["updates"]}
+               for kind, entry in result["policies"].items()}
+    files = {suffix: str(out / f"{name}.{suffix}") for suffix in ("json", "md", "png")}
+    if as_json:
+        sys.stdout.write(json.dumps({"results": files["json"], "markdown": files["md"], "plot": files["png"],
+                                     "policies": figures, "fit": result["fit"]}) + "\n")
+        return
+    for kind, entry in figures.items():
+        m, s = entry["measured"], entry["simulated"]
+        click.echo(f"{kind}: {m['tokens_per_second']:.1f} tok/s (sim {s['tokens_per_second']:.1f}), "
+                   f"tau {m['tau']:.3f} (sim {s['tau']:.3f}), "
+                   f"shifted {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f}")
+    click.echo(f"wrote {', '.join(files.values())}", err=True)

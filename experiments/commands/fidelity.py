@@ -1,0 +1,109 @@
+"""`specblock fidelity`: the simulator's predicted tokens/s against the live engine's, per configuration.
+
+Records calibration traces, runs every configuration of ``experiments.fidelity.CONFIGS`` in the engine on
+the evaluation prompts and in the simulator from its trace, and writes ``<out>/<name>.json`` (with
+provenance) and ``<name>.md`` (``experiments.fidelity`` describes the method).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from core.errors import InputError
+from core.files import write_text
+from core.paths import CPU_PROFILE, DRAFT_MODEL, RESULTS, TARGET
+from experiments.cli import SEED
+from experiments.provenance import save_result
+
+
+@click.command("fidelity")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
+              show_default="data/models/target", help="Target model folder.")
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
+              show_default="data/models/draft", help="Draft model folder (skipped when it holds none).")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=CPU_PROFILE,
+              show_default="data/profiles/cpu_shipped.json", help="Cost profile the simulator runs on.")
+@click.option("--calibration", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
+@click.option("--evaluation", type=int, default=8, show_default=True, help="Evaluation prompts per domain.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--queries", type=int, default=512, show_default=True, help="Simulated queries per config.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--only", default=None, help="Comma-separated configuration names to run (default: all).")
+@click.option("--name", default="fidelity", show_default=True, help="Result file name.")
+@click.option("--traces", "trace_files", multiple=True,
+              help="KEY=FILE: reuse a calibration trace instead of recording it (KEY: a trace name such as "
+                   "chain-4 or specblock-2; a wrong one is refused with the list).")
+@click.option("--measure-profile", "fresh_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Measure a cost profile (CPU clock, --threads) after the calibration traces, right before "
+                   "the engine runs, write it here and use it instead of --profile: a shared machine's speed "
+                   "drifts by several percent within an hour.")
+@click.option("--profile-repeats", type=int, default=15, show_default=True,
+              help="Timed repeats per configuration of --measure-profile.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for <name>.json and <name>.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results instead of the "
+                                                      "table.")
+def command(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int, evaluation: int,
+            max_new_tokens: int, queries: int, threads: int, only: str | None, name: str,
+            trace_files: tuple[str, ...], fresh_path: Path | None, profile_repeats: int, seed: int, out: Path,
+            as_json: bool) -> None:
+    """Compare the simulator's predicted tokens/s with the engine's measured tokens/s."""
+    import torch  # torch, the engine and the simulator load here, not for --help
+
+    from core.cost_profile import load_profile, profile_measurement
+    from experiments.fidelity import CONFIGS, Engine, calibrate, given_traces, markdown, run_fidelity
+    from real_engine import profile as prof
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts, prompt_domains
+
+    if profile_repeats < 1:
+        raise InputError(f"--profile-repeats {profile_repeats} is too few: give 1 or more")
+    if fresh_path is not None and not fresh_path.parent.is_dir():  # fail now, not after the traces
+        raise InputError(f"--measure-profile {fresh_path}: folder {fresh_path.parent} does not exist; "
+                         "create it or write the profile elsewhere")
+    torch.set_num_threads(threads)
+    profile = None if fresh_path is not None else load_profile(profile_path)  # a bad file fails first
+    target = load_model(model_dir)
+    draft = load_model(draft_dir) if (draft_dir / "config.json").is_file() else None
+    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
+    engine = Engine(target, draft, tokenizer.eos_id, max_new_tokens, seed)
+    domains = prompt_domains()
+    room = target.args.max_position_embeddings - max_new_tokens - 17
+    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room)
+    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room)
+    configs = CONFIGS if only is None else tuple(c for c in CONFIGS if c.name in only.split(","))
+    start = time.perf_counter()
+
+    def log(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - start:6.0f} s] {message}", err=True)
+
+    traces = calibrate(engine, cal, configs, given_traces(trace_files), log)
+    if fresh_path is not None:
+        log(f"measuring a cost profile ({profile_repeats} repeats) into {fresh_path}")
+        grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
+        prof.save(prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
+                               draft_name=None if draft is None else prof.model_name(draft, draft_dir),
+                               grid=grid, threads=threads, clock_kind="cpu", seed=seed), fresh_path)
+        profile_path = fresh_path
+        profile = load_profile(profile_path)
+    clock = profile_measurement(profile_path).get("clock", "wall")
+    result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
+    meta = {"profile": str(profile_path), "model": str(model_dir),
+            "draft_model": str(draft_dir) if draft is not None else None,
+            "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,
+            "queries": queries, "threads": threads, "given_traces": list(trace_files)}
+    saved = save_result(name, result, meta, seed, directory=out)
+    table = write_text(out / f"{name}.md", markdown(result, meta))
+    if as_json:
+        sys.stdout.write(json.dumps({"results": str(saved), "markdown": str(table), **result}) + "\n")
+        return
+    click.echo(markdown(result, meta))
+    click.echo(f"wrote {saved} and {table}", err=True)

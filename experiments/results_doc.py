@@ -1,0 +1,466 @@
+"""docs/results.md, generated from the results files: one section per family, never edited by hand.
+
+Every file under benchmarks/results/ was written by ``experiments.provenance.save_result`` and records
+its config, seed, package versions, machine and commit. A renderer per family (the registry
+``RENDERERS``) names the command that writes the file and turns its key figures into a compact table;
+a file no renderer reads gets a one-line entry, so a new results file never breaks the page. The output
+depends on the files only (sorted, no clock), so ``specblock results --check`` can compare it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError
+from core.files import MAX_RECORD_BYTES, read_json
+from core.paths import REPO
+
+Record = dict[str, Any]
+Lines = list[str]
+GENERATOR = "specblock results"
+PAGE = REPO / "docs" / "results.md"  # the page this module writes
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """How one family of results files reads: its section title, the command that writes a file of it
+    (from the file's name and config) and the markdown lines of its key figures."""
+
+    title: str
+    command: Callable[[str, Record], str]
+    body: Callable[[Record], Lines]
+
+
+# --- formatting -------------------------------------------------------------------------------------
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Lines:
+    """A markdown table; cells are written with ``str``."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def interval(value: float, ci: Sequence[float], fmt: str = ".3f") -> str:
+    """``value [low, high]``: a figure with its 95% interval."""
+    return f"{value:{fmt}} [{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
+
+
+def pairs(mapping: dict[str, Any]) -> str:
+    """``key=value`` pairs, as shapes and settings are written on the command line's reports."""
+    return " ".join(f"{key}={value}" for key, value in mapping.items())
+
+
+def listed(values: Sequence[Any]) -> str:
+    """A comma-separated command-line list (``0.0`` written ``0``)."""
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def flag(name: str, value: Any, default: Any = None) -> str:
+    """`` --name value``, or nothing where the value is the option's default."""
+    return "" if value == default else f" {name} {value}"
+
+
+def recorded(record: Record) -> str:
+    """Commit, date and machine a results file records."""
+    commit = record.get("git_commit")
+    created = str(record.get("created") or "")[:10]
+    machine = record.get("machine") or {}
+    where = machine.get("gpu") or machine.get("cpu")
+    if machine.get("cpu_count"):
+        where = f"{where}, {machine['cpu_count']} CPUs"
+    torch = (record.get("versions") or {}).get("torch")
+    parts = [f"commit `{commit[:12]}`" if commit else "commit not recorded",
+             created or "date not recorded", where or "machine not recorded"]
+    return ", ".join(parts + ([f"torch {torch}"] if torch else []))
+
+
+# --- the families -----------------------------------------------------------------------------------
+
+
+def benchmark(module: str) -> str:
+    """``specblock benchmark NAME`` for the script ``benchmarks/<module>.py``."""
+    return f"specblock benchmark {module}"
+
+
+def _pipeline_command(name: str, config: Record) -> str:
+    full = config["command"] == "specblock pipeline"
+    default = "pipeline_full" if full else "pipeline_quick"
+    return (f"{benchmark('pipeline_runs')} --runs {config['runs']}{' --full' if full else ''}"
+            f"{flag('--tag', name, default)}")
+
+
+def _pipeline_body(record: Record) -> Lines:
+    runs = record["results"]
+    count = f"{len(runs)} {'run' if len(runs) == 1 else 'runs'}"
+    lines = [f"{count} of `{record['config']['command']}` in a row. Fidelity error: the median over "
+             "policies of |predicted / measured - 1| tokens/s; Kendall's tau between the predicted and "
+             "measured ranking of the policies.", ""]
+    rows = []
+    for i, run in enumerate(runs, 1):
+        agree = run["rank_agreement"]
+        rows.append([i, interval(run["fidelity_error"], run["fidelity_error_ci"], ".1%"),
+                     f"{run['worst_policy']} {run['worst_error']:+.1%}", f"{agree['kendall_tau']:.2f}",
+                     f"{agree['predicted_best']} / {agree['measured_best']}",
+                     "yes" if agree["predicted_best_within_interval"] else "no", f"{run['seconds']:.0f}"])
+    lines += table(["run", "fidelity error [95% CI]", "worst policy", "Kendall's tau",
+                    "predicted / measured best", "predicted best within interval", "seconds"], rows)
+    policies = sorted({p for run in runs for p in run["against_best_fixed"]["policies"]})
+    lines += ["", "Measured tokens/s of each adaptive policy over the run's best fixed length [95% CI]:", ""]
+    header = ["policy", *(f"run {i} (vs {run['against_best_fixed']['best_fixed']})"
+                          for i, run in enumerate(runs, 1))]
+    rows = []
+    for policy in policies:
+        cells = [run["against_best_fixed"]["policies"].get(policy) for run in runs]
+        rows.append([policy, *(interval(c["ratio"], c["ratio_ci"]) if c else "-" for c in cells)])
+    return lines + table(header, rows)
+
+
+def _fidelity_command(name: str, config: Record) -> str:
+    return f"specblock fidelity{flag('--name', name, 'fidelity')}"
+
+
+def _fidelity_body(record: Record) -> Lines:
+    config, result = record["config"], record["results"]
+    lines = [f"{config['calibration']} calibration and {config['evaluation']} evaluation prompts, "
+             f"{config['max_new_tokens']} new tokens, greedy, profile `{Path(config['profile']).name}` "
+             f"({result['clock']} clock). Tokens/s error: median {result['median_abs_error']:.1%}, worst "
+             f"{result['worst_abs_error']:.1%}; speedup error: median "
+             f"{result['median_abs_speedup_error']:.1%}, worst {result['worst_abs_speedup_error']:.1%}.", ""]
+    rows = [[c["name"], f"{c['measured'][result['clock']]['tokens_per_second']:.1f}",
+             f"{c['predicted']['tokens_per_second']:.1f}", f"{c['error']:+.1%}",
+             f"{c['measured_speedup']:.3f}", f"{c['predicted_speedup']:.3f}",
+             f"{c['measured']['tau']:.2f}", f"{c['predicted']['tau']:.2f}"] for c in result["configs"]]
+    return lines + table(["configuration", "measured tok/s", "predicted tok/s", "error", "measured speedup",
+                          "predicted speedup", "measured tau", "predicted tau"], rows)
+
+
+def _bench_command(name: str, config: Record) -> str:
+    counts = sorted(set(config["domains"].values()))
+    prompts = f" --prompts {counts[0]}" if len(counts) == 1 else ""
+    return (f"specblock bench --drafters {listed(config['drafters'])}"
+            f" --verifiers {listed(config['verifiers'])} --temperatures {listed(config['temperatures'])}"
+            f" --shapes {listed(config['shapes'])} --domains {listed(list(config['domains']))}{prompts}"
+            f" --max-new-tokens {config['max_new_tokens']}{flag('--threads', config.get('threads'))}"
+            f"{' --trained-shapes' if config['trained_shapes'] else ''}"
+            f"{' --no-hf' if config.get('hf_assisted') is None else ''}"
+            f"{flag('--tag', name.removeprefix('bench_'), 'bench')}")
+
+
+def _config_label(row: Record) -> str:
+    return "/".join(str(row[key]) for key in ("drafter", "shape", "verifier") if row[key]) + (
+        f" + {row['policy']}" if row.get("policy") else "")
+
+
+def _bench_body(record: Record) -> Lines:
+    rows = record["results"]["rows"]
+    domains = list(record["config"]["domains"])
+    speedups = {(_config_label(r), r["temperature"], r["domain"]): r["speedup"] for r in rows}
+    lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all domains pooled, then per "
+             "domain; tau: new tokens per target forward; draft ms: the drafter's time per iteration.", ""]
+    out = []
+    for r in (r for r in rows if r["domain"] == "all"):
+        label = _config_label(r)
+        per_domain = [speedups.get((label, r["temperature"], d)) for d in domains]
+        out.append([f"{r['temperature']:g}", label, f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
+                    f"{r['speedup']:.2f}x", *("-" if s is None else f"{s:.2f}x" for s in per_domain),
+                    f"{r['draft_ms']:.2f}", "yes" if r.get("greedy_identical") else "-"])
+    return lines + table(["T", "configuration", "tau", "tok/s", "speedup", *domains, "draft ms",
+                          "greedy identical"], out)
+
+
+def _adapt_live_command(name: str, config: Record) -> str:
+    quick = name.endswith("_quick")
+    return f"specblock adapt-live{' --quick' if quick else ''}" \
+           f"{flag('--name', name, 'adapt_live_quick' if quick else 'adapt_live')}"
+
+
+def _adapt_live_body(record: Record) -> Lines:
+    plan = record["config"]["plan"]
+    lines = [f"Stream: {plan['first']} code queries, then {plan['mixed']} mixed, {plan['max_new_tokens']} "
+             "new tokens each; measured live against the simulator's AdaptStream (sim). Shifted tau: the "
+             "non-code queries of the first against the second half of the mixed phase.", ""]
+    rows = []
+    for policy, entry in record["results"]["policies"].items():
+        m, s = entry["measured"], entry["simulated_summary"]
+        rows.append([policy, f"{m['tokens_per_second']:.1f}", f"{s['tokens_per_second']:.1f}",
+                     f"{m['tau']:.3f}", f"{s['tau']:.3f}",
+                     f"{m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f}",
+                     f"{entry['updates']['head']}/{entry['updates']['full']}"])
+    return lines + table(["policy", "tokens/s", "sim", "tau", "sim", "shifted tau early -> late",
+                          "updates (head/full)"], rows)
+
+
+def _study_command(name: str, config: Record) -> str:
+    return f"specblock study {config['study']}"
+
+
+STUDY_LENGTH_POLICIES = ("libraspec", "threshold (tuned)", "heuristic (tuned)")
+
+
+def _study_length_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = [f"Simulated tokens/s on {config['held_queries']} held-out queries, policies tuned with Ray Tune "
+             f"({config['samples']} configurations per kind on {config['tune_queries']} other queries); the "
+             "policies' cells are ratios to the best fixed length, chosen with hindsight.", ""]
+    rows = [[r["case"], r["traffic"], f"{r['vanilla']:.2f}",
+             f"{r['best_fixed']:.2f} ({r['best_fixed_length']})",
+             *(f"{r['tokens_per_second'][p] / r['best_fixed']:.3f}" for p in STUDY_LENGTH_POLICIES)]
+            for r in record["results"]["rows"]]
+    return lines + table(["case", "traffic", "vanilla", "best fixed (n)", *STUDY_LENGTH_POLICIES], rows)
+
+
+def _study_adapt_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = [f"AdaptStream: {config['held_streams']} held-out streams of {config['queries']} queries; ratio: "
+             "mean over streams of tokens/s over `never`'s on the same stream (+- standard error).", ""]
+    rows = [[r["policy"], f"{r['tokens_per_second']:.2f}", f"{r['tau']:.3f}",
+             f"{r['ratio_to_never']:.4f} +- {r['ratio_stderr']:.4f}"] for r in record["results"]["rows"]]
+    return lines + table(["policy", "tokens/s", "tau", "ratio to never"], rows)
+
+
+def _shapes_command(name: str, config: Record) -> str:
+    return (f"specblock shapes --drafters {listed(config['drafters'])}"
+            f" --domains {listed(config['domains'])} --prompts {config['prompts']}"
+            f" --rounds {config['rounds']} --max-new-tokens {config['max_new_tokens']}"
+            f"{flag('--threads', config['threads'], 1)}{flag('--tag', name, 'shapes')}")
+
+
+def _shapes_body(record: Record) -> Lines:
+    result = record["results"]
+    lines = [f"Greedy, round-robin with vanilla decoding ({result['vanilla_tokens_per_second']:.1f} "
+             "tokens/s). Speedup: median over prompts of vanilla's time over the shape's (quartiles beside "
+             "it). With `--apply` the command saves each fastest shape as the drafter's `drafting.json`.", ""]
+    rows = []
+    for drafter, shapes in sorted(result["drafters"].items()):
+        best = shapes[0]
+        rows.append([drafter, len(shapes), pairs(best["shape"]), f"{best['tokens_per_second']:.1f}",
+                     interval(best["speedup"], best["speedup_quartiles"], ".2f"), f"{best['tau']:.2f}"])
+    return lines + table(["drafter", "shapes measured", "fastest shape", "tokens/s", "speedup [quartiles]",
+                          "tau"], rows)
+
+
+def _lp_solve_time_command(name: str, config: Record) -> str:
+    return (f"{benchmark('lp_solve_time')}{flag('--instances', config['instances'], 2)}"
+            f"{flag('--time-budget', config['time_budget_s'], 60.0)}")
+
+
+def _lp_solve_time_body(record: Record) -> Lines:
+    solvers = sorted({r["solver"] for r in record["results"]})
+    cells: dict[tuple[int, int, int], Record] = {}
+    for r in record["results"]:
+        entry = cells.setdefault((r["vocab"], r["length"], r["drafts"]), {"variables": r["variables"]})
+        entry[r["solver"]] = "skipped" if r.get("skipped") else f"{r['seconds_mean']:.3f}"
+    lines = ["Mean seconds per solve of the verification LP by vocabulary V, draft length L, drafts K.", ""]
+    rows = [[*key, f"{entry['variables']:,}", *(entry.get(s, "-") for s in solvers)]
+            for key, entry in sorted(cells.items())]
+    return lines + table(["V", "L", "K", "variables", *solvers], rows)
+
+
+def _verifier_latency_command(name: str, config: Record) -> str:
+    return (f"{benchmark('verifier_latency')} --repeats {config['repeats']} --warmup {config['warmup']}"
+            f" --device {config['device']} --threads {config['threads']}")
+
+
+def _verifier_latency_body(record: Record) -> Lines:
+    rows = [[r["verifier"], r["shape"], r["nodes"], f"{r['vocab']:,}", f"{r['median_ms']:.3f}",
+             f"{r['p10_ms']:.3f} to {r['p90_ms']:.3f}"] for r in record["results"]]
+    return table(["verifier", "shape", "nodes", "vocabulary", "median ms", "p10 to p90 ms"], rows)
+
+
+def _rollout_speed_command(name: str, config: Record) -> str:
+    return f"{benchmark('rollout_speed')}{flag('--seconds', config['seconds_per_measurement'], 3.0)}"
+
+
+def _rollout_speed_body(record: Record) -> Lines:
+    rows = [[r["env"], r["acceptance"], r["policy"], r["path"], f"{r['num_envs']:,}",
+             f"{r['per_second']:,.0f} {r['unit']}",
+             f"{r['vs_single_env']:.0f}x" if "vs_single_env" in r else "-"] for r in record["results"]]
+    return ["Simulator steps per second; vs one env: over a single Gymnasium environment's rate.", "",
+            *table(["environment", "acceptance", "policy", "path", "envs", "per second", "vs one env"], rows)]
+
+
+def _forward_cost_command(name: str, config: Record) -> str:
+    return (f"{benchmark('forward_cost')} --repeats {config['repeats']} --target {config['target']}"
+            f" --draft {config['draft']} --alpha {listed(config['alpha'])}"
+            f"{flag('--tag', name, 'forward_cost')}")
+
+
+def _forward_cost_body(record: Record) -> Lines:
+    result = record["results"]
+    ms, share = result["median_ms"], result["products_share"]
+    lines = [f"Median milliseconds per forward (context {record['config']['context']}): "
+             + ", ".join(f"{key} {value:.3f}" for key, value in ms.items())
+             + f". Matrix products' share of a step: target {share['target']:.2f}, "
+             f"draft {share['draft']:.2f}.",
+             "", "Speedup bound of a draft chain (c: a draft forward over a target step; v: a verify over a "
+             "step):", ""]
+    rows = [[drafter, b["depth"], f"{b['expected_tokens']:.3f}", f"{b['c']:.3f}", f"{b['v']:.3f}",
+             f"{b['speedup_bound']:.3f}"] for drafter, bounds in result["bounds"].items() for b in bounds]
+    return lines + table(["draft forward", "depth", "expected tokens", "c", "v", "speedup bound"], rows)
+
+
+def _cpu_linear_command(name: str, config: Record) -> str:
+    return f"{benchmark('cpu_linear')} --repeats {config['repeats']} --threads {config['threads']}"
+
+
+def _cpu_linear_body(record: Record) -> Lines:
+    rows = [[r["weight"], "x".join(map(str, r["shape"])), r["rows"], f"{r['linear_us']:.0f}",
+             f"{r['fbgemm_fp16_us']:.0f}", f"{r['fbgemm_ratio']:.2f}x"] for r in record["results"]]
+    return table(["weight", "shape", "rows", "fp32 linear us", "packed fp16 us", "faster by"], rows)
+
+
+def _engine_command(name: str, config: Record) -> str:
+    quick = " --quick" if config["quick"] else ""
+    return f"{benchmark('engine')}{quick}{flag('--threads', config['threads'], 1)}"
+
+
+def _engine_body(record: Record) -> Lines:
+    config, rows = record["config"], record["results"]
+    of = {kind: [r for r in rows if r["benchmark"] == kind]
+          for kind in ("decode_step", "tree_verify", "overhead")}
+    lines = [f"A random-weight target of {config['target_parameters']:,} parameters; decode: "
+             f"{config['new_tokens']} new tokens.", ""]
+    lines += table(["dtype", "ours ms", "transformers loop ms", "transformers generate ms", "greedy match"],
+                   [[r["dtype"], f"{r['ours_ms']:.1f}", f"{r['transformers_loop_ms']:.1f}",
+                     f"{r['transformers_generate_ms']:.1f}", "yes" if r["greedy_tokens_match"] else "no"]
+                    for r in of["decode_step"]])
+    lines += ["", *table(["tree nodes", "verify forward ms", "over one node"],
+                         [[r["nodes"], f"{r['forward_ms']:.1f}", f"{r['relative_to_one_node']:.2f}"]
+                          for r in of["tree_verify"]])]
+    return [*lines, "", *table(
+        ["drafter", "shape", "verifier", "T", "loop overhead share", "draft share"],
+        [[r["drafter"], pairs(r["shape"]) or "-", r["verifier"], f"{r['temperature']:g}",
+          f"{r['overhead_share']:.3f}", f"{r['draft_share']:.3f}"] for r in of["overhead"]])]
+
+
+def _checkout_ab_command(name: str, config: Record) -> str:
+    return (f"{benchmark('checkout_ab')} BASE --drafters {listed(config['drafters'])} --domains "
+            f"{listed(config['domains'])} --prompts {config['prompts']} --max-new-tokens "
+            f"{config['max_new_tokens']}{flag('--name', name, 'checkout_ab')}")
+
+
+def _checkout_ab_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = ["Two checkouts alternated prompt by prompt in two worker processes: base "
+             f"`{config['base_commit'][:12]}`, candidate `{config['candidate_commit'][:12]}`.", ""]
+    rows = [[r["drafter"], f"{r['base']['tokens_per_s']:.1f}", f"{r['candidate']['tokens_per_s']:.1f}",
+             f"{r['candidate_over_base']:.2f}x", f"{r['candidate']['tau']:.2f}"] for r in record["results"]]
+    return lines + table(["drafter", "base tok/s", "candidate tok/s", "candidate / base", "tau"], rows)
+
+
+def _mutation_command(name: str, config: Record) -> str:
+    return f"{benchmark('mutation')}{flag('--budget-minutes', config['budget_minutes'], 40.0)}"
+
+
+def _mutation_body(record: Record) -> Lines:
+    keys = ("mutants", "killed", "survived", "timeout", "no tests", "not run")
+    rows = [[f"`{module}`", *(m[k] for k in keys)] for module, m in record["results"]["modules"].items()]
+    return [f"mutmut {record['config']['mutmut']}; each module against its own tests.", "",
+            *table(["module", *keys], rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "pipeline": Renderer("The main job's fidelity, run after run", _pipeline_command, _pipeline_body),
+    "fidelity": Renderer("Simulator fidelity: predicted against measured throughput", _fidelity_command,
+                         _fidelity_body),
+    "bench": Renderer("Benchmark of the drafters and verifiers", _bench_command, _bench_body),
+    "shapes": Renderer("Drafter shapes (what `generate` and `bench` deploy)", _shapes_command, _shapes_body),
+    "adapt_live": Renderer("Live online adaptation against the simulator", _adapt_live_command,
+                           _adapt_live_body),
+    "study_length": Renderer("Study: length policies in simulation", _study_command, _study_length_body),
+    "study_adapt": Renderer("Study: adaptation policies in simulation", _study_command, _study_adapt_body),
+    "lp_solve_time": Renderer("LP solve time", _lp_solve_time_command, _lp_solve_time_body),
+    "verifier_latency": Renderer("Verifier latency", _verifier_latency_command, _verifier_latency_body),
+    "rollout_speed": Renderer("Simulator rollout speed", _rollout_speed_command, _rollout_speed_body),
+    "forward_cost": Renderer("Forward cost and the draft chain's speedup bound", _forward_cost_command,
+                             _forward_cost_body),
+    "cpu_linear": Renderer("Packed half-precision linears on CPU", _cpu_linear_command, _cpu_linear_body),
+    "engine": Renderer("Engine against transformers", _engine_command, _engine_body),
+    "checkout_ab": Renderer("Checkout A/B", _checkout_ab_command, _checkout_ab_body),
+    "mutation": Renderer("Mutation testing", _mutation_command, _mutation_body),
+}
+
+
+# --- the page ---------------------------------------------------------------------------------------
+
+
+def family(name: str) -> str | None:
+    """The registry key that reads results file ``name``: the name itself or its longest prefix before
+    an underscore (``bench_shipped`` -> ``bench``); None when no renderer knows it."""
+    matches = [key for key in RENDERERS if name == key or name.startswith(f"{key}_")]
+    return max(matches, key=len) if matches else None
+
+
+def generic(name: str, record: Any) -> str:
+    """The one-line entry of a file no renderer reads: its name, command and commit."""
+    record = record if isinstance(record, dict) else {}
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    command = config.get("command")
+    commit = record.get("git_commit")
+    return (f"- `{name}.json`: command {f'`{command}`' if isinstance(command, str) else 'not recorded'}, "
+            f"commit {f'`{commit[:12]}`' if isinstance(commit, str) else 'not recorded'}")
+
+
+def links(name: str, folder: Path, link_base: str) -> str:
+    """Links to the detailed ``.md`` and ``.png`` written beside a results file, where they exist."""
+    found = [f"[{name}{ext}]({link_base}/{name}{ext})" for ext in (".md", ".png")
+             if (folder / f"{name}{ext}").is_file()]
+    return f"Details: {', '.join(found)}." if found else ""
+
+
+def section(name: str, record: Record, renderer: Renderer, folder: Path, link_base: str) -> Lines | None:
+    """A file's subsection; None when the file is not laid out as its renderer reads it."""
+    try:
+        command, body = renderer.command(name, record["config"]), renderer.body(record)
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError):  # another layout than it reads
+        return None
+    head = [f"### {name}", "", f"Command: `{command}`. Recorded: {recorded(record)}."]
+    detail = links(name, folder, link_base)
+    return [*head, *([detail] if detail else []), "", *body, ""]
+
+
+def shown(folder: Path) -> str:
+    """The results folder as the page names it: relative to the repository where it lies inside it."""
+    try:
+        return str(folder.resolve().relative_to(REPO))
+    except ValueError:
+        return str(folder)
+
+
+def render(folder: Path, link_base: str) -> str:
+    """The markdown of docs/results.md for the results files in ``folder``; links to the files beside
+    them start with ``link_base`` (the folder as seen from the page)."""
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not paths:
+        raise InputError(f"{folder}: no results files (*.json) there: give --results the folder the "
+                         "benchmarks write, benchmarks/results")
+    groups: dict[str, Lines] = {key: [] for key in RENDERERS}
+    others: Lines = []
+    for path in paths:
+        name = path.stem
+        record = read_json(path, MAX_RECORD_BYTES, "results file", "regenerate it with the command that "
+                           "writes it, or remove it")
+        key = family(name)
+        lines = None
+        if key is not None and isinstance(record, dict) and "results" in record:
+            lines = section(name, record, RENDERERS[key], folder, link_base)
+        if lines is None:
+            others.append(generic(name, record))
+        else:
+            groups[key] += lines
+    page = ["# Results", "",
+            f"Generated by `{GENERATOR}` from the files in `{shown(folder)}/`: do not edit this page by "
+            f"hand. `{GENERATOR} --check` (run by `make test`) fails when it differs from what the files "
+            "give. Each section names the command that wrote its file and the commit, date and machine the "
+            "file records; the files hold every figure unrounded, with their config and seed.", ""]
+    for key, lines in groups.items():
+        if lines:
+            page += [f"## {RENDERERS[key].title}", "", *lines]
+    if others:
+        page += ["## Other files", "", "Files no renderer in `experiments/results_doc.py` reads:", "",
+                 *others, ""]
+    return "\n".join(page).rstrip("\n") + "\n"

@@ -1,0 +1,67 @@
+"""Timing the engine: a clock that waits for the device (or counts this process's CPU seconds), and
+``Bench``, which runs timed jobs round-robin so drift on a shared machine touches every job alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from core.errors import InputError
+from core.names import CLOCKS
+from real_engine.drafters.base import clock
+
+Timer = Callable[[], float]
+
+
+def make_timer(device: torch.device, kind: str = "wall") -> Timer:
+    """Seconds now: ``wall`` time once the device is idle, or ``cpu`` seconds of this process.
+
+    The CPU clock counts the work the process did, not the time other jobs held the cores, so it
+    measures a CPU engine reproducibly on a shared machine; with one torch thread it equals wall time
+    on an idle machine.
+    """
+    if kind not in CLOCKS:
+        raise InputError(f"unknown clock {kind!r}: use one of {', '.join(CLOCKS)}")
+    if kind == "cpu":
+        if device.type != "cpu":
+            raise InputError(f"the cpu clock cannot time a {device.type} device: use the wall clock")
+        return time.process_time
+    return lambda: clock(device)
+
+
+class Bench:
+    """Timed jobs, run round-robin: every round calls each job once, so each configuration's repeats
+    spread over the whole measurement (a burst of load on a shared machine touches every grid point
+    alike), and each call finds the caches as the other jobs left them, as in the decode loop."""
+
+    def __init__(self, timer: Timer, repeats: int, warmup: int) -> None:
+        self.timer, self.repeats, self.warmup = timer, repeats, warmup
+        self.jobs: list[tuple[Callable[[], Any], bool, int, list[float], Callable[[], Any] | None]] = []
+
+    def add(self, fn: Callable[[], Any], inference: bool = True, per: int = 1,
+            before: Callable[[], Any] | None = None) -> list[float]:
+        """Register ``fn`` (run under ``torch.inference_mode(inference)``, right after ``before``, which is
+        not timed); its seconds, divided by ``per`` (the steps one call runs), fill the list returned here
+        when ``run`` is called."""
+        seconds: list[float] = []
+        self.jobs.append((fn, inference, per, seconds, before))
+        return seconds
+
+    def run(self, between: Callable[[int], Any] | None = None) -> None:
+        """``warmup`` untimed rounds, then ``repeats`` timed ones, each timed round ``k`` followed by
+        ``between(k)`` (other work measured alongside, so that drift touches both alike)."""
+        for round_ in range(self.warmup + self.repeats):
+            for fn, inference, per, seconds, before in self.jobs:
+                with torch.inference_mode(inference):
+                    if before is not None:
+                        before()
+                    start = self.timer()
+                    fn()
+                    if round_ >= self.warmup:
+                        seconds.append((self.timer() - start) / per)
+            if between is not None and round_ >= self.warmup:
+                between(round_ - self.warmup)
