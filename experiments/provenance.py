@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from core.files import write_json
-from core.paths import RESULTS
+from core.paths import REPO, RESULTS
 
 PACKAGES = ("specblock", "torch", "numpy", "scipy", "cvxpy", "clarabel", "gymnasium", "ray", "pandas",
             "transformers")
@@ -31,7 +31,7 @@ def cpu_name() -> str:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+                             cwd=REPO)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

@@ -18,10 +18,12 @@ import torch.nn.functional as F
 
 from core import names
 from core.errors import InputError
-from core.names import DrafterSpec, register_drafter
+from core.names import DrafterSpec, register_drafter, trained_drafters
+from core.paths import REPO
 from experiments.cli import main
 from real_engine.decode import generate, make_drafter
 from real_engine.model import Output, Transformer
+from real_engine.training.recipes import RECIPES
 from real_engine.tree import DraftTree
 from real_engine.verify import VERIFIERS
 from real_engine.warp import Sampling
@@ -146,5 +148,9 @@ def test_the_name_lists_and_command_modules_import_without_torch() -> None:
     code = (f"import importlib, sys\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).parents[1])
+                            cwd=REPO)
     assert result.stdout.strip() == "False"
+
+
+def test_every_trained_drafter_has_a_training_recipe() -> None:
+    assert set(RECIPES) == set(trained_drafters())

@@ -4,14 +4,13 @@ draft trees carry the drafter's confidences (SpecBlock's rank buckets too)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from core.errors import InputError
-from core.paths import MODELS
+from core.paths import MODELS, PROMPTS
 from experiments.cli import main
 from real_engine.decode import Iteration, generate, make_drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
@@ -21,7 +20,7 @@ from real_engine.trace import node_columns
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
-PROMPTS = ("def fib(n):\n", 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n')
+TEXTS = ("def fib(n):\n", 'import os\n\n\ndef read_config(path):\n    """Return the config."""\n')
 NEW_TOKENS = 24
 CONFIGS = [("ngram", {}), ("draft-model", {}), ("draft-model", {"width": 3, "budget": 12}),
            ("specblock", {}), ("specblock", {"width": 1, "budget": 4}),
@@ -35,7 +34,7 @@ def shipped() -> tuple[Transformer, Transformer, list[list[int]], list[tuple[int
         assert (MODELS / name / "config.json").is_file(), f"no shipped {name} in {MODELS}"
     target, draft = load_model(MODELS / "target"), load_model(MODELS / "draft")
     tokenizer = Tokenizer.load(MODELS / "target", target.args.vocab_size, target.args.eos_token_id)
-    prompts = [tokenizer.encode(text) for text in PROMPTS]
+    prompts = [tokenizer.encode(text) for text in TEXTS]
     return target, draft, prompts, [generate(target, p, max_new_tokens=NEW_TOKENS).tokens for p in prompts]
 
 
@@ -139,7 +138,7 @@ def test_shipped_specblock_reaches_tau_two_on_held_out_code(shipped) -> None:
     normalized its inputs, 2.04 for the 5M family's drafter)."""
     target, _, _, _ = shipped
     tokenizer = Tokenizer.load(MODELS / "target", target.args.vocab_size, target.args.eos_token_id)
-    lines = (Path(__file__).resolve().parents[1] / "data" / "prompts" / "code.jsonl").read_text().splitlines()
+    lines = (PROMPTS / "code.jsonl").read_text().splitlines()
     new = iterations = 0
     for line in lines[:4]:
         prompt = tokenizer.encode(json.loads(line)["text"])[-192:]

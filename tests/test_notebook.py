@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "experiments" / "notebooks" / "verification_lp.ipynb"
+from core.paths import REPO
+
+NOTEBOOK = REPO / "experiments" / "notebooks" / "verification_lp.ipynb"
 
 
 def test_verification_lp_notebook_executes(tmp_path):

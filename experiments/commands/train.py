@@ -19,11 +19,11 @@ import click
 
 from core.errors import InputError
 from core.names import trained_drafters
-from core.paths import MODELS, RUNS
+from core.paths import DRAFT_MODEL, MODELS, RUNS, TARGET
 
 DRAFTERS = trained_drafters()  # the feature drafters (core.names registers them trained)
 KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
-DEFAULT_OUT = {"target": MODELS / "target", "draft-model": MODELS / "draft",
+DEFAULT_OUT = {"target": TARGET, "draft-model": DRAFT_MODEL,
                **{kind: MODELS / kind for kind in DRAFTERS}}
 
 

@@ -31,7 +31,6 @@ from real_engine.training.drafter_data import (
 from real_engine.training.specblock import SpecBlockTrainConfig, train_from_corpus
 from real_engine.training.windows import heldout_windows
 
-KINDS = ("specblock", "eagle", "medusa")
 RECIPES: dict[str, SpecBlockTrainConfig | BaselineConfig] = {
     "specblock": SpecBlockTrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
                              draft_vocab=2048, checkpoint_every=20),
@@ -77,8 +76,8 @@ def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: s
     """Train the ``kind`` drafter for the target in ``target_dir`` into ``out`` (checkpoints in
     ``run_dir``; ``minutes`` caps this call, ``resume`` continues; ``init`` warm-starts from a saved
     drafter of the kind, e.g. the one for an earlier version of the target); returns its training record."""
-    if kind not in KINDS:
-        raise InputError(f"unknown drafter kind {kind!r}: use one of {', '.join(KINDS)}")
+    if kind not in RECIPES:
+        raise InputError(f"unknown drafter kind {kind!r}: use one of {', '.join(RECIPES)}")
     config = dataclasses.replace(RECIPES[kind], **(overrides or {}))
     target = load_model(target_dir)
     if init is not None:  # a wrong warm start fails before minutes of the target's rows are computed
