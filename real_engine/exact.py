@@ -16,8 +16,14 @@ tokens hanging from the root, as ``DraftTree.from_paths`` builds them):
 - ``topk``: the root's children are the top-K tokens of ``q`` (ties to the lower id), each continued
   by one path from ``q``.
 
-Single-path verifiers (``greedy``, ``token``, ``block``) verify the first of the K paths. Everything
-runs in float64.
+Single-path verifiers (``greedy``, ``token``, ``block``) verify the first of the K paths.
+
+Branching trees, as the engine's tree drafters build them, are enumerated by shape (``shaped_law``):
+a shape lists the shapes of the root's children (``()`` is a leaf), and a node's children are drawn
+from ``q`` after its prefix under the child rule, then each grows its own shape; ``shaped_tree``
+numbers the nodes depth first, as the engine's trees are. ``mixture_law`` sums a verifier's law over
+any list of weighted trees, so a test can also trim or relabel the trees in between. Everything runs
+in float64.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -37,6 +43,9 @@ from real_engine.verify import LAWS, VERIFIERS, Sampler
 
 Law = dict[tuple[int, ...], float]
 Paths = tuple[tuple[int, ...], ...]
+Shape = tuple["Shape", ...]  # the shapes of a node's children, in drafting order; () is a leaf
+Drafted = tuple[tuple[int, "Drafted"], ...]  # a node's children: each token with its own children
+Weighted = tuple[float, DraftTree, torch.Tensor]  # a draft tree's probability, the tree, its target rows
 T = TypeVar("T")
 
 
@@ -133,15 +142,17 @@ def _continuations(inst: Instance, prefix: tuple[int, ...],
             for prob, rest in _continuations(inst, (*prefix, y), length - 1)]
 
 
-def _root_children(q: np.ndarray, drafts: int, child_rule: str) -> list[tuple[float, tuple[int, ...]]]:
-    """Every ordered choice of the root's first tokens under ``child_rule``, with its probability."""
+def _child_draws(q: np.ndarray, count: int, child_rule: str) -> list[tuple[float, tuple[int, ...]]]:
+    """Every ordered choice of ``count`` children of a node whose draft law is ``q``, under
+    ``child_rule``, with its probability (fewer children without replacement when ``q`` has fewer
+    tokens of non-zero probability)."""
     if child_rule == "topk":
-        return [(1.0, tuple(int(y) for y in np.argsort(-q, kind="stable")[:drafts]))]
+        return [(1.0, tuple(int(y) for y in np.argsort(-q, kind="stable")[:count]))]
     seqs = [(1.0, ())]
-    for _ in range(drafts):
+    for _ in range(count):
         grown = []
         for prob, seq in seqs:
-            rest = [y for y in range(len(q)) if q[y] > 0 and y not in seq]
+            rest = [y for y in range(len(q)) if q[y] > 0 and (child_rule == "iid" or y not in seq)]
             mass = float(sum(q[y] for y in rest))
             grown += [(prob * float(q[y]) / mass, (*seq, y)) for y in rest] if rest else [(prob, seq)]
         seqs = grown
@@ -156,7 +167,7 @@ def draft_law(inst: Instance, drafts: int = 1, child_rule: str = "iid") -> list[
         return [(float(np.prod([w for w, _ in combo])), tuple(path for _, path in combo))
                 for combo in itertools.product(singles, repeat=drafts)]
     out = []
-    for prob, firsts in _root_children(inst.q(()), drafts, child_rule):
+    for prob, firsts in _child_draws(inst.q(()), drafts, child_rule):
         tails = [_continuations(inst, (x,), length - 1) for x in firsts]
         out += [(prob * float(np.prod([w for w, _ in combo])),
                  tuple((x, *tail) for x, (_, tail) in zip(firsts, combo, strict=True)))
@@ -193,6 +204,64 @@ def draft_tree(inst: Instance, paths: Paths, child_rule: str = "iid",
     return DraftTree.from_paths(0, [list(path) for path in paths], q, child_rule), p
 
 
+def _depth(shape: Shape) -> int:
+    return 1 + max(map(_depth, shape)) if shape else 0
+
+
+def shaped_law(inst: Instance, shape: Shape, child_rule: str = "iid") -> list[tuple[float, Drafted]]:
+    """Every draft tree of ``shape`` the drafting process can produce, with its probability: the
+    children of the node after prefix ``s`` are drawn from ``q(s)`` under ``child_rule``."""
+    if child_rule not in CHILD_RULES:
+        raise InputError(f"unknown child rule {child_rule!r}: use one of {', '.join(CHILD_RULES)}")
+    if _depth(shape) > inst.length:
+        raise InputError(f"a shape of depth {_depth(shape)} drafts past the instance's length "
+                         f"{inst.length}: use a shallower shape or a longer instance")
+
+    def grow(prefix: tuple[int, ...], shape: Shape) -> list[tuple[float, Drafted]]:
+        if not shape:
+            return [(1.0, ())]
+        out = []
+        for prob, firsts in _child_draws(inst.q(prefix), len(shape), child_rule):
+            subtrees = [grow((*prefix, x), sub) for x, sub in zip(firsts, shape[:len(firsts)], strict=True)]
+            out += [(prob * math.prod(w for w, _ in combo),
+                     tuple((x, kids) for x, (_, kids) in zip(firsts, combo, strict=True)))
+                    for combo in itertools.product(*subtrees)]
+        return out
+
+    return grow((), shape)
+
+
+def shaped_tree(inst: Instance, drafted: Drafted, child_rule: str = "iid",
+                rows: _Rows | None = None) -> tuple[DraftTree, torch.Tensor]:
+    """The draft tree of ``drafted`` (root token 0, nodes depth first, each node's children in drafting
+    order) marked with ``child_rule``, with its ``q`` rows (zero at depth ``inst.length``) and the target
+    rows ``p``."""
+    rows = rows or _Rows(inst)
+    tokens, parents, prefixes = [0], [-1], [()]
+
+    def add(node: int, children: Drafted) -> None:
+        for x, kids in children:
+            tokens.append(x)
+            parents.append(node)
+            prefixes.append((*prefixes[node], x))
+            add(len(tokens) - 1, kids)
+
+    add(0, drafted)
+    leaf = torch.zeros(inst.vocab, dtype=torch.float64)
+    q = torch.stack([rows.get("q", s) if len(s) < inst.length else leaf for s in prefixes])
+    p = torch.stack([rows.get("p", s) for s in prefixes])
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents), q, child_rule), p
+
+
+def mixture_law(verifier: str, drafts: Iterable[Weighted]) -> Law:
+    """Law of the emitted string when the draft is each ``(probability, tree, p)`` of ``drafts``."""
+    law: Law = defaultdict(float)
+    for prob, tree, p in drafts:
+        for out, prob_out in tree_output_law(verifier, tree, p).items():
+            law[out] += prob * prob_out
+    return dict(law)
+
+
 def _check(verifier: str, inst: Instance, drafts: int, child_rule: str) -> None:
     if verifier not in VERIFIERS:
         raise InputError(f"unknown verifier {verifier!r}: use one of {', '.join(VERIFIERS)}")
@@ -207,12 +276,8 @@ def output_distribution(verifier: str, inst: Instance, drafts: int = 1, child_ru
     """Law of the emitted string ``x^j y`` over every draft of ``drafts`` paths (see the module doc)."""
     _check(verifier, inst, drafts, child_rule)
     rows = _Rows(inst)
-    law: Law = defaultdict(float)
-    for prob, paths in draft_law(inst, drafts, child_rule):
-        tree, p = draft_tree(inst, paths, child_rule, rows)
-        for out, prob_out in tree_output_law(verifier, tree, p).items():
-            law[out] += prob * prob_out
-    return dict(law)
+    return mixture_law(verifier, ((prob, *draft_tree(inst, paths, child_rule, rows))
+                                  for prob, paths in draft_law(inst, drafts, child_rule)))
 
 
 def expected_accepted(verifier: str, inst: Instance, drafts: int = 1, child_rule: str = "iid") -> float:

@@ -3,15 +3,33 @@
 Every verifier takes the tree, ``p`` ([nodes, vocab]; row ``i`` is the target's already-warped
 next-token law after the prefix ending at node ``i``) and a :class:`Sampler` through which all its
 randomness flows. Real decoding passes a :class:`TorchSampler`; ``real_engine.exact`` passes a sampler
-that enumerates every outcome, so the same code is proven lossless exactly (see ALGORITHMS.md).
+that enumerates every outcome, so the same code is proven lossless exactly (``tests/test_verify_*.py``).
 
 - ``greedy``: argmax matching on any tree (temperature 0).
 - ``token``: token-level speculative sampling (Leviathan et al. 2023) on the first path.
 - ``block``: block verification, BV (Sun et al., ICLR 2025, arXiv 2403.10444) on the first path.
-- ``rrs``: recursive rejection sampling over the whole tree (SpecInfer, arXiv 2305.09781), with a rule
-  per ``child_rule``: i.i.d. children, children without replacement (Sequoia), top-k point masses.
-- ``gbv``: greedy multi-path block verification (Thomas & Pal, arXiv 2602.16961).
+- ``rrs``: recursive rejection sampling over the tree's token trie (SpecInfer, arXiv 2305.09781), with a
+  rule per ``child_rule``: i.i.d. children, children without replacement (Sequoia), top-k point masses.
+- ``gbv``: greedy multi-path block verification (after Thomas & Pal, arXiv 2602.16961).
 - ``seqbv``: sequential BV with residual hand-off over the paths (this project's own).
+
+Provenance, stated plainly:
+
+- *Follow a paper's pseudo-code*: ``token`` (Leviathan et al.'s algorithm), ``block`` (Sun et al.'s
+  BV: running weight, stop chosen from the end, weighted residual), ``rrs`` on i.i.d. children
+  (SpecInfer's multi-step speculative sampling: children tried in turn against a shrinking residual)
+  and its without-replacement rule (``q`` also loses each rejected token: Sequoia, arXiv 2402.12374).
+- *This project's statement of a standard rule*: ``rrs`` on K unmerged sampled paths runs on their
+  token trie, SpecInfer's algorithm with each path's copy of a token a candidate of its own (so the
+  multiplicity of the i.i.d. draws is kept), and on top-k trees treats each deterministic candidate
+  as a point mass (accept with ``r(x)``, then zero ``x``); both proven lossless here by enumeration.
+- *Reconstructed from an abstract*: ``gbv``. The abstract of Thomas & Pal names greedy multi-path BV
+  but gives no algorithm; the selection (the lexicographically greatest of K i.i.d. paths under a
+  ``p/q`` token order) and BV on that path's exact law are this project's reconstruction, not the
+  paper's pseudo-code, and its figures are not the paper's. It is lossless but not always better than
+  one path: on some instances it accepts less than single-path BV (``specblock lp --vocab 2 --length 2
+  --drafts 2 --drafter mix``, seed 0, instance 0: GBV 1.609 against BV 1.857).
+- *This project's own*: ``seqbv`` (no paper).
 
 Each sampling verifier is written as a ``*_law`` function returning a :class:`Decision` (the accepted
 nodes and the law of the token to emit); ``VERIFIERS`` wraps each with that one final draw. Nothing
@@ -121,6 +139,29 @@ def _without(v: torch.Tensor, token: int) -> torch.Tensor:
     return v
 
 
+def _residual(target: torch.Tensor, draft: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The law to emit after a rejection, ``normalize([weight * target - draft]_+)`` (``weight`` 1 when
+    None; the target itself on a branch of probability zero)."""
+    excess = target - draft if weight is None else weight * target - draft
+    return _normalize(torch.relu(excess), target)
+
+
+def _untried(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """``q`` without the ``tokens`` already tried, renormalized: the law of the next draw without
+    replacement (Sequoia)."""
+    return _normalize(q.index_fill(0, torch.tensor(tokens, device=q.device), 0), q)
+
+
+def _rejected(rule: str, r: torch.Tensor, q: torch.Tensor | None,
+              token: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RRS's residual target and draft law after the candidate ``token`` is rejected, per child rule:
+    ``r <- normalize([r - q]_+)`` for sampled children (and ``q`` loses ``token`` without replacement);
+    ``r`` loses ``token`` for a top-k point mass (``q`` is None)."""
+    if q is None:
+        return _normalize(_without(r, token), r), None
+    return _residual(r, q), (_untried(q, [token]) if rule == "without_replacement" else q)
+
+
 @dataclass(frozen=True)
 class _Path:
     """The rows one path's verification reads: target ``p0`` and draft ``q0`` at the prefix the path
@@ -171,7 +212,7 @@ def _path(tree: DraftTree, p: torch.Tensor, nodes: list[int], prefix: int = 0) -
 def _stop_index(passed: torch.Tensor) -> int:
     """BV's stopping time ``tau = max{i : eta_i <= h_i}``, scanning from the END (0 if none passed).
 
-    The first passing ``i``, or the last before the first failure, is NOT lossless (ALGORITHMS 1.3).
+    The first passing ``i``, or the last before the first failure, is NOT lossless.
     """
     steps = torch.arange(1, passed.numel() + 1, device=passed.device)
     return int((passed.long() * steps).max())
@@ -189,8 +230,7 @@ def _token_core(path: _Path, sampler: Sampler) -> tuple[int, torch.Tensor]:
     tau = int(sampler.bernoulli(_min_ratio(*path.at_tokens())).long().cumprod(0).sum())
     if tau == n:
         return n, path.p[n - 1]
-    target = path.target(tau)
-    return tau, _normalize(torch.relu(target - path.draft(tau)), target)
+    return tau, _residual(path.target(tau), path.draft(tau))
 
 
 def _block_core(path: _Path, sampler: Sampler) -> tuple[int, torch.Tensor]:
@@ -215,8 +255,7 @@ def _block_core(path: _Path, sampler: Sampler) -> tuple[int, torch.Tensor]:
     tau = _stop_index(sampler.bernoulli(torch.cat([h, w[n:]])))
     if tau == n:
         return n, path.p[n - 1]
-    target = path.target(tau)
-    return tau, _normalize(torch.relu(w[tau] * target - path.draft(tau)), target)
+    return tau, _residual(path.target(tau), path.draft(tau), w[tau])
 
 
 def _first_path(tree: DraftTree) -> list[int]:
@@ -260,7 +299,8 @@ def greedy_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None)
 
 
 def token_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
-    """Token-level speculative sampling (Leviathan et al. 2023; Chen et al. 2023) on the first path."""
+    """Token-level speculative sampling on the first path, following the pseudo-code of Leviathan et al.
+    (2023, Algorithm 1; Chen et al. 2023 give the same rule)."""
     _check("token", tree, p, needs_q=tree.child_rule != "topk")
     nodes = _first_path(tree)
     tau, law = _token_core(_path(tree, p, nodes), sampler)
@@ -268,41 +308,64 @@ def token_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
 
 
 def block_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
-    """Block verification, BV (Sun et al., ICLR 2025, arXiv 2403.10444) on the first path."""
+    """Block verification, BV, on the first path, following the algorithm of Sun et al. (ICLR 2025,
+    arXiv 2403.10444)."""
     _check("block", tree, p, needs_q=tree.child_rule != "topk")
     nodes = _first_path(tree)
     tau, law = _block_core(_path(tree, p, nodes), sampler)
     return Decision(tuple(nodes[:tau]), law, tau == len(nodes))
 
 
-def rrs_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
-    """Recursive rejection sampling over the whole tree (SpecInfer, Miao et al., arXiv 2305.09781).
+def _ancestry(parents: list[int], node: int) -> tuple[int, ...]:
+    """The nodes from depth 1 down to ``node``."""
+    nodes = []
+    while node > 0:
+        nodes.append(node)
+        node = parents[node]
+    return tuple(reversed(nodes))
 
-    At each node the children are tried in index order against a residual ``r`` (initially the
-    target row). ``iid``: accept with ``min(1, r/q)``, on rejection ``r <- [r - q]_+``.
-    ``without_replacement`` (Sequoia): the same, and ``q`` loses the rejected token. ``topk``: each
-    candidate is a point mass, accepted with prob ``r(x)``; on rejection ``r`` loses ``x``. Every
-    rule is renormalized after a rejection; applying the i.i.d. rule to top-k children is lossy.
+
+def rrs_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Recursive rejection sampling over the token trie of the tree (SpecInfer, Miao et al., arXiv
+    2305.09781, its multi-step speculative sampling), with every drafted copy of a prefix kept. The
+    per-node rules follow SpecInfer's (i.i.d.) and Sequoia's (without replacement) pseudo-code; the
+    trie over unmerged paths and the top-k point-mass rule are this project's statement of them.
+
+    The *live* nodes are those whose tokens spell the accepted prefix (at first the root). The
+    candidates are the children of every live node, in index order (path order on
+    ``DraftTree.from_paths`` trees), duplicates kept: after accepting ``x`` every sampled path that
+    drew ``x`` there offers its next token, each still a draw from ``q`` given the prefix. They are
+    tried against a residual ``r`` (initially the target row). ``iid``: accept with ``min(1, r/q)``,
+    on rejection ``r <- normalize([r - q]_+)``. ``without_replacement`` (Sequoia, arXiv 2402.12374):
+    the same, and ``q`` loses the rejected token; such siblings are distinct, so one node stays live
+    and this is Sequoia's rule node by node. ``topk``: each candidate is a point mass, accepted with
+    prob ``r(x)``; on rejection ``r`` loses ``x``. Applying the i.i.d. rule to top-k children is lossy.
+    On a tree with no repeated sibling (top-k trees, chains) this is per-node RRS. The accepted nodes
+    are reported along one live node's ancestry (the first with children, so that ``bonus`` means a
+    leaf was reached), and that node's rows stand for the prefix. Continuing down the accepting path
+    alone is lossless too but throws the other paths' drafts away; paths drawn as distinct whole
+    strings are neither i.i.d. nor Sequoia children, and no rule here verifies them losslessly (both
+    measured in ``tests/test_verify_trie.py``).
     """
     rule = tree.child_rule
     _check("rrs", tree, p, needs_q=rule != "topk")
-    tokens, kids = tree.tokens.tolist(), _children(tree)
-    node, path = 0, []
-    while kids[node]:
+    tokens, parents, kids = tree.tokens.tolist(), tree.parents.tolist(), _children(tree)
+    live = [0]
+    while True:
+        node = next((u for u in live if kids[u]), live[0])
+        candidates = [child for u in live for child in kids[u]]
+        if not candidates:
+            return Decision(_ancestry(parents, node), p[node], True)
         r = p[node]
         q = None if rule == "topk" else tree.q[node].to(p.dtype)
-        for child in kids[node]:
+        for child in candidates:
             x = tokens[child]
             if bool(sampler.bernoulli(r[x] if q is None else _min_ratio(r[x], q[x]))):
                 break
-            r = _normalize(_without(r, x) if q is None else torch.relu(r - q), r)
-            if rule == "without_replacement":
-                q = _normalize(_without(q, x), q)
+            r, q = _rejected(rule, r, q, x)
         else:
-            return Decision(tuple(path), r, False)
-        node = child
-        path.append(node)
-    return Decision(tuple(path), p[node], True)
+            return Decision(_ancestry(parents, node), r, False)
+        live = [c for c in candidates if tokens[c] == x]
 
 
 def _greatest_path(paths: list[list[int]], tokens: list[int], keys: list[list[float]]) -> int:
@@ -321,11 +384,14 @@ def _greatest_path(paths: list[list[int]], tokens: list[int], keys: list[list[fl
 def _selected_law(path: _Path, drafts: int) -> _Path:
     """``path`` with its draft law replaced by ``q_G``, the law of the greatest of ``drafts`` i.i.d. paths.
 
-    With ``t = D(s) / (D(s) + M(s))`` (``t = 0`` at the root), ``B(y)`` the ``q``-mass ordered before
-    ``y``, ``beta = t + (1 - t) B(y)`` and ``alpha = beta + (1 - t) q(y)``, the ratio
-    ``G(sy) / G(s)`` of ALGORITHMS 2.2 is ``q(y) sum_j alpha^j beta^(K-1-j) / sum_j t^j``: the
-    cancellation-free ``a^K - b^K`` form (summed by Horner's rule), with every quantity in [0, 1].
-    Then ``t(sy) = beta / alpha`` at the selected token.
+    The greatest path starts with ``s`` with probability ``G(s) = (D(s) + M(s))^K - D(s)^K``, where
+    ``M(s) = q(s)`` is the path probability of ``s`` and ``D(s)`` that of the paths ordered before
+    it (``D(sy) = D(s) + M(s) B(y)``, ``B(y)`` the ``q``-mass ordered before ``y`` after ``s``), so
+    ``q_G(y | s) = G(sy) / G(s)``. With ``t = D(s) / (D(s) + M(s))`` (``t = 0`` at the root),
+    ``beta = t + (1 - t) B(y)`` and ``alpha = beta + (1 - t) q(y)`` that ratio is
+    ``q(y) sum_j alpha^j beta^(K-1-j) / sum_j t^j``: the cancellation-free ``a^K - b^K`` form
+    (summed by Horner's rule), with every quantity in [0, 1]. Then ``t(sy) = beta / alpha`` at the
+    selected token.
     """
     P = torch.cat([path.p0[None], path.p[:-1]])  # [L, V]: target and draft at each prefix
     Q = torch.cat([path.q0[None], path.q])
@@ -353,11 +419,15 @@ def _selected_law(path: _Path, drafts: int) -> _Path:
 
 
 def gbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
-    """Greedy multi-path block verification (Thomas & Pal, arXiv 2602.16961).
+    """Greedy multi-path block verification, GBV, as reconstructed here from the abstract of Thomas &
+    Pal (arXiv 2602.16961), which names the method but gives no algorithm: not the paper's pseudo-code.
 
     Of ``K`` i.i.d. paths, select the lexicographically greatest under the ``p/q`` order at each
     node, compute its exact law ``q_G`` and run BV on it with ``q_G`` in place of ``q``: lossless
-    because BV is lossless for any draft law. Needs i.i.d. paths (``child_rule == "iid"``).
+    because BV is lossless for any draft law. Needs i.i.d. paths (``child_rule == "iid"``). The
+    selection can make ``q_G`` a worse draft than ``q``: on some instances GBV accepts less than BV on
+    one path (``specblock lp --vocab 2 --length 2 --drafts 2 --drafter mix``, seed 0, instance 0:
+    1.609 against 1.857; ``tests/test_lp.py``), so the paper's gain over BV is not claimed for it.
     """
     _check("gbv", tree, p, needs_q=True)
     if tree.child_rule != "iid":
@@ -380,7 +450,8 @@ def gbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
 
 
 def seqbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
-    """Sequential block verification with residual hand-off, SeqBV (this project's own; ALGORITHMS 2.3).
+    """Sequential block verification with residual hand-off, SeqBV: this project's own rule, from no
+    paper.
 
     Runs BV on the first unused path that extends the committed prefix ``s``, with the residual ``r``
     as the target at its first position (the target row deeper). If BV stops at ``tau < L`` it
@@ -402,8 +473,7 @@ def seqbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
         nodes = paths[m][depth:]
         path = replace(_path(tree, p, nodes, paths[m][depth - 1] if depth else 0), p0=r)
         if rule == "without_replacement" and tried:
-            unseen = path.q0.index_fill(0, torch.tensor(tried, device=p.device), 0)
-            path = replace(path, q0=_normalize(unseen, path.q0))
+            path = replace(path, q0=_untried(path.q0, tried))
         tau, law = _block_core(path, sampler)
         if tau == len(nodes):
             return Decision(tuple(paths[m]), law, True)

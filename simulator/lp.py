@@ -1,11 +1,11 @@
 """The verification LP: the best expected accepted length any lossless verifier can reach.
 
-ALGORITHMS.md section 3. A verifier sees ``K`` i.i.d. draft paths ``x`` (``K = 1``: one path) and
-emits a string ``o = x^(k)_{1..j} y``: ``j`` accepted draft tokens and one token of its own. The LP
-chooses the joint law ``pi(x, o)`` with the draft marginal fixed to ``q`` and the law of ``o``,
-continued by the target, equal to the target's law; its optimum bounds every lossless verifier,
-including ones that read off-path probabilities. (The naive LP that only couples ``X ~ q`` with
-``Y ~ p`` overestimates: 12/9 instead of 11/9 on the known example.)
+A verifier sees ``K`` i.i.d. draft paths ``x`` (``K = 1``: one path) and emits a string
+``o = x^(k)_{1..j} y``: ``j`` accepted draft tokens and one token of its own. The LP chooses the joint
+law ``pi(x, o)`` with the draft marginal fixed to ``q`` and the law of ``o``, continued by the
+target, equal to the target's law; its optimum bounds every lossless verifier, including ones that
+read off-path probabilities (Thomas & Pal's information-agnostic LP). (The naive LP that only couples
+``X ~ q`` with ``Y ~ p`` overestimates: 12/9 instead of 11/9 on the known example.)
 
 How the problem is kept small:
 
@@ -247,7 +247,7 @@ def solve_lp(inst: ARInstance, drafts: int = 1, solver: str = "CLARABEL",
 
 
 def expected_token(inst: ARInstance) -> float:
-    """Expected accepted tokens of token-level speculative sampling on one path (ALGORITHMS 1.2):
+    """Expected accepted tokens of token-level speculative sampling on one path:
     ``sum_i sum_{x^i} prod_{j<=i} min(p, q)``."""
     mass, total = np.ones(1), 0.0
     for m in range(inst.length):
@@ -257,7 +257,7 @@ def expected_token(inst: ARInstance) -> float:
 
 
 def expected_bv(inst: ARInstance) -> float:
-    """Expected accepted tokens of block verification on one path (ALGORITHMS 1.3): ``sum_i sum_{x^i}
+    """Expected accepted tokens of block verification on one path (Sun et al. 2025): ``sum_i sum_{x^i}
     beta(x^i)`` with ``beta(x^i) = min(q(x^i), beta(x^(i-1)) p(x_i | x^(i-1)))``."""
     q_paths = path_probabilities(inst.q_tables, inst.length)
     beta, total = np.ones(1), 0.0

@@ -102,6 +102,16 @@ def test_lp_optimum_satisfies_the_literal_lossless_constraint(drafts):
     assert -res.fun == pytest.approx(lp.solve_lp(inst, drafts).value, abs=1e-6)
 
 
+def test_gbv_can_accept_less_than_single_path_bv():
+    """The example in GBV's docstring: instance 0 of ``specblock lp --vocab 2 --length 2 --drafts 2 --drafter
+    mix`` (seed 0). Selecting the greatest path under the p/q order gives it a worse draft law than q."""
+    inst = random_instance(2, 2, np.random.default_rng(0), drafter="mix")
+    gbv, bv = exact.expected_accepted("gbv", inst, drafts=2), lp.expected_bv(inst)
+    assert gbv == pytest.approx(1.6091, abs=1e-4) and bv == pytest.approx(1.8565, abs=1e-4)
+    assert exact.expected_accepted("seqbv", inst, drafts=2) >= bv  # the other two multi-path rules do not
+    assert exact.expected_accepted("rrs", inst, drafts=2) >= bv
+
+
 def test_highs_and_clarabel_agree_on_multi_draft():
     inst = random_instance(3, 2, np.random.default_rng(2), drafter="mix")
     values = [lp.solve_lp(inst, drafts=2, solver=s).value for s in lp.SOLVERS]
@@ -116,7 +126,7 @@ def test_size_estimate_matches_the_built_problem(drafts):
         assert lp.lp_size(vocab, length, drafts) == problem.objective.size == problem.a_eq.shape[1]
         assert problem.a_eq.shape[0] == vocab ** (length + 1) - 1 + len(problem.multisets)
         assert len(problem.multisets) == math.comb(vocab**length + drafts - 1, drafts)
-    assert lp.lp_size(3, 3, 1) == 324  # ALGORITHMS.md section 3
+    assert lp.lp_size(3, 3, 1) == 324  # the single-draft size at V = 3, L = 3
     assert lp.lp_size(3, 3, 2) == 7290  # 14,256 ordered tuples merged into multisets
 
 

@@ -2,7 +2,8 @@
 
 Instances are random Dirichlet targets and drafters over tiny vocabularies, with zeros on purpose:
 ``q`` zero where ``p`` is positive and ``p`` zero where ``q`` is positive. The checker itself is
-shown able to fail: a wrong BV stopping rule and a wrong RRS child rule are both flagged lossy.
+shown able to fail: a wrong BV stopping rule, a wrong RRS child rule, and GBV and SeqBV with a wrong
+selection law or a wrong residual are all flagged lossy (branching trees: ``test_verify_trees.py``).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def _bv_closed_form(inst: TableInstance) -> float:
 
 @pytest.mark.parametrize(("vocab", "length"), [(2, 3), (3, 1), (3, 2), (3, 3), (4, 2)])
 def test_closed_forms(vocab: int, length: int) -> None:
-    """Exact expected accepted length matches the token-level and BV closed forms (ALGORITHMS 1.2, 1.3),
+    """Exact expected accepted length matches the token-level and BV closed forms,
     also with two drafts (the single-path verifiers use the first)."""
     for zeros in (False, True):
         inst = TableInstance(vocab, length, seed=vocab + length, zeros=zeros)
@@ -197,3 +198,52 @@ def test_greedy_matches_the_argmax_chain() -> None:
         assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
         assert exact.lossless_error("greedy", point, drafts) <= TOL
     assert exact.lossless_error("greedy", base) > 1e-2  # and lossy against a stochastic target
+
+
+def _unweighted_residual(target: torch.Tensor, draft: torch.Tensor, weight=None) -> torch.Tensor:
+    excess = torch.relu(target - draft)
+    return excess / excess.sum() if excess.sum() > 0 else target
+
+
+_SELECTED_LAW = verify._selected_law
+_BLOCK_CORE = verify._block_core
+
+
+def _hands_off_the_target(path, sampler):
+    """BV that, stopping short, hands on the target row at the stop instead of its residual."""
+    tau, law = _BLOCK_CORE(path, sampler)
+    return tau, law if tau == path.x.numel() else path.target(tau)
+
+
+GBV_MUTANTS = {
+    "selection: q, not the selected path's law": ("_selected_law", lambda path, drafts: path),
+    "selection: the law of one draft more": ("_selected_law",
+                                              lambda path, drafts: _SELECTED_LAW(path, drafts + 1)),
+    "residual: BV's without its weight": ("_residual", _unweighted_residual),
+}
+SEQBV_MUTANTS = {
+    "selection: tried tokens kept in q": ("without_replacement", "_untried", lambda q, tokens: q),
+    "residual: BV's without its weight": ("iid", "_residual", _unweighted_residual),
+    "residual: the target row handed on": ("iid", "_block_core", _hands_off_the_target),
+}
+
+
+@pytest.mark.parametrize(("name", "wrong"), GBV_MUTANTS.values(), ids=list(GBV_MUTANTS))
+def test_gbv_mutants_are_flagged(monkeypatch: pytest.MonkeyPatch, name: str, wrong) -> None:
+    """GBV with a wrong law for the selected path, or a wrong residual, is lossy and the check says so.
+    Here the residuals have several positive tokens: where one alone is positive (often at V <= 3), the
+    normalized residual is that token whatever the weight, and such a mutant is invisible."""
+    inst = TableInstance(4, 2, seed=2, zeros=False)
+    assert exact.lossless_error("gbv", inst, 2) <= TOL
+    monkeypatch.setattr(verify, name, wrong)
+    assert exact.lossless_error("gbv", inst, 2) > 1e-3
+
+
+@pytest.mark.parametrize(("rule", "name", "wrong"), SEQBV_MUTANTS.values(), ids=list(SEQBV_MUTANTS))
+def test_seqbv_mutants_are_flagged(monkeypatch: pytest.MonkeyPatch, rule: str, name: str, wrong) -> None:
+    """SeqBV with a wrong first-position law for the next path, or a wrong residual, is lossy (on an
+    instance whose residuals have several positive tokens, as for GBV)."""
+    inst = TableInstance(4, 2, seed=2, zeros=False)
+    assert exact.lossless_error("seqbv", inst, 2, rule) <= TOL
+    monkeypatch.setattr(verify, name, wrong)
+    assert exact.lossless_error("seqbv", inst, 2, rule) > 1e-3

@@ -1,9 +1,10 @@
 """`specblock lp`: the verification LP bound against the exact expected accepted length of each verifier.
 
 For each instance (random Dirichlet laws, or the same step laws at every position) it solves the LP
-of ALGORITHMS.md section 3 for K i.i.d. draft paths and evaluates the verifiers exactly: token-level
-and block verification on the first path (closed forms), RRS, SeqBV and GBV on all K paths (exact
-enumeration of the torch verifiers). Every figure is an expected number of accepted draft tokens.
+of ``simulator.lp`` for K i.i.d. draft paths and evaluates the verifiers exactly: token-level
+and block verification on the first path (closed forms), RRS (on the paths' token trie), SeqBV and GBV
+on all K paths (exact enumeration of the torch verifiers). Every figure is an expected number of
+accepted draft tokens.
 """
 
 from __future__ import annotations
