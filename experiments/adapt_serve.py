@@ -146,8 +146,10 @@ def serve(
             timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed,
                                           updates=False)
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: decoding re-timed after the stream")
-        if kind == "never":  # it never trains, so its full buffer holds its last queries' feedback
-            feedback = [f for f, _ in server.adapter.full.drain()]
+        if kind == "never":  # it never trains, so its buffers hold its last queries' feedback
+            queries = {id(f): f for buffer in (server.adapter.full, server.adapter.head)
+                       for f, _ in buffer.drain()}
+            feedback = list(queries.values())
     return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed
 
 

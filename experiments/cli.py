@@ -1,6 +1,6 @@
 """The `specblock` command: one group, one module per subcommand, loaded only when it runs.
 
-Exit codes (the contract in DESIGN.md): 0 success; 2 bad input, with one line on stderr naming the
+Exit codes (the contract in docs/design.md): 0 success; 2 bad input, with one line on stderr naming the
 problem and the fix; 1 a failure while running.
 """
 

@@ -10,7 +10,8 @@ The loop the engine and the simulator run, once per query::
     ... run the update (if any), serve the next query ...
     policy.observe(obs, action, reward, info) # the same obs; info describes that query
     if policy.should_revert(): restore the last good drafter, then policy.acknowledge_revert()
-    if policy.checkpoint_good: save the current drafter as the last good checkpoint
+    if policy.checkpoint_good: save the drafter the closed window measured as the last good checkpoint:
+        the current one, or with ``policy.checkpoint_previous`` the one that served the previous query
 
 ``info`` keys (``ADAPT_INFO_KEYS``), all for the query served after ``action``:
     ``tokens_per_second``: tokens emitted / ``query_seconds`` (the update's time excluded);
@@ -182,7 +183,7 @@ class _Window:
 
 @register
 class CostAwareBandit(_AdaptPolicy):
-    """SpecBlock's cost-aware bandit (ALGORITHMS.md section 6) with its whole lifecycle.
+    """SpecBlock's cost-aware bandit (its paper's appendix A.3) with its whole lifecycle.
 
     1. Warm-up: the first ``warmup`` queries always skip; their throughput and tau are the baseline.
     2. An update can fire only when its buffer is saturated (fill >= ``saturation``) and no cooldown
@@ -198,7 +199,9 @@ class CostAwareBandit(_AdaptPolicy):
        signal s_trig at the event was >= ``s_min``.
     6. A window whose mean tau is below the previous one (the first compared with the last good
        checkpoint) is a drop; ``revert_windows`` drops in a row set ``should_revert()``. A window that
-       is not a drop sets ``checkpoint_good`` for that step: the current drafter is the last good one.
+       is not a drop sets ``checkpoint_good`` for that step: the drafter it measured is the last good
+       one. When a new event closed it early, that drafter is the one that served the previous query
+       (this query's update may already be live): ``checkpoint_previous`` says so.
     """
 
     kind = "cost_aware_bandit"
@@ -216,6 +219,7 @@ class CostAwareBandit(_AdaptPolicy):
         self.recent_tps = math.nan
         self.good_tau = math.nan
         self.checkpoint_good = False
+        self.checkpoint_previous = False
         self._warm = _Window(SKIP, 0.0, math.nan)
         self._window: _Window | None = None
         self._last_window_tau = math.nan
@@ -250,7 +254,7 @@ class CostAwareBandit(_AdaptPolicy):
         """Advance the lifecycle with the query served after ``action`` (reads ``ADAPT_INFO_KEYS``)."""
         obs = check_adapt_obs(obs)
         tps, tau, seconds, update = (info_value(info, key, self.kind) for key in ADAPT_INFO_KEYS)
-        self.checkpoint_good = False
+        self.checkpoint_good = self.checkpoint_previous = False
         self.queries += 1
         if self.queries <= self.params.warmup:
             self._add(self._warm, tps, tau, seconds, update)
@@ -260,7 +264,7 @@ class CostAwareBandit(_AdaptPolicy):
                 self.recent_tps = self.baseline_tps
             return
         if action != SKIP:
-            self._close_window()
+            self._close_window(early=True)
             self.events += 1
             self.cooldown_left = self.params.cooldown
             trigger = float(obs[ADAPT_INDEX["trigger"]])
@@ -293,7 +297,8 @@ class CostAwareBandit(_AdaptPolicy):
         window.tau_sum += tau
         window.queries += 1
 
-    def _close_window(self) -> None:
+    def _close_window(self, early: bool = False) -> None:
+        """Close the open window (``early``: a new event ends it before this query, which it excludes)."""
         w, self._window = self._window, None
         if w is None:
             return
@@ -306,7 +311,7 @@ class CostAwareBandit(_AdaptPolicy):
         if math.isnan(previous) or tau >= previous:
             self._drops = 0
             self.good_tau = tau
-            self.checkpoint_good = True
+            self.checkpoint_good, self.checkpoint_previous = True, early
         else:
             self._drops += 1
             self._revert = self._revert or self._drops >= self.params.revert_windows

@@ -2,7 +2,7 @@
 
 Each reads the observation of ``policies.features.length_features`` by name and returns n in
 0..LENGTH_CAP. The caller clips n to what was actually drafted (confidences past it are 0.0).
-LibraSpec (ALGORITHMS.md 4.1) maximizes the expected speedup ``S(n) = N(n) / T(n)`` with
+LibraSpec (arXiv 2608.08721) maximizes the expected speedup ``S(n) = N(n) / T(n)`` with
 ``N(n) = 1 + sum_{j<=n} P_j`` and ``P_j = prod_{i<=j} c_i``.
 """
 

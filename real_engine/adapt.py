@@ -2,12 +2,19 @@
 and the settings of online adaptation (``AdaptConfig``).
 
 ``update_drafter`` copies the newest drafter network and runs a few AdamW steps of the SpecBlock
-objective (``real_engine.training.specblock.specblock_loss`` on the buffered queries of
-``real_engine.feedback``, from each one's first buffered rejection on; ``START_RULES``) plus
-``kl_weight`` times KL(pre-update draft law || updated draft law) on the same block rows. ``head``
-trains the LM head and the rank head only, ``full`` every parameter. ``real_engine.adapter.Adapter``
-decides when updates run (in a background thread, on its own CUDA stream on a GPU: ``side_stream``)
-and puts their result live.
+objective plus ``kl_weight`` times KL(pre-update draft law || updated draft law) on the same rows:
+
+- ``full`` trains every parameter on the full buffer's queries of ``real_engine.feedback``
+  (``real_engine.training.specblock.specblock_loss``, blocks unrolled from each query's first buffered
+  rejection on; ``START_RULES``).
+- ``head`` trains the LM head and the rank head only, on the head buffer's stored states: the
+  last-layer state of each slot the verifier cut short, as drafting computed it, against the target's
+  law there (the draft KL and the rank loss of ``specblock_loss``, on rows whose context was the
+  committed one). It runs no forward of the drafter's body, hence its cost: about a tenth of a full
+  update's or less (``real_engine.profile.specblock_update_samples`` times both).
+
+``real_engine.adapter.Adapter`` decides when updates run (in a background thread, on its own CUDA
+stream on a GPU: ``side_stream``) and puts their result live.
 """
 
 from __future__ import annotations
@@ -15,17 +22,18 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from core.errors import InputError
 from core.names import CLOCKS
 from real_engine.drafters.specblock import SpecBlock, unroll
 from real_engine.feedback import Feedback
-from real_engine.training.specblock import specblock_loss
+from real_engine.training.specblock import draft_kl, rank_labels, specblock_loss
 
 START_RULES = ("rejected", "roots", "all")
 """Where an update's training blocks start in a buffered query, from its first buffered rejection on:
@@ -41,8 +49,8 @@ class AdaptConfig:
     (for a shared CPU machine, with one torch thread; the caller then times queries on the same clock).
     """
 
-    head_capacity: int = 64  # rejected positions the head buffer holds
-    full_capacity: int = 256  # rejected positions the full buffer holds
+    head_capacity: int = 64  # signals (rejected positions) the head buffer holds
+    full_capacity: int = 256  # signals the full buffer holds
     head_steps: int = 4
     full_steps: int = 4
     head_lr: float = 5e-4
@@ -81,7 +89,7 @@ class UpdateReport:
     """What one update measured (losses are the SpecBlock objective, without the KL term)."""
 
     kind: str  # "head" or "full"
-    positions: int  # rejected positions trained on
+    positions: int  # signals (rejected positions) trained on
     shares: dict[str, float]  # their domain composition
     steps: int
     seconds: float  # wall seconds of the copy and the optimizer steps
@@ -91,9 +99,9 @@ class UpdateReport:
     kl_first: float  # KL(pre-update || trained) at the first step: 0, the copy equals its reference
     kl: float  # the same KL after the last step
     fill: float = math.nan  # the used buffer's fill when the update started (set by the Adapter)
-    windows: int = 0  # query windows trained on (one per buffered query with a start left)
-    starts: int = 0  # block starts over those windows
-    rows: int = 0  # committed rows over those windows (context before each first rejection included)
+    windows: int = 0  # query windows trained on (one per buffered query with a start left; head: queries)
+    starts: int = 0  # block starts over those windows (head: none)
+    rows: int = 0  # committed rows over those windows, context included (head: the stored states)
 
 
 @contextmanager
@@ -152,31 +160,20 @@ def _windows(data: Sequence[tuple[Feedback, Sequence[int]]], config: AdaptConfig
     return out
 
 
-def update_drafter(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]], kind: str,
-                   config: AdaptConfig, seed: int = 0) -> tuple[SpecBlock, UpdateReport]:
-    """Train a copy of ``net`` on buffered feedback; ``net`` itself is only read (it is the KL reference).
+Objective = Callable[[SpecBlock, bool], tuple[float, float]]
+"""(network, backward) -> (loss without the KL term, KL), averaged over the update's rows; with
+``backward`` it also accumulates the gradient of loss + ``kl_weight`` KL."""
 
-    ``data`` pairs each query's :class:`Feedback` with its buffered rejected positions. ``kind``
-    ``"head"`` trains the LM head and the rank head, ``"full"`` every parameter; AdamW with gradient
-    clipping at 1, in ``net``'s dtype. Returns the trained copy (in eval mode) and what was measured.
-    """
-    if kind not in ("head", "full"):
-        raise InputError(f"unknown update kind {kind!r}: use head or full")
-    wall, cpu = time.perf_counter(), time.thread_time()
-    new = copy.deepcopy(net, memo={id(net.embed): net.embed}).train()  # the target's embeddings stay shared
-    heads = {*new.lm_head.parameters(), *new.rank_head.parameters()}
-    trainable = [p for p in new.parameters() if kind == "full" or p in heads]
-    for p in new.parameters():
-        p.requires_grad_(kind == "full" or p in heads)
+
+def _full_objective(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]], config: AdaptConfig,
+                    seed: int) -> tuple[Objective, dict[str, int]]:
+    """``specblock_loss`` on blocks unrolled from the buffered queries (``_windows``), and its sizes."""
     device = net.lm_head.weight.device
     batches = _windows(data, config, net.config.block_size, torch.Generator().manual_seed(seed), device)
     with torch.no_grad():
         references = [unroll(net, b["tokens"], b["features"], s, m).blocks.logits for b, s, m in batches]
-    steps = config.full_steps if kind == "full" else config.head_steps
-    optimizer = torch.optim.AdamW(trainable, lr=config.full_lr if kind == "full" else config.head_lr,
-                                  weight_decay=0.0)
 
-    def objective(backward: bool) -> tuple[float, float]:
+    def objective(new: SpecBlock, backward: bool) -> tuple[float, float]:
         loss_sum = kl_sum = 0.0
         for (batch, starts, slots), reference in zip(batches, references, strict=True):
             with _lm_head_outputs(new) as seen:
@@ -187,10 +184,72 @@ def update_drafter(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]
             loss_sum, kl_sum = loss_sum + float(loss.detach()), kl_sum + float(kl.detach())
         return loss_sum / max(len(batches), 1), kl_sum / max(len(batches), 1)
 
+    sizes = {"windows": len(batches), "starts": sum(int(s.numel()) for _, s, _ in batches),
+             "rows": sum(int(b["tokens"].shape[1]) for b, _, _ in batches)}
+    return objective, sizes
+
+
+def _head_objective(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]], config: AdaptConfig
+                    ) -> tuple[Objective, dict[str, int]]:
+    """The draft KL and the rank loss of ``specblock_loss`` on the stored states of the buffered head rows
+    (no forward of the drafter's body), and its sizes."""
+    device, dtype = net.lm_head.weight.device, net.lm_head.weight.dtype
+    states, logp, ids = [], [], []
+    for feedback, rows in data:
+        index = {row: i for i, row in enumerate(feedback.head_rows)}
+        states.append(feedback.head_states[[index[row] for row in rows]])
+        logp.append(feedback.topk_logp[list(rows)])
+        ids.append(feedback.topk_ids[list(rows)])
+    if not states:
+        return (lambda new, backward: (math.nan, math.nan)), {"windows": 0, "starts": 0, "rows": 0}
+    # cat: states recorded under inference mode become an ordinary tensor autograd accepts
+    hidden, logp_all, ids_all = (torch.cat(t).to(device) for t in (states, logp, ids))
+    hidden = hidden.to(dtype)
+    with torch.no_grad():
+        reference = net.heads(hidden).logits
+
+    def objective(new: SpecBlock, backward: bool) -> tuple[float, float]:
+        logits, buckets = new.heads(hidden)
+        labels = rank_labels(logits.detach(), ids_all[:, 0], new.config.edges)
+        loss = draft_kl(logits, logp_all, ids_all).mean() + config.rank_weight * F.cross_entropy(
+            buckets.float(), labels)
+        kl = reference_kl(reference, logits)
+        if backward:
+            (loss + config.kl_weight * kl).backward()
+        return float(loss.detach()), float(kl.detach())
+
+    return objective, {"windows": len(states), "starts": 0, "rows": int(hidden.shape[0])}
+
+
+def update_drafter(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]], kind: str,
+                   config: AdaptConfig, seed: int = 0) -> tuple[SpecBlock, UpdateReport]:
+    """Train a copy of ``net`` on buffered feedback; ``net`` itself is only read (it is the KL reference).
+
+    ``data`` pairs each query's :class:`Feedback` with its buffered signals (``FeedbackBuffer.drain``):
+    rejected roots for ``"full"``, which trains every parameter, head rows for ``"head"``, which trains
+    the LM head and the rank head on the states stored at those rows. Those are the states of the
+    network that drafted the query: the pre-update body's, as the paper's cheap update uses them; since
+    a head update leaves the body alone they equal ``net``'s own unless a full update or a revert went
+    live since they were drafted. AdamW with gradient clipping at 1, in ``net``'s dtype. Returns the
+    trained copy (in eval mode) and what was measured.
+    """
+    if kind not in ("head", "full"):
+        raise InputError(f"unknown update kind {kind!r}: use head or full")
+    wall, cpu = time.perf_counter(), time.thread_time()
+    new = copy.deepcopy(net, memo={id(net.embed): net.embed}).train()  # the target's embeddings stay shared
+    heads = {*new.lm_head.parameters(), *new.rank_head.parameters()}
+    trainable = [p for p in new.parameters() if kind == "full" or p in heads]
+    for p in new.parameters():
+        p.requires_grad_(kind == "full" or p in heads)
+    objective, sizes = (_full_objective(net, data, config, seed) if kind == "full"
+                        else _head_objective(net, data, config))
+    steps = (config.full_steps if kind == "full" else config.head_steps) if sizes["rows"] else 0
+    optimizer = torch.optim.AdamW(trainable, lr=config.full_lr if kind == "full" else config.head_lr,
+                                  weight_decay=0.0)
     loss_before = kl_first = math.nan
-    for step in range(steps if batches else 0):
+    for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss, kl = objective(backward=True)
+        loss, kl = objective(new, True)
         if step == 0:
             loss_before, kl_first = loss, kl
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -198,10 +257,8 @@ def update_drafter(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]]
     seconds, cpu_seconds = time.perf_counter() - wall, time.thread_time() - cpu
     new.eval()
     with torch.no_grad():
-        loss_after, kl = objective(backward=False) if batches else (math.nan, math.nan)
-    positions = [feedback.domain for feedback, roots in data for _ in roots]
+        loss_after, kl = objective(new, False) if steps else (math.nan, math.nan)
+    positions = [feedback.domain for feedback, signals in data for _ in signals]
     shares = {d: positions.count(d) / len(positions) for d in sorted(set(positions))}
-    return new, UpdateReport(kind, len(positions), shares, steps if batches else 0, seconds, cpu_seconds,
-                             loss_before, loss_after, kl_first, kl, windows=len(batches),
-                             starts=sum(int(s.numel()) for _, s, _ in batches),
-                             rows=sum(int(b["tokens"].shape[1]) for b, _, _ in batches))
+    return new, UpdateReport(kind, len(positions), shares, steps, seconds, cpu_seconds, loss_before,
+                             loss_after, kl_first, kl, **sizes)

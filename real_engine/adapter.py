@@ -2,23 +2,25 @@
 
 An :class:`Adapter` wraps the live drafter in a ``real_engine.feedback.FeedbackDrafter`` and runs:
 
-- **Buffers** (``real_engine.feedback.FeedbackBuffer``): each rejected position, with its query's rows,
-  enters a head buffer and a full buffer of fixed capacities (the oldest leave first); ``s_trig``
-  counts rejected positions buffered since the last training event.
+- **Buffers** (``real_engine.feedback.FeedbackBuffer``): each rejected position is one signal, with its
+  query's rows, routed to the head buffer (with the drafter's state there) or to the full buffer, of
+  fixed capacities (the oldest leave first; the routing rule is ``real_engine.feedback``'s); ``s_trig``
+  counts the signals of both since the last training event.
 - **Updates** (``apply(HEAD | FULL)``): a background thread trains a copy of the newest drafter network
   (``real_engine.adapt.update_drafter``); a head update drains the head buffer, a full update both (as
-  ``AdaptStream`` does). An adapting drafter drafts the whole vocabulary: a reduced one, fixed offline
-  from the training corpus, lost most of what the updates learnt on a shifted stream (see
-  ``Adapter``). On a GPU the thread's work runs on its own CUDA stream (``side_stream``), overlapping
-  the target's verify forwards; ``drafters.base.clock`` waits only for the decode thread's stream, so
-  decode timings exclude it.
+  ``AdaptStream`` does; the head signals' states are the old body's). An adapting drafter drafts the
+  whole vocabulary: a reduced one, fixed offline from the training corpus, lost most of what the
+  updates learnt on a shifted stream (see ``Adapter``). On a GPU the thread's work runs on its own
+  CUDA stream (``side_stream``), overlapping the target's verify forwards; ``drafters.base.clock``
+  waits only for the decode thread's stream, so decode timings exclude it.
 - **Swap**: the trained copy is handed over under a lock and goes live at the next ``begin``, by
   replacing the drafter's network reference. A live network is never modified, so a query sees one set
   of weights from its first to its last draft, whatever the trainer is doing.
 - **Revert**: after a swap, measurement windows of ``window`` queries open; when mean tau falls across
   ``revert_windows`` windows in a row (the first compared with the last good drafter's window) the last
   good drafter goes live again; a window that does not fall makes the live drafter the last good one.
-  A policy with its own revert rule (the cost-aware bandit) calls ``revert``/``checkpoint`` instead.
+  A policy with its own revert rule (the cost-aware bandit) calls ``revert``/``checkpoint`` instead,
+  naming the network its window measured.
 - **Observation and outcome**: ``features`` builds the policy's observation with
   ``policies.features.adapt_features``; ``info`` holds ``policies.adaptation.ADAPT_INFO_KEYS``.
 
@@ -60,8 +62,9 @@ class Adapter:
         # update added its windows' target tokens), the whole one at +0.22.
         with_draft_vocab(drafter.net, None)
         self.drafter = FeedbackDrafter(drafter, config.top_k)
-        self.head, self.full = FeedbackBuffer(config.head_capacity), FeedbackBuffer(config.full_capacity)
-        self.trigger = 0  # s_trig: rejected positions buffered since the last training event
+        self.head = FeedbackBuffer(config.head_capacity, "head")
+        self.full = FeedbackBuffer(config.full_capacity, "full")
+        self.trigger = 0  # s_trig: signals buffered since the last training event
         self.since = 0  # queries since the last training event
         self.queries = self.updates = self.reverts = 0
         self.recent = self.long = 0.0
@@ -142,9 +145,9 @@ class Adapter:
         self._raise()
         return self.reports[-1] if self.reports else None
 
-    def checkpoint(self) -> None:
-        """Make the live drafter the last good one."""
-        self._good = self.drafter.net
+    def checkpoint(self, net: SpecBlock | None = None) -> None:
+        """Make ``net`` (a network that served a measured window; default: the live one) the last good one."""
+        self._good = self.drafter.net if net is None else net
 
     def revert(self) -> None:
         """Put the last good drafter live again at the next query (a running update's result is dropped)."""

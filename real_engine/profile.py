@@ -45,7 +45,7 @@ from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
 from real_engine.drafters.medusa import MedusaDrafter, choose_tree, load_medusa, new_medusa
 from real_engine.drafters.ngram import NgramDrafter
-from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock
+from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock, unroll
 from real_engine.feedback import Feedback, FeedbackBuffer, FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
@@ -310,7 +310,8 @@ def specblock_update_samples(target: Transformer, net: Any, grid: ProfileGrid, b
     ``real_engine.feedback.Feedback``, oldest first: the buffers take the newest, as the engine's do) or
     else synthetic: queries of ``grid.update_batch[1]`` random tokens whose last ``NEW_TOKENS`` are
     roots, every ``REJECTED_EVERY``-th rejected, with the target's own features and top-k
-    log-probabilities. Timed when ``bench`` runs."""
+    log-probabilities; each rejection is a signal of both kinds (so that both buffers fill), its head
+    state the drafter's own at the root (block 1's slot 0). Timed when ``bench`` runs."""
     from real_engine.adapt import AdaptConfig, update_drafter  # needs rich, absent on gpu_check's machine
 
     config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
@@ -324,19 +325,24 @@ def specblock_update_samples(target: Transformer, net: Any, grid: ProfileGrid, b
             tokens = _tokens(length, target.args.vocab_size, gen).to(device)
             with torch.inference_mode():
                 out = target(tokens[None])
-            top = out.logits[0].float().log_softmax(-1).topk(min(config.top_k, out.logits.shape[-1]), dim=-1)
-            return Feedback("synthetic", tokens.cpu(), out.features[0].to("cpu", torch.bfloat16),
-                            top.values.cpu(), top.indices.cpu(), roots, rejected)
+                top = out.logits[0].float().log_softmax(-1).topk(min(config.top_k, out.logits.shape[-1]), -1)
+                features = out.features[0].to(torch.bfloat16)
+                one = torch.tensor(rejected[:1], device=device)  # prefix rows are all that is read
+                prefix = unroll(net, tokens[None], features[None].float(), one, one.new_zeros(0, 1)).prefix
+            return Feedback("synthetic", tokens.cpu(), features.cpu(), top.values.cpu(), top.indices.cpu(),
+                            roots, rejected, rejected, rejected, prefix[0, list(rejected)].cpu())
 
         count = -(-config.full_capacity // max(len(rejected), 1))
         feedback = [query() for _ in range(count)]
-    if not any(f.rejected for f in feedback):
-        raise InputError("the feedback has no rejected position to train on: serve more queries")
+    for kind in ("head", "full"):
+        if not any(f.signals(kind) for f in feedback):
+            raise InputError(f"the feedback has no rejected position for a {kind} update to train on: serve "
+                             "more queries")
     out: dict[str, list[float]] = {}
     single: dict[str, list[float]] = {}
     windows: dict[str, int] = {}
     for kind, capacity in (("head", config.head_capacity), ("full", config.full_capacity)):
-        buffer = FeedbackBuffer(capacity)
+        buffer = FeedbackBuffer(capacity, kind)
         for f in feedback:
             buffer.add(f)
         data = buffer.drain()

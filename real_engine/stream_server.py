@@ -60,6 +60,7 @@ class StreamServer:
         started = adapter.apply(action)
         report = adapter.wait() if started and not self.overlap else None
         reverts = adapter.reverts
+        previous = adapter.drafter.net  # served the previous query: new weights go live at the next begin
         self._callback = 0.0
         hook = None if self.on_iteration is None else lambda iteration: self._timed(index, iteration)
         cpu = time.process_time()
@@ -73,8 +74,8 @@ class StreamServer:
             adapter.revert()
             policy.acknowledge_revert()  # type: ignore[attr-defined]
         checkpoint = bool(getattr(policy, "checkpoint_good", False))
-        if checkpoint:
-            adapter.checkpoint()
+        if checkpoint:  # the network the closed window measured, not an update that went live after it
+            adapter.checkpoint(previous if getattr(policy, "checkpoint_previous", False) else None)
         return {"query": index, "domain": domain, "action": ACTIONS[action],
                 "update": None if report is None or not started else asdict(report),
                 **info, "new_tokens": generation.stats.new_tokens, "iterations": generation.stats.iterations,

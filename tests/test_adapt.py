@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from core.errors import InputError
-from policies.adaptation import FULL, HEAD, SKIP
+from policies.adaptation import FULL, HEAD, SKIP, BanditParams, CostAwareBandit
 from policies.base import make_policy
 from policies.features import ADAPT_INDEX
 from real_engine.adapt import AdaptConfig, reference_kl, update_drafter
 from real_engine.adapter import Adapter
 from real_engine.decode import Iteration, generate
-from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter
+from real_engine.drafters.rank import rank_of
+from real_engine.drafters.specblock import SpecBlock, SpecBlockConfig, SpecBlockDrafter, unroll
+from real_engine.feedback import FeedbackDrafter
 from real_engine.model import ModelArgs, Transformer
 from real_engine.stream_server import StreamServer, run_stream
 
@@ -32,8 +34,10 @@ def target() -> Transformer:
 
 
 def drafter(target: Transformer, seed: int = 1) -> SpecBlockDrafter:
-    """A random drafter whose rank head always branches (4 children per slot): deep trees, many rejections."""
-    net = SpecBlock.for_target(target, seed=seed).eval()
+    """A random drafter whose rank head always branches (4 children per slot): deep trees, many rejections.
+    Its widest bucket ends at rank 30 of the 48 tokens, so that its misses go to both buffers."""
+    config = dataclasses.replace(SpecBlockConfig.for_target(target.args), edges=(1, 4, 30))
+    net = SpecBlock.for_target(target, config, seed=seed).eval()
     with torch.no_grad():
         net.rank_head.down.bias.copy_(torch.tensor((0.0, 20.0, 0.0, -20.0)))
     return SpecBlockDrafter(net, blocks=2, starts=2, budget=12)
@@ -58,23 +62,30 @@ def serve(adapter: Adapter, target: Transformer, seed: int, tokens: int = 24, do
 
 
 def test_feedback_rows_and_buffers_fill_from_rejections(target: Transformer) -> None:
-    adapter = Adapter(drafter(target), AdaptConfig(head_capacity=6, full_capacity=1000, top_k=8),
+    adapter = Adapter(drafter(target), AdaptConfig(head_capacity=3, full_capacity=1000, top_k=8),
                       domains=("code", "prose"))
     iterations: list[Iteration] = []
     tokens, info = serve(adapter, target, 3, hook=iterations.append)
     # the last iteration ends the query before the drafter hears the verdict
-    roots = [it.context_length for it in iterations[:-1] if len(it.path) < int(it.tree.depths.max())]
+    cut = [it for it in iterations[:-1] if len(it.path) < int(it.tree.depths.max())]
+    roots = [it.context_length for it in cut]
     assert len(roots) >= 8
-    assert adapter.trigger == len(roots) and len(adapter.full) == len(roots)
-    assert [r for _, r in adapter.head.items] == roots[-6:]  # the oldest left the small buffer
-    assert adapter.head.fill == 1.0 and adapter.full.fill == pytest.approx(len(roots) / 1000)
+    feedback = adapter.full.items[0][0]
+    assert feedback.rejected == tuple(roots) and adapter.trigger == len(roots)
+    # each signal goes to one buffer: the full one takes its root, the head one its last accepted row
+    assert len(feedback.full_roots) >= 3 and len(feedback.head_rows) >= 4
+    assert len(feedback.full_roots) + len(feedback.head_rows) == len(roots)
+    rows = {it.context_length: it.context_length + len(it.path) for it in cut}
+    assert sorted([rows[r] for r in feedback.full_roots] + list(feedback.head_rows)) == sorted(rows.values())
+    assert feedback.head_states.shape == (len(feedback.head_rows), adapter.drafter.net.config.hidden_size)
+    assert [r for _, r in adapter.full.items] == list(feedback.full_roots)
+    assert [r for _, r in adapter.head.items] == list(feedback.head_rows[-3:])  # the oldest left
+    assert adapter.head.fill == 1.0 and adapter.full.fill == pytest.approx(len(feedback.full_roots) / 1000)
     obs = adapter.features()
     assert obs[ADAPT_INDEX["trigger"]] == len(roots) and obs[ADAPT_INDEX["head_fill"]] == 1.0
     assert obs[ADAPT_INDEX["recent_tau"]] == info["tau"] and list(obs[6:]) == [1.0, 0.0]
     # the recorded rows are the target's own over the committed sequence
-    feedback = adapter.full.items[0][0]
     assert feedback.tokens.tolist() == prompt(3) + list(tokens[:feedback.tokens.numel() - 12])
-    assert feedback.rejected == tuple(roots)
     with torch.no_grad():
         full = target(feedback.tokens[None])
     torch.testing.assert_close(feedback.features[:-1].float(), full.features[0, :-1].bfloat16().float(),
@@ -86,14 +97,63 @@ def test_feedback_rows_and_buffers_fill_from_rejections(target: Transformer) -> 
     assert adapter.apply(SKIP) is False
     assert adapter.apply(HEAD) is True
     report = adapter.wait()
-    assert report is not None and report.kind == "head" and report.positions == 6 and report.fill == 1.0
-    assert len(adapter.head) == 0 and len(adapter.full) == len(roots) and adapter.trigger == 0
+    assert report is not None and report.kind == "head" and report.positions == 3 and report.fill == 1.0
+    assert report.rows == 3 and report.starts == 0 and report.loss_after < report.loss_before
+    assert len(adapter.head) == 0 and len(adapter.full) == len(feedback.full_roots) and adapter.trigger == 0
     assert adapter.apply(HEAD) is False  # nothing buffered for it
     assert adapter.apply(FULL) is True
     adapter.wait()
-    assert len(adapter.full) == 0 and adapter.reports[-1].positions == len(roots)
+    assert len(adapter.full) == 0 and adapter.reports[-1].positions == len(feedback.full_roots)
     with pytest.raises(InputError):
         adapter.apply(7)
+
+
+def test_a_signal_goes_to_the_buffer_its_rank_picks_with_the_state_drafting_computed(
+        target: Transformer) -> None:
+    """Where a draft was cut short at the root (nothing accepted), the law cut short is block 1's slot 0
+    there: what ``unroll`` computes at that start. The target's next token ranks within the widest
+    bucket (30): a head signal, with that slot's state; past it: a full one."""
+    recorder = FeedbackDrafter(drafter(target), top_k=8)
+    iterations: list[Iteration] = []
+    generate(target, prompt(4), drafter=recorder, max_new_tokens=32, on_iteration=iterations.append)
+    feedback = recorder.take("code")
+    net = recorder.net
+    at_root = [it.context_length for it in iterations[:-1] if not it.path and it.tree.size > 1]
+    assert len(at_root) >= 6
+    with torch.no_grad():
+        features = target(feedback.tokens[None]).features
+        starts = torch.tensor(at_root)
+        out = unroll(net, feedback.tokens[None], features, starts, starts.new_zeros(0, len(at_root)))
+        ranks = rank_of(out.blocks.logits[0, 0, :, 0], feedback.tokens[starts + 1]).tolist()
+    head = {root: i for i, root in enumerate(feedback.head_rows)}
+    assert {root for root, rank in zip(at_root, ranks, strict=True) if rank <= 30} == set(head) & set(at_root)
+    assert {root for root, rank in zip(at_root, ranks, strict=True) if rank > 30} == (
+        set(feedback.full_roots) & set(at_root))
+    assert 0 < len(set(head) & set(at_root)) < len(at_root)
+    for root in set(head) & set(at_root):
+        torch.testing.assert_close(feedback.head_states[head[root]], out.prefix[0, root], atol=1e-4,
+                                   rtol=1e-4)
+
+
+def test_a_head_update_trains_the_heads_on_the_stored_states_without_the_body(
+        target: Transformer, monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = Adapter(drafter(target), AdaptConfig(head_capacity=1000))
+    for seed in range(2):
+        serve(adapter, target, seed)
+    data = adapter.head.drain()
+    live = adapter.drafter.net
+    before = states(live)
+
+    def body(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a head update ran the drafter's body")
+
+    monkeypatch.setattr(SpecBlock, "forward", body)
+    new, report = update_drafter(live, data, "head", AdaptConfig(head_steps=6, head_lr=3e-3), seed=0)
+    assert report.steps == 6 and report.rows == sum(len(rows) for _, rows in data) > 0
+    assert report.loss_after < report.loss_before and report.kl_first == pytest.approx(0.0, abs=1e-6)
+    changed = {n for n, v in new.state_dict().items() if not torch.equal(v, before[n])}
+    assert changed and all(n.startswith(("lm_head.", "rank_head.")) for n in changed)
+    assert all(torch.equal(v, before[k]) for k, v in live.state_dict().items())  # the live one only read
 
 
 def test_kl_term_zero_after_copy_positive_after_update_and_it_restrains(target: Transformer) -> None:
@@ -122,9 +182,6 @@ def test_kl_term_zero_after_copy_positive_after_update_and_it_restrains(target: 
     assert kls[20.0] < 0.5 * kls[0.0]  # the KL term holds the update near the pre-update drafter
     for name, value in live.state_dict().items():  # the live network was only read
         assert torch.equal(value, before[name]), name
-    new, report = update_drafter(live, data, "head", AdaptConfig(), seed=0)
-    changed = {n for n, v in new.state_dict().items() if not torch.equal(v, before[n])}
-    assert changed and all(n.startswith(("lm_head.", "rank_head.")) for n in changed)
     assert new.embed is live.embed  # the target's embeddings are shared, not copied
 
 
@@ -247,3 +304,33 @@ def test_an_adapting_drafter_drafts_the_whole_vocabulary(target: Transformer) ->
     hidden = torch.randn(2, adapter.drafter.net.config.hidden_size)
     with torch.no_grad():
         assert adapter.drafter.net.draft_heads(hidden).logits.shape[-1] == VOCAB
+
+
+class SteadyBandit(CostAwareBandit):
+    """The cost-aware bandit told the same tau after every query: every window it closes is good."""
+
+    def observe(self, obs, action, reward, info) -> None:
+        super().observe(obs, action, reward, {**info, "tau": 2.0})
+
+
+@pytest.mark.parametrize("window, cooldown", [(4, 1), (2, 2)])
+def test_the_last_good_checkpoint_is_a_network_its_window_measured(target: Transformer, window: int,
+                                                                    cooldown: int) -> None:
+    # warm-up 1, then a head update at query 1 (network N1 serves queries 1 and 2). Window 4, cooldown 1:
+    # the next update, at query 3, closes N1's window early, after N2 went live for query 3; window 2,
+    # cooldown 2: N1's window closes full at query 2. Either way N1 is the network the window measured.
+    params = BanditParams(warmup=1, cold_start_events=100, epsilon_start=0.0, epsilon_end=0.0,
+                          cooldown=cooldown, saturation=0.0, s_min=0.0, window=window)
+    server = StreamServer(target, drafter(target), ["code"], SteadyBandit(params, seed=0),
+                          config=AdaptConfig(head_capacity=4, full_capacity=4), max_new_tokens=24)
+    served = []  # the network that served each query
+    for index in range(4):
+        row = server.serve(index, "code", prompt(index))
+        served.append(server.adapter.drafter.net)
+        if row["checkpoint"]:
+            break
+    assert row["checkpoint"] and index == (3 if window == 4 else 2)
+    assert served[0] is not served[1] is served[2]  # N1 went live at query 1 and served query 2
+    assert window == 2 or served[3] is not served[2]  # N2 went live at query 3
+    server.adapter.revert()  # the last good network goes live at the next query
+    assert server.adapter.drafter.newest() is served[1]

@@ -298,6 +298,21 @@ def test_bandit_reverts_after_three_monotone_drops():
     assert not policy.should_revert()
 
 
+def test_bandit_says_when_the_good_window_measured_the_drafter_before_this_querys_update():
+    """A window a new event closes early measured the drafter that served the previous query (the new
+    update may be live for this one); a window that fills measured the current drafter."""
+    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4, "cooldown": 1}, seed=0)
+    for _ in range(2):
+        step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
+    run_window(policy, 3.1, window=2)
+    assert not policy.checkpoint_good
+    assert step(policy, adapt_obs(), tau=3.1) != SKIP  # the next event closes the window early
+    assert policy.checkpoint_good and policy.checkpoint_previous
+    for _ in range(3):
+        step(policy, adapt_obs(head=0.0, full=0.0), tau=3.2)
+    assert policy.checkpoint_good and not policy.checkpoint_previous  # this window filled
+
+
 def test_bandit_does_not_revert_when_the_fall_is_not_monotone():
     policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4}, seed=0)
     for _ in range(2):

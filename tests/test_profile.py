@@ -118,20 +118,22 @@ def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_d
         out = target(tokens[None])
     top = out.logits[0].float().log_softmax(-1).topk(8, dim=-1)
 
-    def query(rejected: tuple[int, ...]) -> Feedback:
+    def query(full: tuple[int, ...], head: tuple[int, ...]) -> Feedback:
+        states = torch.randn(len(head), net.config.hidden_size)
         return Feedback("code", tokens, out.features[0].bfloat16(), top.values, top.indices,
-                        tuple(range(20, 39)), rejected)
+                        tuple(range(20, 39)), tuple(sorted(full + head)), full, head, states)
 
-    # 8 queries of 10 cut-short drafts: the head buffer (64 positions) holds the newest 7 of them
-    # (the oldest of those in part), the full one (256) all 8.
-    feedback = [query(tuple(range(21, 31))) for _ in range(8)]
+    # 8 queries of 10 cut-short drafts, each a full and a head signal: the head buffer (64 signals)
+    # holds the newest 7 of them (the oldest of those in part), the full one (256) all 8.
+    feedback = [query(tuple(range(21, 31)), tuple(range(21, 31))) for _ in range(8)]
     bench = Bench(make_timer(torch.device("cpu")), 1, 0)
     full, single, windows = prof.specblock_update_samples(target, net, TINY, bench, 0, feedback)
     assert windows == {"head": 7, "full": 8}
     bench.run()
     assert all(len(v) == 1 and v[0] > 0 for v in (*full.values(), *single.values()))
-    with pytest.raises(InputError, match="no rejected position"):
-        prof.specblock_update_samples(target, net, TINY, bench, 0, [query(())])
+    for signals in [((), ()), ((21, 22), ()), ((), (21, 22))]:  # an update with nothing to train on
+        with pytest.raises(InputError, match="no rejected position"):
+            prof.specblock_update_samples(target, net, TINY, bench, 0, [query(*signals)])
 
 
 def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(

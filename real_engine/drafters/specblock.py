@@ -31,7 +31,8 @@ token-level and block verification apply: their acceptance, ``1 - TV(p, q)`` per
 deterministic candidate's ``p(x)``. Whether a slot is drafted reads only the drafter's own states (the
 rank head's give-up bucket), never the token it would sample, so the draft stays a draw from ``q``.
 After verification the accepted tokens become prefix rows of the next block-1 forward, conditioned on
-the target's features, which the verifier's forward has just produced.
+the target's features, which the verifier's forward has just produced. What a proposal ran stays in
+:attr:`SpecBlockDrafter.proposal` until the next (online adaptation reads it, with no forward).
 """
 
 from __future__ import annotations
@@ -337,6 +338,18 @@ def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts:
     return Unrolled(net.heads(torch.stack(states, dim=1)), torch.stack(all_positions), first[:, :t])
 
 
+Laws = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a forward's slots: q, confidence law, log-law
+
+
+class Proposal(NamedTuple):
+    """What one ``propose`` ran: slots by global id (the row of their concatenated states)."""
+
+    tree: BucketTree  # the tree as grown (``build`` renumbers its nodes for the proposed one)
+    states: list[torch.Tensor]  # each forward's slot states, last layer: what the LM and rank heads read
+    logps: list[torch.Tensor]  # their log-laws over the drafting vocabulary
+    block_slots: dict[int, int]  # the start node of each block -> its first slot
+
+
 class SpecBlockDrafter:
     """Drafts a tree with ``blocks`` block forwards: block 1 at the root, then one batched forward
     for the ``starts`` best start nodes of each block; ``children`` per predicted bucket; at most
@@ -360,6 +373,7 @@ class SpecBlockDrafter:
         self.shapes: list[dict[str, float]] | None = None
         self._base: int | None = None  # committed drafter length once the root's prefix row has run
         self._tokens: list[int] = []
+        self.proposal: Proposal | None = None  # what the last proposal ran
 
     def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
               max_length: int) -> None:
@@ -390,11 +404,10 @@ class SpecBlockDrafter:
         self.model_seconds += clock(self.device) - start
         return hidden
 
-    def _heads(self, hidden: torch.Tensor
-               ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[list[float]], list[list[int]]]:
-        """Laws over the drafting vocabulary (the warped ``q`` and the confidence law: the plain softmax
-        at temperature 0, else ``q``), buckets and the candidate tokens of slot rows with their
-        log-probabilities: the best ones, or one draw from ``q`` for a sampled chain (one host sync)."""
+    def _heads(self, hidden: torch.Tensor) -> tuple[Laws, list[int], list[list[float]], list[list[int]]]:
+        """Laws over the drafting vocabulary (the warped ``q``, the confidence law: the plain softmax at
+        temperature 0, else ``q``, and the log-law), buckets and the candidate tokens of slot rows with
+        their log-probabilities: the best ones, or one draw from ``q`` for a sampled chain (one host sync)."""
         start = clock(self.device)
         logits, buckets = self.net.draft_heads(hidden)
         logp = logits.float().log_softmax(-1)
@@ -406,7 +419,7 @@ class SpecBlockDrafter:
             top = logp.topk(min(max(self.children), logits.shape[-1]), dim=-1)
         own = logp.exp() if self.sampling.greedy else laws
         ids = top[1] if not self.net.config.draft_vocab else self.net.draft_ids[top[1]]
-        out = (laws, own), buckets.argmax(-1).tolist(), top[0].tolist(), ids.tolist()
+        out = (laws, own, logp), buckets.argmax(-1).tolist(), top[0].tolist(), ids.tolist()
         self.model_seconds += clock(self.device) - start
         return out
 
@@ -420,7 +433,7 @@ class SpecBlockDrafter:
     @torch.inference_mode()
     def propose(self, max_depth: int) -> DraftTree:
         """Block 1 from the root, then ``blocks - 1`` batched rounds from the best start nodes."""
-        root = self.backlog[-1]
+        root, self.proposal = self.backlog[-1], None
         if max_depth < 1:
             self._base, self._tokens = None, [root]
             return DraftTree(torch.tensor([root], device=self.device), torch.tensor([-1], device=self.device),
@@ -450,6 +463,7 @@ class SpecBlockDrafter:
         laws, buckets, logps, ids = self._heads(hidden)
         all_laws = [laws]
         tree = BucketTree(root, max_depth, self.children)
+        block_slots = {0: 0}
         created = tree.extend(0, list(range(width)), buckets, logps, ids)
         counts = []  # start nodes of each later block that ran
         for _ in range(1, self.blocks):
@@ -457,19 +471,21 @@ class SpecBlockDrafter:
             if not starts:
                 break
             counts.append(len(starts))
+            block_slots.update((u, len(cache_rows) + i * k) for i, u in enumerate(starts))
             created = self._block(tree, starts, cache_rows, states, all_laws, root_position)
         mean_starts = sum(counts) / len(counts) if counts else 1.0
         if self.shapes is not None:
             self.shapes.append({"starts": mean_starts, "blocks": 1 + len(counts)})
-        laws = self._full(torch.cat([q for q, _ in all_laws]))
-        own = self._full(torch.cat([c for _, c in all_laws])) if self.sampling.greedy else None
+        self.proposal = Proposal(tree, states, [logp for *_, logp in all_laws], block_slots)
+        laws = self._full(torch.cat([q for q, *_ in all_laws]))
+        own = self._full(torch.cat([c for _, c, _ in all_laws])) if self.sampling.greedy else None
         draft = tree.build(self.budget, laws, "iid" if self.sampled else "topk", confidence_laws=own)
         self._tokens = draft.tokens.tolist()
         self.backlog, self.conds = [], self.conds[:0]
         return draft
 
     def _block(self, tree: BucketTree, starts: list[int], cache_rows: list[int], states: list[torch.Tensor],
-               all_laws: list[tuple[torch.Tensor, torch.Tensor]], root_position: int) -> list[int]:
+               all_laws: list[Laws], root_position: int) -> list[int]:
         """One batched forward: a block of K slots at each start node; extends ``tree``."""
         net, k, dev = self.net, self.k, self.device
         s, length = len(starts), self.cache.length
