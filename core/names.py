@@ -20,10 +20,10 @@ from core.errors import InputError
 
 DOMAINS = ("code", "tests", "prose", "text")
 """The shipped family's text domains: its corpus splits and prompt sets (``data/prompts/<domain>.jsonl``)."""
-VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv")
+VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv", "gds")
 DTYPES = ("float32", "bfloat16", "float16")
 BENCHMARKS = ("engine", "forward_cost", "cpu_linear", "lp_solve_time", "rollout_speed", "verifier_latency",
-              "checkout_ab", "pipeline_runs", "mutation")
+              "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft")
 """`specblock benchmark NAME`: each a module of ``benchmarks`` with a click command called `command`, named
 as its module, which is also the default name of its results file."""
 CLOCKS = ("wall", "cpu")  # how the engine is timed: wall seconds, or this process's CPU seconds

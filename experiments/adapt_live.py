@@ -1,24 +1,27 @@
 """Live online adaptation on a stream whose domain mix shifts, and the simulator's prediction of it.
 
-1. **Stream**: held-out prompts of each ``data/prompts/<domain>.jsonl``, its evaluation half first,
-   then its calibration half (no prompt is used twice; the stream is long enough that an update's
-   cost can pay back, as in the paper's 2K-query streams): ``first`` queries of the first domain
-   (code), then ``mixed`` queries taking every domain in turn. Each query generates
-   ``max_new_tokens`` tokens, greedy.
-2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``never``, ``always`` and
-   ``cost_aware_bandit`` with their default parameters) serves the same stream through its own
-   ``real_engine.adapt.StreamServer``, one policy after another; updates are waited for before the
-   next query and everything is timed on the process CPU clock with one torch thread (the CPU clock
-   is what the shipped cost profile uses). The drafter's tree budget equals the simulator's 16
-   positions.
+1. **Stream** (the paper's shape): ``plan.queries`` queries, equal shares of the four domains, whose mix
+   shifts after ``plan.shift`` queries: before it ``FIRST_MIX`` (mostly code and tests), after it the
+   rest of each domain's share (mostly prose and text), so the drafter first adapts to one mix, then
+   the mix changes. Each phase's order is a seeded shuffle; each query generates a length drawn from
+   ``plan.min_new_tokens..plan.max_new_tokens`` (48 to 64) with the seed, greedy. Prompts are each
+   ``data/prompts/<domain>.jsonl``'s held-out ones in order (evaluation half, then calibration half):
+   64 per domain, 256 in all, so the 200-query quick stream uses each at most once and the 2,000-query
+   stream reuses each about 8 times (``result["prompts"]`` records the distinct prompts per domain).
+2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``POLICIES``: never, always with head
+   updates, always with full updates, epsilon-greedy and the cost-aware bandit, default parameters)
+   serves the same stream through its own ``real_engine.stream_server.StreamServer``, one policy after
+   another; updates are waited for before the next query and everything is timed on the process CPU
+   clock with one torch thread (the CPU clock is what the shipped cost profile uses). The drafter's
+   tree budget equals the simulator's 16 positions.
 3. **Fit**: ``simulator.adaptation.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
-   of all three streams, with the acceptance model replayed from the ``never`` stream's iterations,
+   of all the streams, with the acceptance model replayed from the ``never`` stream's iterations,
    and how updates move the drafting time (``head_draft``, ``full_draft``) to each query's recorded
    SpecBlock shapes, costed by the profile relative to the ``never`` stream's mean.
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
    policy, ``seeds`` times, on the shipped CPU profile with the samples this stream reaches re-timed
-   right before, between every ``StreamPlan.retime_every`` queries of, and right after that policy's stream,
-   all timings pooled (``retime``, ``pooled``, ``stream_samples``; ``StreamPlan.retime_repeats``):
+   right before, between every ``StreamPlan.retime_every`` queries of, and right after that policy's
+   stream, all timings pooled (``retime``, ``pooled``, ``stream_samples``; ``StreamPlan.retime_repeats``):
    verification and plain steps, SpecBlock drafting and query starts on the part of the grid the
    stream uses, and (before the stream only) SpecBlock's update
    (``real_engine.profile.specblock_update_samples``) on the ``never`` stream's last buffered queries
@@ -30,15 +33,22 @@
    between the one-window and full-buffer times (``CostProfile.update_cost``: the update trains one
    window per buffered query); each query's start costs the prefill at its prompt length
    (``CostProfile.prefill_cost``: the target's prefill and the drafter's begin, with its feedback
-   recording). No time measured on the stream enters the prediction (drafting is costed by the
-   profile at the recorded shapes); the report adds each policy's shapes beside the engine's time
-   per iteration. Per-query means are compared with the engine's.
+   recording). AdaptStream's queries all generate the stream's mean length (it takes one length); the
+   stream's tokens/s weighs each query's simulated rate by its real length. No time measured on the
+   stream enters the prediction (drafting is costed by the profile at the recorded shapes); the report
+   adds each policy's shapes beside the engine's time per iteration. Per-query means are compared with
+   the engine's.
+5. **Figures** (``result["figures"]``, what ``specblock adapt-live --json`` prints): per policy the
+   stream's tokens/s (update seconds charged) with a 95% bootstrap interval over its queries
+   (resampled within each domain, ``experiments.intervals``), tau, updates by kind, seconds spent
+   training and the simulator's tokens/s with its error; the fidelity error is the median over
+   policies of |simulated / measured - 1|.
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
 and ``.png``. Modules: this one (plan, stream, the whole run), ``experiments.adapt_serve`` (the engine's
 streams and re-timing), ``experiments.adapt_predict`` (the simulator's prediction) and
-``experiments.adapt_report`` (tables and plot). Run: ``specblock adapt-live`` (``--quick`` for a
-one-minute smoke run).
+``experiments.adapt_report`` (tables and plot). Run: ``specblock adapt-live`` (``--quick`` for the
+200-query stream).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from experiments.adapt_plan import StreamPlan
 from experiments.adapt_predict import add_draft_ratios, errors, mean_shape, record_of, simulate, summary
 from experiments.adapt_report import bracket_ms, decode_ms, markdown, plot
 from experiments.adapt_serve import DRAFT, serve, stream_samples, with_samples
+from experiments.intervals import REPLICATES, interval, ratio_of_sums, resamples
 from experiments.provenance import save_result
 from real_engine.adapt import AdaptConfig
 from real_engine.model import load_model
@@ -69,33 +80,80 @@ from real_engine.trace import load_prompts
 from simulator.adaptation import AdaptationDynamics, adaptation_tau, fit_adaptation
 from simulator.replay import TraceReplay
 
-POLICIES = ("never", "always", "cost_aware_bandit")
-"""The policies compared by default, with their default parameters (``never`` must always be there: its
+POLICIES: dict[str, dict[str, Any]] = {
+    "never": {"kind": "never", "params": {}},
+    "always_head": {"kind": "always", "params": {"update": "head"}},
+    "always_full": {"kind": "always", "params": {"update": "full"}},
+    "epsilon_greedy": {"kind": "epsilon_greedy", "params": {}},
+    "cost_aware_bandit": {"kind": "cost_aware_bandit", "params": {}},
+}
+"""The policies compared by default, by name, as policy-file content (``never`` must always be there: its
 stream gives the traces and the drafting shapes the simulator replays)."""
+FIRST_MIX = dict(zip(DOMAINS, (0.4, 0.4, 0.1, 0.1), strict=True))
+"""Each domain's share of the queries before the shift; after it each domain takes the rest of its equal
+share of the stream (with the shift halfway: 0.1, 0.1, 0.4, 0.4)."""
 MAX_PROMPT = 192  # prompt tokens kept (each prompt's last ones)
 
 
-def build_stream(
-    prompts: Mapping[str, Sequence[Sequence[int]]], first: int, mixed: int, order: Sequence[str] = DOMAINS
-) -> list[tuple[str, list[int]]]:
-    """``first`` prompts of ``order[0]``, then ``mixed`` taking the domains of ``order`` in turn; no
-    prompt is used twice."""
-    taken = dict.fromkeys(order, 0)
+def phase_counts(plan: StreamPlan) -> tuple[dict[str, int], dict[str, int]]:
+    """Queries of each domain before and after the shift: ``FIRST_MIX`` of ``plan.shift`` (largest
+    remainders), then the rest of each domain's quarter of the stream."""
+    raw = {d: FIRST_MIX[d] * plan.shift for d in DOMAINS}
+    first = {d: int(v) for d, v in raw.items()}
+    for d in sorted(DOMAINS, key=lambda d: first[d] - raw[d])[:plan.shift - sum(first.values())]:
+        first[d] += 1
+    share = plan.queries // len(DOMAINS)
+    if any(n > share for n in first.values()):
+        raise InputError(f"a shift after {plan.shift} of {plan.queries} queries leaves a domain more than "
+                         "its quarter before it: shift earlier")
+    return first, {d: share - first[d] for d in DOMAINS}
+
+
+def build_stream(prompts: Mapping[str, Sequence[Sequence[int]]], plan: StreamPlan, seed: int
+                 ) -> list[tuple[str, list[int], int]]:
+    """(domain, prompt, new tokens) per query: each phase of ``phase_counts`` in a seeded order, each
+    domain's prompts in order (reused from the first once all are taken), lengths drawn from the plan's
+    range."""
+    rng = np.random.default_rng(seed)
+    domains = [d for counts in phase_counts(plan) for d in rng.permutation(
+        [d for d in DOMAINS for _ in range(counts[d])]).tolist()]
+    lengths = rng.integers(plan.min_new_tokens, plan.max_new_tokens + 1, size=len(domains))
+    taken = dict.fromkeys(DOMAINS, 0)
     stream = []
-    for domain in [order[0]] * first + [order[i % len(order)] for i in range(mixed)]:
-        if taken[domain] >= len(prompts[domain]):
-            raise InputError(
-                f"the stream needs more {domain} prompts than the {len(prompts[domain])} held "
-                "out: shorten the stream"
-            )
-        stream.append((domain, list(prompts[domain][taken[domain]])))
+    for domain, length in zip(domains, lengths, strict=True):
+        if not prompts[domain]:
+            raise InputError(f"no {domain} prompts held out: add some to data/prompts/{domain}.jsonl")
+        stream.append((domain, list(prompts[domain][taken[domain] % len(prompts[domain])]), int(length)))
         taken[domain] += 1
     return stream
 
 
 def default_policies() -> dict[str, dict[str, Any]]:
-    """``POLICIES`` by name, as policy-file content with default parameters."""
-    return {kind: {"kind": kind, "params": {}} for kind in POLICIES}
+    """``POLICIES`` by name, as policy-file content (a copy the caller may extend)."""
+    return {name: {"kind": spec["kind"], "params": dict(spec["params"])} for name, spec in POLICIES.items()}
+
+
+def figures(domains: Sequence[str], rows: Sequence[Mapping[str, Any]], simulated: Mapping[str, float],
+            seed: int) -> dict[str, Any]:
+    """One policy's stream figures: tokens/s with update seconds charged and its 95% bootstrap interval
+    over the queries (resampled within each domain), tau, updates by kind, seconds spent training, and
+    the simulator's tokens/s and tau (``simulated``: its ``summary``) with the tokens/s error."""
+    tokens = np.array([r["new_tokens"] for r in rows], dtype=float)
+    spent = tokens / np.array([r["tokens_per_second"] for r in rows]) + np.array(
+        [r["update_seconds"] for r in rows])
+    kinds = [r["update"]["kind"] for r in rows if r["update"] is not None]
+    measured = float(tokens.sum() / spent.sum())
+    replicates = ratio_of_sums(tokens, spent, resamples(domains, REPLICATES, seed))
+    return {
+        "tokens_per_second": measured,
+        "tokens_per_second_ci": interval(replicates),
+        "tau": float(np.mean([r["tau"] for r in rows])),
+        "updates": {k: kinds.count(k) for k in ("head", "full")},
+        "update_seconds": float(sum(r["update_seconds"] for r in rows)),
+        "simulated_tokens_per_second": simulated["tokens_per_second"],
+        "simulated_error": simulated["tokens_per_second"] / measured - 1.0,
+        "simulated_tau": simulated["tau"],
+    }
 
 
 def run(
@@ -120,11 +178,11 @@ def run(
     torch.set_num_threads(1)
     target = load_model(model_dir)
     tokenizer = Tokenizer.load(model_dir)
-    count = plan.first + -(-plan.mixed // len(DOMAINS))
+    count = plan.queries // len(DOMAINS)  # enough for every query of a domain; fewer are held out
     held = [p for part in ("evaluation", "calibration")
             for p in load_prompts(DOMAINS, count, tokenizer.encode, part, MAX_PROMPT)]
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
-    stream = build_stream(by_domain, plan.first, plan.mixed)
+    stream = build_stream(by_domain, plan, seed)
     adapt = AdaptConfig(clock="cpu", seed=seed)
     rows, traces, drafted, timed = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
     shapes = drafted["never"]
@@ -148,10 +206,16 @@ def run(
               "update_windows": dict(profile.update_windows),
               "update_single": dict(profile.fits.get("update_single", {})),
               "update_model": profile_measurement(profile_path).get("update_model")}
-    lengths = [len(tokens) for _, tokens in stream]
-    stream_domains = [d for d, _ in stream]
+    prompt_lengths = [len(tokens) for _, tokens, _ in stream]
+    lengths = [n for _, _, n in stream]
+    stream_domains = [d for d, _, _ in stream]
+    before, after = phase_counts(plan)
+    shifted = [d for d in DOMAINS if after[d] > before[d]]
     result: dict[str, Any] = {
         "stream": stream_domains,
+        "new_tokens": lengths,
+        "prompts": {d: len(by_domain[d]) for d in DOMAINS},
+        "mix": {"before": before, "after": after, "shifted": shifted},
         "policies": {},
         "fit": {
             "dynamics": asdict(fitted),
@@ -162,7 +226,6 @@ def run(
         "simulator_profile": costed,
         "acceptance_domains": domains,
     }
-    prompt_range = (min(lengths), max(lengths))
     profiles = {kind: with_samples(profile, stream_samples(timed[kind]) if kind in timed else None)
                 for kind in policies}
     if timed:
@@ -172,43 +235,34 @@ def run(
                                     **decode_ms(p, shapes)}
                              for kind, p in profiles.items()}
         costed["shipped"] = decode_ms(profile, shapes)
+    sim_tokens = round(float(np.mean(lengths)))  # AdaptStream takes one query length: the stream's mean
     sims = {
-        kind: simulate(spec, stream_domains, acceptance, profiles[kind], fitted, plan, prompt_range, seed,
-                       shapes)
+        kind: simulate(spec, stream_domains, acceptance, profiles[kind], fitted, plan, sim_tokens,
+                       (min(prompt_lengths), max(prompt_lengths)), seed, shapes)
         for kind, spec in policies.items()
     }
+    out: dict[str, Any] = {}
     for kind in policies:
         sim = sims[kind]
-        column = {
-            key: [r[key] for r in rows[kind]]
-            for key in ("tau", "tokens_per_second", "update_seconds", "new_tokens")
-        }
-        measured = summary(
-            stream_domains,
-            column["tau"],
-            column["tokens_per_second"],
-            column["update_seconds"],
-            column["new_tokens"],
-            plan.first,
-        )
-        simulated = summary(
-            stream_domains,
-            sim["tau"],
-            sim["tokens_per_second"],
-            sim["update_seconds"],
-            [plan.max_new_tokens] * len(stream),
-            plan.first,
-        )
-        kinds = [r["update"]["kind"] for r in rows[kind] if r["update"] is not None]
+        keys = ("tau", "tokens_per_second", "update_seconds", "new_tokens")
+        column = {key: [r[key] for r in rows[kind]] for key in keys}
+        measured = summary(stream_domains, *(column[key] for key in keys), plan.shift, shifted)
+        simulated = summary(stream_domains, sim["tau"], sim["tokens_per_second"], sim["update_seconds"],
+                            lengths, plan.shift, shifted)
+        out[kind] = {**figures(stream_domains, rows[kind], simulated, seed),
+                     "shifted_tau_early": measured["shifted_tau_early"],
+                     "shifted_tau_late": measured["shifted_tau_late"]}
         result["policies"][kind] = {
             "rows": rows[kind],
             "simulated": sim,
             "measured": measured,
             "simulated_summary": simulated,
-            "updates": {k: kinds.count(k) for k in ("head", "full")},
+            "updates": out[kind]["updates"],
             "drafted": mean_shape(profile, drafted[kind]),
             "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")},
         }
+    fidelity = float(np.median([abs(f["simulated_error"]) for f in out.values()]))
+    result["figures"] = {"policies": out, "fidelity_error": fidelity}
     config = {
         "plan": asdict(plan),
         "model": str(model_dir),
@@ -222,5 +276,5 @@ def run(
     }
     save_result(name, result, config, seed, directory=results)
     write_text(results / f"{name}.md", markdown(result, config))
-    plot(result, results / f"{name}.png", plan.first)
+    plot(result, results / f"{name}.png", plan.shift)
     return result

@@ -1,23 +1,41 @@
-"""The plan of a live adaptation stream (``experiments.adapt_live``): its size, query length and how often
-the engine is re-timed; the default plan and the quick one."""
+"""The plan of a live adaptation stream (``experiments.adapt_live``): its size, where its domain mix
+shifts, the range of each query's length and how often the engine is re-timed; the paper's 2,000-query
+plan, the 200-query quick one and the pipeline's small one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.errors import InputError
+
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """Stream size, query length and simulator repetitions."""
+    """Stream size, the query where the mix shifts, query lengths and simulator repetitions."""
 
-    first: int  # queries of the first domain only
-    mixed: int  # queries of the mixed phase (domains in turn)
+    queries: int  # queries in the stream (a multiple of 4: equal shares of the four domains)
+    shift: int  # queries served before the domain mix changes
+    min_new_tokens: int  # each query generates a length drawn from [min_new_tokens, max_new_tokens]
     max_new_tokens: int
     sim_seeds: int
     retime_repeats: int  # rounds of ``retime`` before and after each policy's stream (0: the profile)
     retime_every: int = 0  # one round of decoding re-timed between every this many queries (0: none)
 
+    def __post_init__(self) -> None:
+        if self.queries < 4 or self.queries % 4 or not 0 < self.shift < self.queries:
+            raise InputError(f"StreamPlan: {self.queries} queries shifting after {self.shift}: give a "
+                             "multiple of 4 queries and a shift between them")
+        if not 1 <= self.min_new_tokens <= self.max_new_tokens:
+            raise InputError(f"StreamPlan: new tokens {self.min_new_tokens}..{self.max_new_tokens}: give "
+                             "1 <= min_new_tokens <= max_new_tokens")
 
-DEFAULT_PLAN = StreamPlan(first=16, mixed=192, max_new_tokens=48, sim_seeds=32, retime_repeats=3,
-                          retime_every=16)
-QUICK_PLAN = StreamPlan(first=4, mixed=8, max_new_tokens=24, sim_seeds=4, retime_repeats=1)
+
+DEFAULT_PLAN = StreamPlan(queries=2000, shift=1000, min_new_tokens=48, max_new_tokens=64, sim_seeds=32,
+                          retime_repeats=3, retime_every=100)
+"""The paper's stream: 2,000 queries of 48 to 64 tokens, the mix shifting halfway (hours on this CPU)."""
+QUICK_PLAN = StreamPlan(queries=200, shift=100, min_new_tokens=48, max_new_tokens=64, sim_seeds=8,
+                        retime_repeats=1, retime_every=50)
+"""``specblock adapt-live --quick``: the same stream shape, 200 queries (about 15 minutes here)."""
+PIPELINE_PLAN = StreamPlan(queries=12, shift=6, min_new_tokens=20, max_new_tokens=28, sim_seeds=4,
+                           retime_repeats=1)
+"""The pipeline's adaptation step (``make run``): a smoke-sized stream of the same shape."""

@@ -3,7 +3,7 @@ prediction of each policy's stream, and the figures both are compared by."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,18 +41,20 @@ def simulate(
     profile: Any,
     dynamics: Any,
     plan: StreamPlan,
+    tokens: int,
     prompt_tokens: tuple[int, int],
     seed: int,
     shapes: Sequence[Mapping[str, float]],
 ) -> dict[str, list[float]]:
     """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of the policy ``spec``
-    (policy-file content), drafting costed at the recorded SpecBlock ``shapes``."""
+    (policy-file content) whose queries generate ``tokens`` each, drafting costed at the recorded
+    SpecBlock ``shapes``."""
     env = AdaptStreamEnv(
         profile=profile,
         acceptance=acceptance,
         drafter="specblock",
         draft_length=acceptance.cap,
-        tokens_per_query=plan.max_new_tokens,
+        tokens_per_query=tokens,
         prompt_tokens=prompt_tokens,
         phases=[(1, {d: 1.0}) for d in stream_domains],
         dynamics=dynamics,
@@ -108,15 +110,17 @@ def summary(
     tps: Sequence[float],
     update: Sequence[float],
     tokens: Sequence[int],
-    first: int,
+    shift: int,
+    shifted: Collection[str],
 ) -> dict[str, float]:
-    """Stream figures: tokens/s with updates charged, mean tau, and tau on the shifted domains (those
-    after the first phase's) in the first and the second half of the mixed phase."""
+    """Stream figures: tokens/s with updates charged, mean tau, and tau on the ``shifted`` domains (those
+    the mix favours after the ``shift``-th query) in the first and the second half of the queries after
+    the shift."""
     seconds = [n / r for n, r in zip(tokens, tps, strict=True)]
-    mixed = len(domains) - first
-    shifted = [i for i in range(first, len(domains)) if domains[i] != domains[0]]
-    early = [tau[i] for i in shifted if i < first + mixed // 2]
-    late = [tau[i] for i in shifted if i >= first + mixed // 2]
+    middle = shift + (len(domains) - shift) // 2
+    after = [i for i in range(shift, len(domains)) if domains[i] in shifted]
+    early = [tau[i] for i in after if i < middle]
+    late = [tau[i] for i in after if i >= middle]
     return {
         "tokens_per_second": sum(tokens) / (sum(seconds) + sum(update)),
         "tau": float(np.mean(tau)),

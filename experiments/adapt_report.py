@@ -16,23 +16,32 @@ from experiments.adapt_serve import pooled, with_samples
 
 def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     """The results table."""
+    plan, mix = config["plan"], result["mix"]
+    prompts = ", ".join(f"{d} {n}" for d, n in result["prompts"].items())
+    figures = result["figures"]
     lines = [
         "# Live online adaptation vs the simulator (AdaptStream)",
         "",
-        f"Stream: {config['plan']['first']} code queries, then {config['plan']['mixed']} mixed "
-        f"(domains in turn), {config['plan']['max_new_tokens']} new tokens each, greedy; SpecBlock "
-        f"drafter `{config['drafter']}` (tree: {config['draft']}); CPU clock, one torch thread. "
-        "Shifted tau: the non-code queries of the first vs the second half of the mixed phase. "
-        "Tokens/s charge update seconds.",
+        f"Stream: {plan['queries']} queries, equal shares of the domains; the mix shifts after query "
+        f"{plan['shift']} (before: {shares(mix['before'])}; after: {shares(mix['after'])}); each query "
+        f"generates {plan['min_new_tokens']} to {plan['max_new_tokens']} new tokens (drawn with the seed), "
+        f"greedy. Held-out prompts per domain: {prompts} (reused in order when the stream needs more). "
+        f"SpecBlock drafter `{config['drafter']}` (tree: {config['draft']}); CPU clock, one torch thread. "
+        f"Shifted tau: the {', '.join(mix['shifted'])} queries of the first vs the second half after the "
+        "shift. Tokens/s charge update seconds; [95% CI]: bootstrap over the stream's queries, resampled "
+        f"within each domain. Fidelity error (median |sim / measured - 1|): {figures['fidelity_error']:.1%}.",
         "",
-        "| policy | tokens/s | sim | tau | sim | shifted tau early -> late | sim | updates (head/full) | "
-        "update s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| policy | tokens/s [95% CI] | sim | sim error | tau | sim | shifted tau early -> late | sim | "
+        "updates (head/full) | update s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, entry in result["policies"].items():
-        m, s = entry["measured"], entry["simulated_summary"]
+        m, s, f = entry["measured"], entry["simulated_summary"], figures["policies"][kind]
+        low, high = f["tokens_per_second_ci"]
         lines.append(
-            f"| {kind} | {m['tokens_per_second']:.1f} | {s['tokens_per_second']:.1f} | {m['tau']:.3f} | "
+            f"| {kind} | {f['tokens_per_second']:.1f} [{low:.1f}, {high:.1f}] | "
+            f"{s['tokens_per_second']:.1f} | "
+            f"{f['simulated_error']:+.1%} | {m['tau']:.3f} | "
             f"{s['tau']:.3f} | {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f} | "
             f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
             f"{entry['updates']['full']} | {m['update_seconds']:.1f} |"
@@ -79,6 +88,12 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def shares(counts: Mapping[str, int]) -> str:
+    """Queries per domain as shares of their phase, for the report."""
+    total = sum(counts.values())
+    return ", ".join(f"{d} {n / total:.0%}" for d, n in counts.items())
 
 
 def decode_ms(profile: Any, shapes: Sequence[Mapping[str, float]], context: float = 256.0
@@ -140,8 +155,9 @@ def update_text(costed: Mapping[str, Any]) -> str:
             f"{seconds['full']:.2f} s full) times the buffer's fill.")
 
 
-def plot(result: Mapping[str, Any], path: Path, first: int) -> None:
-    """Tau and tokens/s per query, measured vs simulated, one column per policy."""
+def plot(result: Mapping[str, Any], path: Path, shift: int) -> None:
+    """Tau and tokens/s per query, measured vs simulated, one column per policy (dashed: the mix's shift
+    after ``shift`` queries)."""
     import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
@@ -160,10 +176,10 @@ def plot(result: Mapping[str, Any], path: Path, first: int) -> None:
                 if r["update"] is not None:
                     color = "tab:green" if r["update"]["kind"] == "head" else "tab:red"
                     ax.axvline(i, color=color, alpha=0.15)
-            ax.axvline(first - 0.5, color="k", ls="--", lw=1)
+            ax.axvline(shift - 0.5, color="k", ls="--", lw=1)
             ax.set_ylabel(label)
         axes[0, col].set_title(f"{kind} (green: head, red: full update)")
-        axes[1, col].set_xlabel("query (dashed: code-only -> mixed)")
+        axes[1, col].set_xlabel("query (dashed: the domain mix shifts)")
         axes[0, col].legend(fontsize=8)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

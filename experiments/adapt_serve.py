@@ -84,19 +84,19 @@ def with_samples(profile: Any, timed: Mapping[str, Any] | None) -> Any:
 def serve(
     target: Any,
     drafter_dir: Path,
-    stream: Sequence[tuple[str, list[int]]],
+    stream: Sequence[tuple[str, list[int], int]],
     plan: StreamPlan,
     config: Any,
     seed: int,
     policies: Mapping[str, Mapping[str, Any]],
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], dict[str, list[dict[str, float]]],
            dict[str, dict[str, dict[str, list[float]]]]]:
-    """Each policy's rows on ``stream`` (``config``: an ``AdaptConfig``; ``policies``: name -> policy-file
-    content), the ``never`` stream's iterations as trace rows, each policy's drafting shapes, and the
-    profile samples ``retime`` measured right before (``"before"``, updates included: after the ``never``
-    stream they train on that stream's last buffered queries), between every ``plan.retime_every``
-    queries of (``"during"``, one round of decoding each) and right after (``"after"``, decoding only)
-    each policy's stream (``plan.retime_repeats`` > 0).
+    """Each policy's rows on ``stream`` ((domain, prompt, new tokens) per query; ``config``: an
+    ``AdaptConfig``; ``policies``: name -> policy-file content), the ``never`` stream's iterations as
+    trace rows, each policy's drafting shapes, and the profile samples ``retime`` measured right before
+    (``"before"``, updates included: after the ``never`` stream they train on that stream's last buffered
+    queries), between every ``plan.retime_every`` queries of (``"during"``, one round of decoding each)
+    and right after (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
@@ -116,7 +116,7 @@ def serve(
         traces.append(iteration_row(iteration, query, stream[query][0], "specblock", counts[query] - 1))
 
     warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
-    generate(target, stream[0][1], drafter=warm, max_new_tokens=plan.max_new_tokens)  # one-time costs
+    generate(target, stream[0][1], drafter=warm, max_new_tokens=stream[0][2])  # one-time costs
     rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
     drafters, timed = {}, {}
     feedback = None  # the never stream's last buffered queries, once it has run
@@ -124,22 +124,23 @@ def serve(
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
         drafter.shapes = []  # record what the drafter runs
-        server = StreamServer(target, drafter, [d for d, _ in stream],
+        server = StreamServer(target, drafter, [q[0] for q in stream],
                               make_policy(spec["kind"], spec["params"], seed=seed), config=config,
-                              max_new_tokens=plan.max_new_tokens, seed=seed,
+                              seed=seed,
                               on_iteration=keep if kind == "never" else None)
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
             timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
                            "during": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
-        for index, (domain, prompt) in enumerate(stream):
+        for index, (domain, prompt, new_tokens) in enumerate(stream):
             if plan.retime_repeats > 0 and plan.retime_every and index and index % plan.retime_every == 0:
                 timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False))
             before = len(drafter.shapes)
+            server.max_new_tokens = new_tokens  # this query's length (read by serve)
             r = server.serve(index, domain, prompt)
             r["proposals"] = len(drafter.shapes) - before  # this query's entries of the shapes
             rows[kind].append(r)
-            log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:3d} {domain:5s} tau {r['tau']:.2f} "
+            log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:4d} {domain:5s} tau {r['tau']:.2f} "
                 f"{r['action']}")
         server.close()
         if plan.retime_repeats > 0:  # bracket the stream: the machine's speed drifts within minutes

@@ -13,9 +13,9 @@ Seven steps, each writing into one run folder (``--resume`` skips the finished o
 6. ``deploy``   every length policy file in the live engine on held-out prompts (round-robin prompt
                 by prompt, steady-state throughput on the profile's clock) beside the simulator's
                 prediction for the same prompts -> ``deploy.json``; the adaptation policies (never,
-                always, the cost-aware bandit, and the tuned ones) serve a stream with a domain shift
-                with online updates of the SpecBlock drafter (``experiments.adapt_live``) ->
-                ``adaptation.json``
+                always head, always full, epsilon-greedy, the cost-aware bandit, and the tuned ones)
+                serve a stream with a domain shift with online updates of the SpecBlock drafter
+                (``experiments.adapt_live``) -> ``adaptation.json``
 7. ``report``   ``report.md`` and ``report.png``: predicted against measured tokens/s per policy, the
                 fidelity error (median absolute relative error), the tuned policies, the LP table
 
@@ -40,7 +40,7 @@ from core.errors import InputError
 from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
 from core.paths import CPU_PROFILE, MODELS
 from experiments import adapt_live
-from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN
+from experiments.adapt_plan import PIPELINE_PLAN, QUICK_PLAN
 from experiments.deploy import LiveRun, compare, decision_cost, forecast
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hold, measurement_age
 from experiments.pipeline_report import write_report
@@ -362,7 +362,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
     profile = run.path("cost_profile.json")
     if "specblock" not in load_profile(profile).drafters:  # a quick profile times no feature drafter
         profile = CPU_PROFILE
-    plan = QUICK_PLAN if run.plan.quick else DEFAULT_PLAN
+    plan = PIPELINE_PLAN if run.plan.quick else QUICK_PLAN
     threads = torch.get_num_threads()
     try:
         result = adapt_live.run(

@@ -179,7 +179,10 @@ def _adapt_live_command(name: str, config: Record) -> str:
 
 
 def _adapt_live_body(record: Record) -> Lines:
-    plan = record["config"]["plan"]
+    plan, figures = record["config"]["plan"], record["results"].get("figures")
+    if figures is not None:
+        return _adapt_stream_body(plan, record["results"], figures)
+    # written before the paper's stream (issue 30): code queries first, then the domains in turn
     lines = [f"Stream: {plan['first']} code queries, then {plan['mixed']} mixed, {plan['max_new_tokens']} "
              "new tokens each; measured live against the simulator's AdaptStream (sim). Shifted tau: the "
              "non-code queries of the first against the second half of the mixed phase.", ""]
@@ -192,6 +195,28 @@ def _adapt_live_body(record: Record) -> Lines:
                      f"{entry['updates']['head']}/{entry['updates']['full']}"])
     return lines + table(["policy", "tokens/s", "sim", "tau", "sim", "shifted tau early -> late",
                           "updates (head/full)"], rows)
+
+
+def _adapt_stream_body(plan: Record, results: Record, figures: Record) -> Lines:
+    mix = results["mix"]
+    prompts = ", ".join(f"{d} {n}" for d, n in results["prompts"].items())
+    lines = [f"Stream: {plan['queries']} queries, equal shares of the domains, the mix shifting after query "
+             f"{plan['shift']} (toward {', '.join(mix['shifted'])}), {plan['min_new_tokens']} to "
+             f"{plan['max_new_tokens']} new tokens each; distinct held-out prompts per domain: {prompts} "
+             "(reused in order when the stream needs more). Measured live, tokens/s with update seconds "
+             "charged [95% CI: bootstrap over the queries within each domain], against the simulator's "
+             "AdaptStream (sim). Shifted tau: the shifted domains' queries in the first against the second "
+             f"half after the shift. Fidelity error (median |sim / measured - 1|): "
+             f"{figures['fidelity_error']:.1%}.", ""]
+    rows = []
+    for policy, f in figures["policies"].items():
+        rows.append([policy, interval(f["tokens_per_second"], f["tokens_per_second_ci"], ".1f"),
+                     f"{f['simulated_tokens_per_second']:.1f}", f"{f['simulated_error']:+.1%}",
+                     f"{f['tau']:.3f}", f"{f['simulated_tau']:.3f}",
+                     f"{f['shifted_tau_early']:.3f} -> {f['shifted_tau_late']:.3f}",
+                     f"{f['updates']['head']}/{f['updates']['full']}", f"{f['update_seconds']:.1f}"])
+    return lines + table(["policy", "tokens/s [95% CI]", "sim", "sim error", "tau", "sim",
+                          "shifted tau early -> late", "updates (head/full)", "update s"], rows)
 
 
 def _study_command(name: str, config: Record) -> str:
@@ -220,6 +245,36 @@ def _study_adapt_body(record: Record) -> Lines:
     rows = [[r["policy"], f"{r['tokens_per_second']:.2f}", f"{r['tau']:.3f}",
              f"{r['ratio_to_never']:.4f} +- {r['ratio_stderr']:.4f}"] for r in record["results"]["rows"]]
     return lines + table(["policy", "tokens/s", "tau", "ratio to never"], rows)
+
+
+def _breakeven_command(name: str, config: Record) -> str:
+    return (f"{benchmark('adapt_breakeven')}{' --quick' if config['quick'] else ''}"
+            f"{flag('--profile', config['profile'])}")
+
+
+def _breakeven_factor(edge: Record, seconds: Record) -> str:
+    if edge["factor"] is None:
+        return {"below": "never pays on the grid", "above": "pays on the whole grid"}[edge["status"]]
+    return (f"{edge['factor']:.3g}x (head {edge['factor'] * seconds['head']:.3g} s, full "
+            f"{edge['factor'] * seconds['full']:.3g} s)")
+
+
+def _breakeven_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = [f"AdaptStream, {config['seeds']} streams per point (common random numbers): the cost-aware "
+             "bandit's tokens/s over never's against the profile's update seconds scaled by a factor; "
+             "break-even: the factor where the mean gain falls through 1 (head and full seconds on a full "
+             "buffer there); shown up to: every 95% interval above 1 up to that factor."]
+    for m in record["results"]["maps"]:
+        lines += ["", f"{m['label']}:", "", *table(
+            ["stream length", "break-even factor", "shown up to"],
+            [[e["length"], _breakeven_factor(e, m["update_seconds"]),
+              "-" if e["shown_up_to"] is None else f"{e['shown_up_to']:.3g}x"] for e in m["break_even"]])]
+        live = [f"- live `{r['name']}`: {r['stream_length']} queries at {r['factor']:.2f}x the profile's "
+                f"update cost: measured gain {r['measured_gain']:.3f}, map {r['map_gain']:.3f}"
+                for r in m.get("live", []) if r["placed"]]
+        lines += ["", *live] if live else []
+    return lines
 
 
 def _shapes_command(name: str, config: Record) -> str:
@@ -258,6 +313,32 @@ def _lp_solve_time_body(record: Record) -> Lines:
     rows = [[*key, f"{entry['variables']:,}", *(entry.get(s, "-") for s in solvers)]
             for key, entry in sorted(cells.items())]
     return lines + table(["V", "L", "K", "variables", *solvers], rows)
+
+
+def _multidraft_command(name: str, config: Record) -> str:
+    return f"{benchmark('multidraft')}{' --quick' if config['quick'] else ''}"
+
+
+def _multidraft_body(record: Record) -> Lines:
+    result = record["results"]
+
+    def mean(row: Record, column: str) -> str:
+        return f"{row['value'][column]['mean']:.3f}"
+
+    lines = ["Expected accepted draft tokens, mean over instances. LP: the bound for K i.i.d. paths, which "
+             "token, BV, RRS, SeqBV and GBV draw; RRS without replacement and GDS (greedy draft) draw other "
+             "drafts, so each is shown with the LP bound of its own draft law. GBV < BV: instances where GBV "
+             "accepts less than single-path BV.", ""]
+    rows = [[r["source"], r["vocab"], r["length"], r["drafts"], r["instances"], mean(r, "lp"),
+             *(mean(r, c) for c in ("token", "bv", "rrs", "seqbv", "gbv")),
+             f"{mean(r, 'rrs_wor')} ({mean(r, 'lp_wor')})", f"{mean(r, 'gds')} ({mean(r, 'lp_gds')})",
+             r["gbv_below_bv"]["count"]] for r in result["cells"]]
+    lines += table(["source", "V", "L", "K", "n", "LP", "token", "BV", "RRS", "SeqBV", "GBV",
+                    "RRS w/o repl. (its LP)", "GDS (its LP)", "GBV < BV"], rows)
+    lines += ["", *(f"- {source}, K >= 2: GBV below BV on {s['gbv_below_bv']} of {s['instances']} "
+                    f"instance-cells; GDS above the i.i.d. LP on {s['gds_over_lp']}, at its own bound on "
+                    f"{s['gds_at_own_bound']}." for source, s in result["overall"].items())]
+    return lines
 
 
 def _verifier_latency_command(name: str, config: Record) -> str:
@@ -373,7 +454,11 @@ RENDERERS: dict[str, Renderer] = {
                            _adapt_live_body),
     "study_length": Renderer("Study: length policies in simulation", _study_command, _study_length_body),
     "study_adapt": Renderer("Study: adaptation policies in simulation", _study_command, _study_adapt_body),
+    "adapt_breakeven": Renderer("When does adaptation pay? Break-even in simulation", _breakeven_command,
+                                _breakeven_body),
     "lp_solve_time": Renderer("LP solve time", _lp_solve_time_command, _lp_solve_time_body),
+    "multidraft": Renderer("Multi-draft verification against the LP bound", _multidraft_command,
+                           _multidraft_body),
     "verifier_latency": Renderer("Verifier latency", _verifier_latency_command, _verifier_latency_body),
     "rollout_speed": Renderer("Simulator rollout speed", _rollout_speed_command, _rollout_speed_body),
     "forward_cost": Renderer("Forward cost and the draft chain's speedup bound", _forward_cost_command,

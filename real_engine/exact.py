@@ -14,7 +14,10 @@ tokens hanging from the root, as ``DraftTree.from_paths`` builds them):
 - ``without_replacement``: the root's K children drawn from ``q`` without replacement (fewer when
   ``q`` has fewer than K tokens of non-zero probability), each continued by one path from ``q``;
 - ``topk``: the root's children are the top-K tokens of ``q`` (ties to the lower id), each continued
-  by one path from ``q``.
+  by one path from ``q``;
+- ``greedy_draft``: the root's children are the top K-1 tokens of ``q`` (ties to the lower id), then one
+  drawn from ``q`` without them (none when no mass is left), each continued by one path from ``q``
+  (Hu et al.'s greedy draft, verified by ``gds``).
 
 Single-path verifiers (``greedy``, ``token``, ``block``) verify the first of the K paths.
 
@@ -142,12 +145,23 @@ def _continuations(inst: Instance, prefix: tuple[int, ...],
             for prob, rest in _continuations(inst, (*prefix, y), length - 1)]
 
 
+def _top(q: np.ndarray, count: int) -> tuple[int, ...]:
+    """The ``count`` most likely tokens of ``q``, ties to the lower id."""
+    return tuple(int(y) for y in np.argsort(-q, kind="stable")[:count])
+
+
 def _child_draws(q: np.ndarray, count: int, child_rule: str) -> list[tuple[float, tuple[int, ...]]]:
     """Every ordered choice of ``count`` children of a node whose draft law is ``q``, under
     ``child_rule``, with its probability (fewer children without replacement when ``q`` has fewer
-    tokens of non-zero probability)."""
+    tokens of non-zero probability; no sampled child in a greedy draft when its top tokens hold all of
+    ``q``'s mass)."""
     if child_rule == "topk":
-        return [(1.0, tuple(int(y) for y in np.argsort(-q, kind="stable")[:count]))]
+        return [(1.0, _top(q, count))]
+    if child_rule == "greedy_draft":
+        top = _top(q, count - 1)
+        rest = [y for y in range(len(q)) if q[y] > 0 and y not in top]
+        mass = float(sum(q[y] for y in rest))
+        return [(float(q[y]) / mass, (*top, y)) for y in rest] if rest else [(1.0, top)]
     seqs = [(1.0, ())]
     for _ in range(count):
         grown = []

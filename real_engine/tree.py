@@ -3,8 +3,10 @@
 Node 0 is the root: the last committed token, whose key/value is not yet in the cache. Every other
 node is a drafted token whose parent has a smaller index (topological order). ``q[i]`` is the
 drafter's distribution at node ``i``, the law its children were drafted from; ``child_rule`` says
-how: ``"iid"`` (independent draws, duplicates allowed), ``"without_replacement"`` (Sequoia), or
-``"topk"`` (deterministic top-k candidates, as EAGLE and Medusa trees are).
+how: ``"iid"`` (independent draws, duplicates allowed), ``"without_replacement"`` (Sequoia),
+``"topk"`` (deterministic top-k candidates, as EAGLE and Medusa trees are), or ``"greedy_draft"`` (the
+greedy draft of Hu et al., ICLR 2025: a node's children but the last are the top tokens of ``q``, the
+last is drawn from ``q`` without them; a node with one child draws it from ``q``).
 
 Two optional per-node annotations feed traces and length policies: ``confidence[i]``, the drafter's
 probability of node ``i``'s token under its parent's law (its plain softmax at temperature 0, where
@@ -21,7 +23,7 @@ import torch
 
 from core.errors import InputError
 
-CHILD_RULES = ("iid", "without_replacement", "topk")
+CHILD_RULES = ("iid", "without_replacement", "topk", "greedy_draft")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ that enumerates every outcome, so the same code is proven lossless exactly (``te
   rule per ``child_rule``: i.i.d. children, children without replacement (Sequoia), top-k point masses.
 - ``gbv``: greedy multi-path block verification (after Thomas & Pal, arXiv 2602.16961).
 - ``seqbv``: sequential BV with residual hand-off over the paths (this project's own).
+- ``gds``: greedy draft selection (after Hu et al., ICLR 2025): the top K-1 tokens of ``q`` and one sampled
+  path, verified optimally at the first step and by BV along the accepted path.
 
 Provenance, stated plainly:
 
@@ -30,6 +32,11 @@ Provenance, stated plainly:
   one path: on some instances it accepts less than single-path BV (``specblock lp --vocab 2 --length 2
   --drafts 2 --drafter mix``, seed 0, instance 0: GBV 1.609 against BV 1.857).
 - *This project's own*: ``seqbv`` (no paper).
+- *Partly reconstructed*: ``gds``. The draft (the K-1 most likely tokens, then one sampled) and its
+  optimal one-step verification follow Hu et al., "Towards Optimal Multi-draft Speculative Decoding"
+  (ICLR 2025), as recalled here, not checked against the paper's text; the sampled draft's law (``q``
+  without the top tokens), the order of the checks and the paths' tails (verified by BV) are this
+  project's. Its drafts are not i.i.d., so the LP bound for K i.i.d. paths does not bound it.
 
 Each sampling verifier is written as a ``*_law`` function returning a :class:`Decision` (the accepted
 nodes and the law of the token to emit); ``VERIFIERS`` wraps each with that one final draw. Nothing
@@ -108,6 +115,9 @@ def _check(name: str, tree: DraftTree, p: torch.Tensor, needs_q: bool) -> None:
     if p.dim() != 2 or p.shape[0] != tree.size:
         raise InputError(f"{name}: p has shape {tuple(p.shape)} for a tree of {tree.size} nodes: "
                          "pass p as [nodes, vocab], one target row per tree node")
+    if tree.child_rule == "greedy_draft" and name not in ("greedy", "gds"):
+        raise InputError(f"{name} cannot verify a greedy draft (top tokens, then one sampled): use gds, or "
+                         "greedy at temperature 0")
     if needs_q and tree.q is None:
         raise InputError(f"{name} needs the draft law: build the DraftTree with q ([nodes, vocab])")
     if needs_q and tree.q.shape[1] != p.shape[1]:
@@ -486,11 +496,68 @@ def seqbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
         r = law
 
 
+def _greedy_draft(q: torch.Tensor, tops: list[int]) -> torch.Tensor | None:
+    """The law the last child of a greedy-draft node was drawn from: ``q`` without the other children's
+    tokens ``tops``, renormalized; None when no mass is left (the drafter then adds no sampled child, so
+    the last child is a top token too). One host sync."""
+    rest = q.index_fill(0, torch.tensor(tops, dtype=torch.long, device=q.device), 0) if tops else q
+    total = float(rest.sum())
+    return rest / total if total > 0 else None
+
+
+def gds_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
+    """Greedy draft selection, GDS, after Hu et al., "Towards Optimal Multi-draft Speculative Decoding"
+    (ICLR 2025): of the K drafts, K-1 are the most likely tokens of ``q`` (deterministic) and one is
+    sampled, with the verification that is optimal for that draft at one step.
+
+    The tree (``child_rule == "greedy_draft"``, ``DraftTree.from_paths``): the first K-1 paths start with
+    the top tokens ``T`` of ``q`` at the root, the last path's first token is drawn from ``q'``, ``q``
+    without ``T`` renormalized, and every later token from ``q``. Verification: BV along the sampled
+    path with ``q'`` as its first draft law; if it accepts nothing, its residual ``r = [p - q']_+``
+    (normalized) meets the top tokens as point masses (accept ``t`` with ``r(t)``, else drop ``t``
+    from ``r``), and an accepted top token's path is verified by BV from there. At one step the
+    acceptance is ``p(T) + sum_{x not in T} min(p(x), q'(x))``: every token of ``T`` is always drafted
+    and any other only when sampled, so no lossless verifier of this draft accepts more (checked
+    against the LP for this draft law in ``tests/test_verify_gds.py``). With K = 1 it is BV.
+
+    Provenance: the draft (top K-1, then one sampled) and the one-step optimal verification are the
+    paper's as recalled here, not checked against its text; the sampled draft's law ``q'``, the order
+    of the checks (sampled first: trying the top tokens first never accepts more at one step) and the
+    multi-step form (one path under each first token, tails verified by BV, Sun et al.) are this
+    project's. The proof of losslessness does not use which tokens ``T`` holds; taking the top tokens
+    is what makes it accept much.
+    """
+    _check("gds", tree, p, needs_q=True)
+    if tree.child_rule != "greedy_draft":
+        raise InputError(f"gds verifies a greedy draft, not child rule {tree.child_rule!r}: draft with "
+                         "child_rule='greedy_draft' (top K-1 tokens, then one sampled path) or use rrs/seqbv")
+    paths = _chains("gds", tree)
+    if not paths[0]:
+        return Decision((), p[0], True)
+    tokens = tree.tokens.tolist()
+    *tops, last = paths
+    law = _greedy_draft(tree.q[0].to(p.dtype), [tokens[path[0]] for path in tops])
+    r = p[0]
+    if law is None:  # no sampled child: every child is a top token
+        tops = paths
+    else:
+        tau, r = _block_core(replace(_path(tree, p, last), q0=law), sampler)
+        if tau:
+            return Decision(tuple(last[:tau]), r, tau == len(last))
+    for path in tops:
+        x = tokens[path[0]]
+        if bool(sampler.bernoulli(r[x])):
+            tau, law = _block_core(_path(tree, p, path[1:], path[0]), sampler)
+            return Decision(tuple(path[:1 + tau]), law, tau == len(path) - 1)
+        r = _normalize(_without(r, x), r)
+    return Decision((), r, False)
+
+
 Verifier = Callable[[DraftTree, torch.Tensor, Sampler], VerifyResult]
 LawFn = Callable[[DraftTree, torch.Tensor, Sampler], Decision]
 LAWS: dict[str, LawFn] = {
     "greedy": greedy_law, "token": token_law, "block": block_law, "rrs": rrs_law, "gbv": gbv_law,
-    "seqbv": seqbv_law,
+    "seqbv": seqbv_law, "gds": gds_law,
 }
 
 
@@ -501,7 +568,7 @@ def _emit(law: LawFn, tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Ver
 
 # keyed by the command line's verifier names, in their order (core.names)
 VERIFIERS: dict[str, Verifier] = dict(zip(names.VERIFIERS, (
-    greedy, *(partial(_emit, law) for law in (token_law, block_law, rrs_law, gbv_law, seqbv_law))),
+    greedy, *(partial(_emit, law) for law in (token_law, block_law, rrs_law, gbv_law, seqbv_law, gds_law))),
     strict=True))
 
 

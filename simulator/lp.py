@@ -7,6 +7,12 @@ target, equal to the target's law; its optimum bounds every lossless verifier, i
 read off-path probabilities (Thomas & Pal's information-agnostic LP). (The naive LP that only couples
 ``X ~ q`` with ``Y ~ p`` overestimates: 12/9 instead of 11/9 on the known example.)
 
+Any other law of K draft paths can be given instead (``DraftLaw``, e.g. drafts without replacement or
+Hu et al.'s greedy draft): the bound is then that of every lossless verifier of those drafts. The LP
+reads the drafts as a multiset for any law, losing nothing: a verifier that reads their order is
+matched by its plan averaged over the orders of each multiset, which has the same output law and
+accepted length.
+
 How the problem is kept small:
 
 - **One variable per (draft multiset, distinct output string).** Output strings that several paths
@@ -38,6 +44,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import cvxpy as cp
@@ -84,6 +92,15 @@ class LPProblem:
     group: np.ndarray  # [n] the multiset of each variable
     out_length: np.ndarray  # [n] length of the output string (accepted + 1)
     out_code: np.ndarray  # [n] its code among strings of that length (see simulator.instances)
+
+
+@dataclass(frozen=True)
+class DraftLaw:
+    """A law of ``K`` draft paths as the LP reads it: each draft multiset of path codes (see
+    ``simulator.instances``; rows sorted) and its probability."""
+
+    multisets: np.ndarray  # [M, K] int
+    weight: np.ndarray  # [M] float, summing to 1
 
 
 def check_drafts(drafts: int) -> None:
@@ -162,13 +179,40 @@ def _variables(vocab: int, length: int, multisets: np.ndarray) -> tuple[np.ndarr
     return np.concatenate(groups), np.concatenate(lengths), np.concatenate(codes)
 
 
-def build_lp(inst: ARInstance, drafts: int = 1) -> LPProblem:
-    """The LP of ``inst`` with ``drafts`` i.i.d. draft paths, as sparse matrices (see the module doc)."""
+def iid_law(inst: ARInstance, drafts: int) -> DraftLaw:
+    """``drafts`` i.i.d. paths from the drafter of ``inst``: every multiset, zero-probability ones too."""
     check_drafts(drafts)
+    multisets = _draft_multisets(inst.vocab**inst.length, drafts)
+    q_paths = path_probabilities(inst.q_tables, inst.length)[inst.length]
+    return DraftLaw(multisets, _orderings(multisets) * np.prod(q_paths[multisets], axis=1))
+
+
+def merged_law(draws: Iterable[tuple[float, Sequence[int]]], drafts: int) -> DraftLaw:
+    """The law of drafts listed as ``(probability, path codes)``, in any order and repetition, as
+    multisets of ``drafts`` paths. A draft of fewer paths is padded with copies of its last path (a copy
+    offers no new output); draws of probability zero are dropped."""
+    check_drafts(drafts)
+    merged: dict[tuple[int, ...], float] = defaultdict(float)
+    for prob, codes in draws:
+        if not 1 <= len(codes) <= drafts:
+            raise InputError(f"a draft of {len(codes)} paths in a law of {drafts}: give 1 to {drafts} paths")
+        if prob > 0:
+            merged[tuple(sorted([*codes, *[codes[-1]] * (drafts - len(codes))]))] += prob
+    keys = sorted(merged)
+    return DraftLaw(np.array(keys, dtype=np.int64).reshape(len(keys), drafts),
+                    np.array([merged[k] for k in keys]))
+
+
+def build_lp(inst: ARInstance, drafts: int = 1, law: DraftLaw | None = None) -> LPProblem:
+    """The LP of ``inst`` with ``drafts`` draft paths, i.i.d. unless ``law`` is given, as sparse matrices
+    (see the module doc)."""
+    check_drafts(drafts)
+    law = iid_law(inst, drafts) if law is None else law
     vocab, length = inst.vocab, inst.length
-    multisets = _draft_multisets(vocab**length, drafts)
-    q_paths = path_probabilities(inst.q_tables, length)[length]
-    weight = _orderings(multisets) * np.prod(q_paths[multisets], axis=1)
+    multisets, weight = law.multisets, law.weight
+    if multisets.ndim != 2 or multisets.shape[1] != drafts or multisets.shape[0] != weight.size:
+        raise InputError(f"the draft law has multisets of shape {multisets.shape} for {drafts} drafts and "
+                         f"{weight.size} weights: give one sorted row of {drafts} path codes per weight")
     group, out_length, out_code = _variables(vocab, length, multisets)
     n, scale = len(group), weight[group]  # pi = scale * x
     # Lossless row of each string t (by length, then code); the rows t = s (V-1) are dropped.
@@ -218,22 +262,25 @@ def _solve(problem: LPProblem, solver: str, time_limit: float) -> tuple[float, s
 
 
 def solve_lp(inst: ARInstance, drafts: int = 1, solver: str = "CLARABEL",
-             time_limit: float = DEFAULT_TIME_LIMIT, max_variables: int = MAX_VARIABLES) -> LPResult:
-    """Maximal expected accepted length over lossless verifiers of ``drafts`` i.i.d. paths of ``inst``.
+             time_limit: float = DEFAULT_TIME_LIMIT, max_variables: int = MAX_VARIABLES,
+             law: DraftLaw | None = None) -> LPResult:
+    """Maximal expected accepted length over lossless verifiers of ``drafts`` paths of ``inst``, i.i.d.
+    from its drafter unless ``law`` is given.
 
-    Refuses (``InputError``) a problem over ``max_variables`` before building it; raises
-    ``LPSolveError`` if the solver stops short of optimal (HiGHS falls back to Clarabel first,
-    unless it ran out of time).
+    Refuses (``InputError``) a problem over ``max_variables`` before building it (the i.i.d. count,
+    which no other law of as many paths exceeds); raises ``LPSolveError`` if the solver stops short of
+    optimal (HiGHS falls back to Clarabel first, unless it ran out of time).
     """
     solver = solver.upper()
     if solver not in SOLVERS:
         raise InputError(f"unknown LP solver {solver!r}: use one of {', '.join(SOLVERS)}")
     if time_limit <= 0:
         raise InputError(f"time limit {time_limit} s is not positive: give the solver some seconds")
-    size = check_size(inst.vocab, inst.length, drafts, max_variables)
+    check_size(inst.vocab, inst.length, drafts, max_variables)
 
     start = time.perf_counter()
-    problem = build_lp(inst, drafts)
+    problem = build_lp(inst, drafts, law)
+    size = problem.objective.size
     value, status = _solve(problem, solver, time_limit)
     if status not in ("optimal", "user_limit") and solver == "HIGHS":
         solver = "CLARABEL"

@@ -9,8 +9,10 @@ import pytest
 
 from core.cost_profile import load_profile
 from core.errors import InputError
-from core.paths import PAPER_PROFILE
-from experiments.adapt_live import build_stream
+from core.names import DOMAINS
+from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, TARGET
+from experiments.adapt_live import build_stream, phase_counts
+from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan
 from experiments.adapt_predict import add_draft_ratios, mean_shape, record_of, summary
 from experiments.adapt_report import update_text
 from policies.adaptation import FULL, HEAD, SKIP
@@ -77,13 +79,32 @@ def test_fit_adaptation_recovers_the_dynamics() -> None:
         fit_adaptation(SURVIVAL, [])
 
 
+def test_stream_has_equal_domain_shares_a_shifting_mix_and_seeded_lengths() -> None:
+    prompts = {d: [[i, j] for j in range(3)] for i, d in enumerate(DOMAINS)}
+    plan = StreamPlan(queries=40, shift=20, min_new_tokens=48, max_new_tokens=64, sim_seeds=1,
+                      retime_repeats=0)
+    stream_ = build_stream(prompts, plan, seed=0)
+    domains = [d for d, _, _ in stream_]
+    assert all(domains.count(d) == 10 for d in DOMAINS)  # equal shares of the whole stream
+    before, after = domains[:20], domains[20:]
+    assert [before.count(d) for d in DOMAINS] == [8, 8, 2, 2]  # FIRST_MIX, then the rest of each share
+    assert [after.count(d) for d in DOMAINS] == [2, 2, 8, 8]
+    assert [list(c.items()) for c in phase_counts(plan)] == [list(zip(DOMAINS, n, strict=True))
+                                                             for n in ([8, 8, 2, 2], [2, 2, 8, 8])]
+    lengths = [n for _, _, n in stream_]
+    assert min(lengths) >= 48 and max(lengths) <= 64 and len(set(lengths)) > 5
+    assert build_stream(prompts, plan, seed=0) == stream_ != build_stream(prompts, plan, seed=1)
+    code = [t for d, t, _ in stream_ if d == "code"]
+    assert code[:4] == [[0, 0], [0, 1], [0, 2], [0, 0]]  # in order, reused once all are taken
+    with pytest.raises(InputError, match="multiple of 4"):
+        StreamPlan(queries=10, shift=5, min_new_tokens=4, max_new_tokens=6, sim_seeds=1, retime_repeats=0)
+    with pytest.raises(InputError, match="shift earlier"):
+        phase_counts(dataclasses.replace(plan, shift=36))
+    assert QUICK_PLAN.queries == 200 and DEFAULT_PLAN.queries == 2000
+    assert (DEFAULT_PLAN.min_new_tokens, DEFAULT_PLAN.max_new_tokens) == (48, 64)
+
+
 def test_stream_record_and_summary() -> None:
-    prompts = {d: [[i, j] for j in range(3)] for i, d in enumerate(("code", "tests", "prose", "text"))}
-    stream_ = build_stream(prompts, 1, 5)
-    assert [d for d, _ in stream_] == ["code", "code", "tests", "prose", "text", "code"]
-    assert [t for d, t in stream_ if d == "code"] == [[0, 0], [0, 1], [0, 2]]  # no prompt twice
-    with pytest.raises(InputError):
-        build_stream(prompts, 3, 1)
     rows = [{"domain": "code", "tau": 1.5, "update": None, "reverted": False, "checkpoint": True},
             {"domain": "prose", "tau": 2.0, "reverted": True, "checkpoint": False,
              "update": {"kind": "full", "fill": 0.5, "shares": {"prose": 0.25, "code": 0.75}}}]
@@ -91,8 +112,9 @@ def test_stream_record_and_summary() -> None:
     assert record.domain.tolist() == [0, 1] and record.action.tolist() == [SKIP, FULL]
     assert record.fill.tolist() == [0.0, 0.5] and record.share.tolist() == [[0, 0], [0.75, 0.25]]
     assert record.revert.tolist() == [False, True] and record.checkpoint.tolist() == [True, False]
-    figures = summary(["code", "code", "prose", "code", "text", "prose"], [1, 1, 2, 9, 3, 5],
-                      [10, 10, 10, 10, 10, 10], [0, 0, 0, 0, 6, 0], [10] * 6, first=2)
+    figures = summary(["code", "prose", "prose", "code", "text", "prose"], [1, 7, 2, 9, 3, 5],
+                      [10, 10, 10, 10, 10, 10], [0, 0, 0, 0, 6, 0], [10] * 6, shift=2,
+                      shifted=("prose", "text"))
     assert figures["shifted_tau_early"] == 2 and figures["shifted_tau_late"] == 4  # code is not shifted
     assert figures["tokens_per_second"] == pytest.approx(60 / 12)
 
@@ -226,3 +248,37 @@ def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) 
     assert len([s for row in pooled_all["vanilla"] if row["context"] == context for s in row["seconds"]]) == 5
     assert bracket_ms(paper, timed, shapes)["during"] == decode_ms(
         with_samples(paper, {**before, **pooled(*during)}), shapes)
+
+
+FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "update_seconds",
+           "simulated_tokens_per_second", "simulated_error", "simulated_tau", "shifted_tau_early",
+           "shifted_tau_late")
+
+
+def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path) -> None:
+    """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries."""
+    from experiments.adapt_live import POLICIES, run
+
+    plan = StreamPlan(queries=8, shift=4, min_new_tokens=4, max_new_tokens=6, sim_seeds=2, retime_repeats=0)
+    result = run(TARGET, MODELS / "specblock", CPU_PROFILE, plan, 0, "tiny", results=tmp_path)
+    figures = result["figures"]
+    assert list(POLICIES) == ["never", "always_head", "always_full", "epsilon_greedy", "cost_aware_bandit"]
+    assert list(figures["policies"]) == list(POLICIES)
+    for name, f in figures["policies"].items():
+        assert set(f) == set(FIGURES), name
+        low, high = f["tokens_per_second_ci"]
+        assert low <= f["tokens_per_second"] <= high, name
+        rows = result["policies"][name]["rows"]
+        assert [r["new_tokens"] for r in rows] == result["new_tokens"]  # each query its own length
+        assert sum(f["updates"].values()) == sum(r["update"] is not None for r in rows), name
+        assert f["update_seconds"] == pytest.approx(sum(r["update_seconds"] for r in rows))
+        assert f["simulated_error"] == pytest.approx(
+            f["simulated_tokens_per_second"] / f["tokens_per_second"] - 1)
+    updates = {name: f["updates"] for name, f in figures["policies"].items()}
+    assert updates["never"] == {"head": 0, "full": 0}
+    assert updates["always_head"]["full"] == 0 < updates["always_head"]["head"]
+    assert updates["always_full"]["head"] == 0 < updates["always_full"]["full"]
+    errors = sorted(abs(f["simulated_error"]) for f in figures["policies"].values())
+    assert figures["fidelity_error"] == pytest.approx(errors[2])  # the median of five
+    assert sorted(result["new_tokens"]) != [4] * 8 and set(result["new_tokens"]) <= {4, 5, 6}
+    assert all((tmp_path / f"tiny.{suffix}").is_file() for suffix in ("json", "md", "png"))

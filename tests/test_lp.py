@@ -10,6 +10,7 @@ import pytest
 from scipy.optimize import linprog
 
 from core.errors import InputError
+from experiments.lp_table import law_of
 from real_engine import exact
 from simulator import lp
 from simulator.instances import ARInstance, random_instance, step_instance
@@ -25,14 +26,15 @@ def _string(length: int, code: int, vocab: int) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(digits))
 
 
-def _verifier_plan(problem: lp.LPProblem, inst: ARInstance, verifier: str, drafts: int) -> np.ndarray:
+def _verifier_plan(problem: lp.LPProblem, inst: ARInstance, verifier: str, drafts: int,
+                   child_rule: str = "iid") -> np.ndarray:
     """A real verifier's law of the emitted string given the draft multiset, over the LP's variables."""
     keys = zip(problem.group.tolist(), problem.out_length.tolist(), problem.out_code.tolist(), strict=True)
     index = {key: i for i, key in enumerate(keys)}
     row = {tuple(ms): g for g, ms in enumerate(problem.multisets.tolist())}
     plan = np.zeros(problem.objective.size)
-    for prob, paths in exact.draft_law(inst, drafts):
-        tree, p = exact.draft_tree(inst, paths)
+    for prob, paths in exact.draft_law(inst, drafts, child_rule):
+        tree, p = exact.draft_tree(inst, paths, child_rule)
         group = row[tuple(sorted(inst.code(path) for path in paths))]
         for out, weight in exact.tree_output_law(verifier, tree, p).items():
             plan[index[(group, len(out), inst.code(out))]] += prob * weight
@@ -100,6 +102,41 @@ def test_lp_optimum_satisfies_the_literal_lossless_constraint(drafts):
         law[_string(int(problem.out_length[i]), int(problem.out_code[i]), inst.vocab)] += pi[i]
     assert exact.law_error(dict(law), inst) < 1e-9
     assert -res.fun == pytest.approx(lp.solve_lp(inst, drafts).value, abs=1e-6)
+
+
+def test_the_enumerated_iid_drafts_give_the_iid_law():
+    """``merged_law`` of the ordered i.i.d. draft tuples is the LP's own i.i.d. law (its multisets of
+    non-zero probability), and so gives the same bound."""
+    inst = random_instance(2, 2, np.random.default_rng(4))
+    law = lp.merged_law(((prob, [inst.code(path) for path in paths])
+                         for prob, paths in exact.draft_law(inst, 2)), 2)
+    iid = lp.iid_law(inst, 2)
+    kept = iid.weight > 0
+    assert np.array_equal(law.multisets, iid.multisets[kept])
+    assert np.allclose(law.weight, iid.weight[kept], atol=1e-15)
+    assert lp.solve_lp(inst, 2, law=law).value == pytest.approx(lp.solve_lp(inst, 2).value, abs=1e-7)
+
+
+@pytest.mark.parametrize(("verifier", "rule"), [("rrs", "without_replacement"),
+                                                ("seqbv", "without_replacement"), ("gds", "greedy_draft")])
+def test_other_draft_laws_admit_and_bound_their_verifiers(verifier, rule):
+    """The LP of a draft law other than i.i.d. has the lossless verifiers of those drafts as feasible
+    points, at their accepted length, and bounds them."""
+    inst = random_instance(3, 2, np.random.default_rng(12))
+    law = law_of(inst, 2, rule)
+    problem = lp.build_lp(inst, 2, law)
+    plan = _verifier_plan(problem, inst, verifier, 2, rule)
+    assert np.abs(problem.a_eq @ plan - problem.b_eq).max() < 1e-12
+    expected = exact.expected_accepted(verifier, inst, 2, rule)
+    assert problem.objective @ plan == pytest.approx(expected, abs=1e-12)
+    assert lp.solve_lp(inst, 2, law=law).value >= expected - 1e-7
+
+
+def test_a_draft_of_too_many_paths_is_refused():
+    with pytest.raises(InputError, match="3 paths in a law of 2"):
+        lp.merged_law([(1.0, [0, 1, 2])], 2)
+    padded = lp.merged_law([(0.5, [3]), (0.5, [1, 2])], 2)  # one path: padded with a copy of it
+    assert padded.multisets.tolist() == [[1, 2], [3, 3]] and padded.weight.tolist() == [0.5, 0.5]
 
 
 def test_gbv_can_accept_less_than_single_path_bv():

@@ -11,7 +11,7 @@ import pytest
 from core.paths import REPO
 from experiments.cli import main
 
-KEYS = {"lp", "token", "bv", "rrs", "seqbv", "gbv", "seconds"}
+KEYS = {"lp", "token", "bv", "rrs", "seqbv", "gbv", "gds", "seconds"}
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -47,6 +47,7 @@ def test_one_draft_multi_path_verifiers_reduce_to_single_path(capsys):
         assert row["rrs"] == pytest.approx(row["token"], abs=1e-9)
         assert row["seqbv"] == pytest.approx(row["bv"], abs=1e-9)
         assert row["gbv"] == pytest.approx(row["bv"], abs=1e-9)
+        assert row["gds"] == pytest.approx(row["bv"], abs=1e-9)
         assert row["lp"] == pytest.approx(row["bv"], abs=1e-6)
 
 

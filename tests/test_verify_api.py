@@ -22,6 +22,9 @@ def _rows(n: int, vocab: int, seed: int, dtype: torch.dtype = torch.float64) -> 
     return torch.randn(n, vocab, generator=gen, dtype=dtype).softmax(-1)
 
 
+READS = {"gds": "greedy_draft"}  # the drafts a verifier reads, where not i.i.d. paths
+
+
 def _paths_tree(rule: str = "iid") -> tuple[DraftTree, torch.Tensor]:
     """Three paths over 4 tokens sharing prefixes, so SeqBV hands residuals along them."""
     paths = [[0, 1, 2], [0, 1, 3], [0, 2, 1]]
@@ -45,10 +48,10 @@ def test_greedy_follows_the_argmax_path() -> None:
     assert (result.path, result.token, result.bonus) == ((2, 4, 5), 2, True)
 
 
-@pytest.mark.parametrize("name", ["greedy", "token", "block", "rrs", "gbv", "seqbv"])
+@pytest.mark.parametrize("name", ["greedy", "token", "block", "rrs", "gbv", "seqbv", "gds"])
 def test_accepted_nodes_form_a_chain(name: str) -> None:
     """In every outcome the accepted nodes are a root-to-node chain, and bonus means it ends at a leaf."""
-    tree, p = _paths_tree()
+    tree, p = _paths_tree(READS.get(name, "iid"))
     parents = tree.parents.tolist()
     leaves = {path[-1] for path in tree.paths()}
     outcomes = list(exact.enumerate_outcomes(lambda s: VERIFIERS[name](tree, p, s)))
@@ -60,10 +63,10 @@ def test_accepted_nodes_form_a_chain(name: str) -> None:
         assert result.bonus == (bool(result.path) and result.path[-1] in leaves)
 
 
-@pytest.mark.parametrize("name", ["token", "block", "rrs", "gbv", "seqbv"])
+@pytest.mark.parametrize("name", ["token", "block", "rrs", "gbv", "seqbv", "gds"])
 def test_enumerating_the_final_draw_agrees_with_the_law(name: str) -> None:
     """Enumerating the full verifier (its last categorical too) gives the law ``tree_output_law`` reads."""
-    tree, p = _paths_tree()
+    tree, p = _paths_tree(READS.get(name, "iid"))
     tokens = tree.tokens.tolist()
     full: dict[tuple[int, ...], float] = defaultdict(float)
     for prob, result in exact.enumerate_outcomes(lambda s: VERIFIERS[name](tree, p, s)):
@@ -74,8 +77,8 @@ def test_enumerating_the_final_draw_agrees_with_the_law(name: str) -> None:
 
 
 def test_seeded_sampler_is_reproducible() -> None:
-    tree, p = _paths_tree()
-    runs = [[verify(name, tree, p, TorchSampler(torch.Generator().manual_seed(5))) for name in VERIFIERS]
+    trees = {name: _paths_tree(READS.get(name, "iid")) for name in VERIFIERS}
+    runs = [[verify(name, *trees[name], TorchSampler(torch.Generator().manual_seed(5))) for name in VERIFIERS]
             for _ in range(2)]
     assert runs[0] == runs[1]
 
@@ -122,7 +125,7 @@ def test_greedy_at_vocabulary_128k_follows_the_argmax_down_another_path() -> Non
 def test_bad_input_raises_input_error() -> None:
     tree, p = _paths_tree()
     with pytest.raises(InputError, match=r"unknown verifier 'nope': use one of greedy, token, block, rrs, "
-                                         r"gbv, seqbv$"):
+                                         r"gbv, seqbv, gds$"):
         verify("nope", tree, p)
     with pytest.raises(InputError, match=r"\[nodes, vocab\]"):
         verify("block", tree, p[:-1])
@@ -162,7 +165,7 @@ def test_bad_input_names_the_verifier(name: str) -> None:
         verify(name, DraftTree(tree.tokens, tree.parents), p, TorchSampler())
     with pytest.raises(InputError, match=f"^{name}: q has vocabulary 4 but p has 5"):
         verify(name, tree, torch.ones(tree.size, 5) / 5, TorchSampler())
-    if name != "gbv":  # top-k children are point masses: no draft law needed
+    if name not in ("gbv", "gds"):  # top-k children are point masses: no draft law needed
         assert len(verify(name, topk, p, TorchSampler()).path) <= 3
 
 
@@ -171,11 +174,11 @@ def test_bad_input_names_the_verifier(name: str) -> None:
 def test_a_root_only_tree_emits_from_the_root_row(name: str, rule: str) -> None:
     """Nothing drafted: every verifier accepts nothing, calls the root a whole path (it is a leaf) and
     emits from the target's root row, with its own sampler when none is given."""
-    if name == "gbv" and rule == "topk":
+    if name in ("gbv", "gds") and rule == "topk":
         return
     p = torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
     q = torch.full((1, 4), 0.25, dtype=torch.float64)
-    tree = DraftTree(torch.tensor([3]), torch.tensor([-1]), q, rule)
+    tree = DraftTree(torch.tensor([3]), torch.tensor([-1]), q, READS.get(name, rule))
     assert verify(name, tree, p) == VerifyResult((), 2, True)
     assert exact.tree_output_law(name, tree, p) == {(2,): 1.0}
     assert exact.LAWS[name](tree, p, TorchSampler()).bonus is True
@@ -283,7 +286,7 @@ BAD_TREES = [
     ([1, 2], [-1, 0, 0], {}, "a draft tree needs 1-D tokens and parents of equal length >= 1"),
     ([], [], {}, "a draft tree needs 1-D tokens and parents of equal length >= 1"),
     ([1, 2], [-1, 0], {"child_rule": "sorted"},
-     "unknown child rule 'sorted': use one of iid, without_replacement, topk"),
+     "unknown child rule 'sorted': use one of iid, without_replacement, topk, greedy_draft"),
     ([1, 2], [0, 0], {}, r"tree parents must satisfy parents\[0\] == -1 and 0 <= parents\[i\] < i"),
     ([1, 2], [-1, 1], {}, r"tree parents must satisfy parents\[0\] == -1 and 0 <= parents\[i\] < i"),
     ([1, 2], [-1, 0], {"q": torch.zeros(3, 5)}, "q has 3 rows for a tree of 2 nodes: give one row per node"),

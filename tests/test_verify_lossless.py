@@ -3,7 +3,8 @@
 Instances are random Dirichlet targets and drafters over tiny vocabularies, with zeros on purpose:
 ``q`` zero where ``p`` is positive and ``p`` zero where ``q`` is positive. The checker itself is
 shown able to fail: a wrong BV stopping rule, a wrong RRS child rule, and GBV and SeqBV with a wrong
-selection law or a wrong residual are all flagged lossy (branching trees: ``test_verify_trees.py``).
+selection law or a wrong residual are all flagged lossy (branching trees: ``test_verify_trees.py``; GDS's
+greedy draft: ``test_verify_gds.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from real_engine import exact, verify
 
 TOL = 1e-9
-DRAFT_CAP = {"iid": 729, "without_replacement": 729, "topk": 256}  # most drafts per grid cell
+DRAFT_CAP = {"iid": 729, "without_replacement": 729, "topk": 256, "greedy_draft": 729}  # most drafts per cell
 
 
 class TableInstance:
@@ -63,14 +64,15 @@ class FixedInstance:
 
 def _drafts(vocab: int, length: int, drafts: int, rule: str) -> int:
     """Upper bound on the number of drafts the rule can produce."""
-    return (1 if rule == "topk" else vocab**drafts) * vocab ** ((length - 1) * drafts)
+    return {"topk": 1, "greedy_draft": vocab}.get(rule, vocab**drafts) * vocab ** ((length - 1) * drafts)
 
 
 CASES = [("token", rule) for rule in ("iid", "without_replacement", "topk")] + \
         [("block", rule) for rule in ("iid", "without_replacement", "topk")] + \
         [("rrs", rule) for rule in ("iid", "without_replacement", "topk")] + \
         [("gbv", "iid")] + \
-        [("seqbv", rule) for rule in ("iid", "without_replacement", "topk")]
+        [("seqbv", rule) for rule in ("iid", "without_replacement", "topk")] + \
+        [("gds", "greedy_draft")]
 GRID = [(v, l, k) for v in (2, 3, 4) for l in (1, 2, 3) for k in (1, 2, 3)]
 
 
