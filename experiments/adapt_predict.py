@@ -12,6 +12,7 @@ from policies.adaptation import ACTIONS, SKIP
 from policies.base import make_policy
 from simulator.adaptation import AdaptRecord
 from simulator.envs import AdaptStreamEnv
+from simulator.rollout import serve_query
 
 if TYPE_CHECKING:
     from experiments.adapt_plan import StreamPlan
@@ -66,14 +67,7 @@ def simulate(
         policy = make_policy(spec["kind"], spec["params"], seed=seed)
         obs, _ = env.reset(seed=seed * 1000 + s)
         for i in range(q):
-            action = policy.act(obs)
-            next_obs, reward, _, _, info = env.step(action)
-            policy.observe(obs, action, reward, info)
-            if getattr(policy, "should_revert", lambda: False)():
-                env.revert()
-                policy.acknowledge_revert()
-            if getattr(policy, "checkpoint_good", False):
-                env.checkpoint()
+            next_obs, _, info = serve_query(policy, env, obs)
             tau[s, i], tps[s, i] = info["tau"], info["tokens_per_second"]
             update[s, i], updated[s, i] = info["update_seconds"], info["updated"]
             obs = next_obs

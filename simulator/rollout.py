@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -137,6 +138,21 @@ def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int, decision_sec
     return Outcome(slots, tokens, seconds, iterations, drafting)
 
 
+def serve_query(agent: Policy, env: AdaptStreamEnv, obs: np.ndarray
+                ) -> tuple[np.ndarray, bool, dict[str, Any]]:
+    """One query of ``env`` under an adaptation policy: act, step, observe, then revert or checkpoint
+    the drafter as the policy says; the next observation, whether the stream ended, and the step's info."""
+    action = agent.act(obs)
+    next_obs, reward, terminated, _, info = env.step(action)
+    agent.observe(obs, action, reward, info)
+    if getattr(agent, "should_revert", lambda: False)():
+        env.revert()
+        agent.acknowledge_revert()
+    if getattr(agent, "checkpoint_good", False):
+        env.checkpoint()
+    return next_obs, terminated, info
+
+
 def run_adapt(policy: Policy, env: AdaptStreamEnv, seed: int) -> Outcome:
     """Serve one stream of ``env`` with a fresh copy of an adaptation ``policy``."""
     agent = _copy(policy, seed)
@@ -145,14 +161,7 @@ def run_adapt(policy: Policy, env: AdaptStreamEnv, seed: int) -> Outcome:
     tokens = seconds = iterations = 0.0
     terminated = False
     while not terminated:
-        action = agent.act(obs)
-        next_obs, reward, terminated, _, info = env.step(action)
-        agent.observe(obs, action, reward, info)
-        if getattr(agent, "should_revert", lambda: False)():
-            env.revert()
-            agent.acknowledge_revert()
-        if getattr(agent, "checkpoint_good", False):
-            env.checkpoint()
+        next_obs, terminated, info = serve_query(agent, env, obs)
         query_tokens = env.batch.tokens
         queries += 1
         tokens += query_tokens

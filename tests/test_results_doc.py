@@ -130,6 +130,13 @@ def test_empty_folder_is_refused_in_one_line(tmp_path: Path):
     assert not (tmp_path / "r.md").exists()
 
 
+def test_an_out_under_a_file_is_refused_in_one_line(results_dir: Path, tmp_path: Path):
+    (tmp_path / "file").write_text("keep")
+    proc = results("--results", str(results_dir), "--out", str(tmp_path / "file" / "r.md"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "is a file" in proc.stderr and (tmp_path / "file").read_text() == "keep"
+
+
 def test_committed_page_is_the_generators_output():
     assert PAGE.read_text() == render(RESULTS, "../benchmarks/results"), \
         "docs/results.md is stale or hand-edited: run `specblock results`"

@@ -35,5 +35,8 @@ def command(folder: Path, out: Path, check: bool) -> None:
             raise click.ClickException(f"{out} {state}: run `specblock results` to regenerate it (never edit "
                                        "it by hand)")
         return
+    from experiments.folders import check_writable  # it loads numpy: not for --help
+
+    check_writable(out.parent, "--out's folder")
     write_text(out, page)
     click.echo(f"wrote {out}")
