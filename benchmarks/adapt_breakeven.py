@@ -51,8 +51,9 @@ from experiments.provenance import save_result
 from policies.base import make_policy
 from real_engine.adapt import AdaptConfig
 from simulator.acceptance import AcceptanceModel
+from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.adaptation import AdaptationDynamics
-from simulator.envs import DEFAULT_PROMPT, DEFAULT_TOKENS, AdaptStreamEnv, default_phases
+from simulator.envs import DEFAULT_PROMPT, DEFAULT_TOKENS
 from simulator.parametric import paper_acceptance
 from simulator.rollout import run_adapt
 

@@ -53,6 +53,7 @@ streams and re-timing), ``experiments.adapt_predict`` (the simulator's predictio
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -70,10 +71,10 @@ from core.paths import RESULTS
 from experiments.adapt_plan import StreamPlan
 from experiments.adapt_predict import add_draft_ratios, errors, mean_shape, record_of, simulate, summary
 from experiments.adapt_report import bracket_ms, decode_ms, markdown, plot
-from experiments.adapt_serve import DRAFT, serve, stream_samples, with_samples
+from experiments.adapt_serve import DRAFT, overlap_slowdown, serve, stream_samples, with_samples
 from experiments.intervals import REPLICATES, interval, ratio_of_sums, resamples
 from experiments.provenance import save_result
-from real_engine.adapt import AdaptConfig
+from real_engine.adapt import AdaptConfig, usable_cores
 from real_engine.model import load_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts
@@ -141,7 +142,7 @@ def figures(domains: Sequence[str], rows: Sequence[Mapping[str, Any]], simulated
     tokens = np.array([r["new_tokens"] for r in rows], dtype=float)
     spent = tokens / np.array([r["tokens_per_second"] for r in rows]) + np.array(
         [r["update_seconds"] for r in rows])
-    kinds = [r["update"]["kind"] for r in rows if r["update"] is not None]
+    kinds = [kind for r in rows for kind in r["trained"]]
     measured = float(tokens.sum() / spent.sum())
     replicates = ratio_of_sums(tokens, spent, resamples(domains, REPLICATES, seed))
     return {
@@ -149,7 +150,7 @@ def figures(domains: Sequence[str], rows: Sequence[Mapping[str, Any]], simulated
         "tokens_per_second_ci": interval(replicates),
         "tau": float(np.mean([r["tau"] for r in rows])),
         "updates": {k: kinds.count(k) for k in ("head", "full")},
-        "update_seconds": float(sum(r["update_seconds"] for r in rows)),
+        "update_seconds": float(sum(r["train_seconds"] for r in rows)),
         "simulated_tokens_per_second": simulated["tokens_per_second"],
         "simulated_error": simulated["tokens_per_second"] / measured - 1.0,
         "simulated_tau": simulated["tau"],
@@ -165,9 +166,12 @@ def run(
     name: str,
     policies: Mapping[str, Mapping[str, Any]] | None = None,
     results: Path = RESULTS,
+    overlap: bool = False,
 ) -> dict[str, Any]:
     """The whole experiment (see the module doc) for ``policies`` (name -> policy-file content;
-    default ``POLICIES``), written under ``results``; returns the saved result."""
+    default ``POLICIES``), written under ``results``; returns the saved result. With ``overlap`` updates
+    train beside decoding: the trainer on this process's last core, decoding on the others, queries
+    timed on the wall clock (``StreamServer``; the simulator with ``AdaptStream``'s ``overlap``)."""
     policies = dict(policies or default_policies())
     if "never" not in policies:
         raise InputError(
@@ -183,8 +187,22 @@ def run(
             for p in load_prompts(DOMAINS, count, tokenizer.encode, part, MAX_PROMPT)]
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
     stream = build_stream(by_domain, plan, seed)
-    adapt = AdaptConfig(clock="cpu", seed=seed)
-    rows, traces, drafted, timed = serve(target, drafter_dir, stream, plan, adapt, seed, policies)
+    cores = sorted(usable_cores())
+    if overlap and len(cores) < 2:
+        raise InputError(f"training beside decoding needs two cores; this process may use {cores}: "
+                         "run without --overlap")
+    adapt = AdaptConfig(clock="wall", trainer_core=cores[-1], seed=seed) if overlap else AdaptConfig(
+        clock="cpu", seed=seed)
+    if overlap:  # decoding (this thread) off the trainer's core; Linux: pid 0 is this thread
+        os.sched_setaffinity(0, set(cores[:-1]))
+    try:
+        rows, traces, drafted, timed, feedback = serve(target, drafter_dir, stream, plan, adapt, seed,
+                                                       policies, overlap)
+        beside = overlap_slowdown(target, drafter_dir, stream[0], feedback, adapt,
+                                  max(3, 3 * plan.retime_repeats)) if overlap else None
+    finally:
+        if overlap:
+            os.sched_setaffinity(0, set(cores))
     shapes = drafted["never"]
     profile = load_profile(profile_path)
     base_draft = mean_shape(profile, shapes)["draft_ms"]  # what the simulator charges before any update
@@ -193,7 +211,10 @@ def run(
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
-    base = AdaptationDynamics(head_capacity=adapt.head_capacity, full_capacity=adapt.full_capacity)
+    signals = {kind: sum(r[f"{kind}_signals"] for r in rows["never"]) for kind in ("head", "full")}
+    head_share = signals["head"] / max(signals["head"] + signals["full"], 1)  # the engine's routing
+    base = AdaptationDynamics(head_capacity=adapt.head_capacity, full_capacity=adapt.full_capacity,
+                              head_share=head_share)
     records = [record_of(rows[kind], domains) for kind in policies]
     fitted = fit_adaptation(survival, records, base)
 
@@ -225,6 +246,8 @@ def run(
         },
         "simulator_profile": costed,
         "acceptance_domains": domains,
+        "signals": {**signals, "head_share": head_share},
+        "overlap": beside,
     }
     profiles = {kind: with_samples(profile, stream_samples(timed[kind]) if kind in timed else None)
                 for kind in policies}
@@ -238,7 +261,8 @@ def run(
     sim_tokens = round(float(np.mean(lengths)))  # AdaptStream takes one query length: the stream's mean
     sims = {
         kind: simulate(spec, stream_domains, acceptance, profiles[kind], fitted, plan, sim_tokens,
-                       (min(prompt_lengths), max(prompt_lengths)), seed, shapes)
+                       (min(prompt_lengths), max(prompt_lengths)), seed, shapes,
+                       None if beside is None else beside["slowdown"])
         for kind, spec in policies.items()
     }
     out: dict[str, Any] = {}
@@ -272,7 +296,9 @@ def run(
         "max_prompt_tokens": MAX_PROMPT,
         "policies": policies,
         "adapt": asdict(adapt),
-        "clock": "cpu (process seconds, one torch thread)",
+        "clock": (f"wall clock with both cores busy: training beside decoding on core {adapt.trainer_core}, "
+                  f"decoding on {cores[:-1]}, one torch thread each" if overlap
+                  else "CPU clock (process seconds), one torch thread, updates waited for"),
     }
     save_result(name, result, config, seed, directory=results)
     write_text(results / f"{name}.md", markdown(result, config))

@@ -10,8 +10,8 @@ import numpy as np
 
 from policies.adaptation import ACTIONS, SKIP
 from policies.base import make_policy
+from simulator.adapt_stream import AdaptStreamEnv
 from simulator.adaptation import AdaptRecord
-from simulator.envs import AdaptStreamEnv
 from simulator.rollout import serve_query
 
 if TYPE_CHECKING:
@@ -28,11 +28,12 @@ def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:
             action[i], fill[i] = ACTIONS.index(update["kind"]), update["fill"]
             for domain, value in update["shares"].items():
                 share[i, domains.index(domain)] = value
-    column = {key: np.array([r[key] for r in rows]) for key in ("tau", "reverted", "checkpoint")}
+    column = {key: np.array([r[key] for r in rows])
+              for key in ("tau", "reverted", "checkpoint", "checkpoint_previous")}
     domain = np.array([domains.index(r["domain"]) for r in rows])
     draft = np.array([r["draft_ratio"] for r in rows]) if all("draft_ratio" in r for r in rows) else None
     return AdaptRecord(domain, column["tau"], action, fill, share, column["reverted"], column["checkpoint"],
-                       draft)
+                       draft, column["checkpoint_previous"])
 
 
 def simulate(
@@ -46,10 +47,11 @@ def simulate(
     prompt_tokens: tuple[int, int],
     seed: int,
     shapes: Sequence[Mapping[str, float]],
+    overlap_slowdown: float | None = None,
 ) -> dict[str, list[float]]:
     """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of the policy ``spec``
     (policy-file content) whose queries generate ``tokens`` each, drafting costed at the recorded
-    SpecBlock ``shapes``."""
+    SpecBlock ``shapes``; with ``overlap_slowdown`` updates train beside decoding (``overlap``)."""
     env = AdaptStreamEnv(
         profile=profile,
         acceptance=acceptance,
@@ -60,6 +62,8 @@ def simulate(
         phases=[(1, {d: 1.0}) for d in stream_domains],
         dynamics=dynamics,
         draft_shape=list(shapes),
+        overlap=overlap_slowdown is not None,
+        overlap_slowdown=overlap_slowdown or 1.0,
     )
     q = len(stream_domains)
     tau, tps, update, updated = (np.zeros((plan.sim_seeds, q)) for _ in range(4))

@@ -26,7 +26,7 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         f"{plan['shift']} (before: {shares(mix['before'])}; after: {shares(mix['after'])}); each query "
         f"generates {plan['min_new_tokens']} to {plan['max_new_tokens']} new tokens (drawn with the seed), "
         f"greedy. Held-out prompts per domain: {prompts} (reused in order when the stream needs more). "
-        f"SpecBlock drafter `{config['drafter']}` (tree: {config['draft']}); CPU clock, one torch thread. "
+        f"SpecBlock drafter `{config['drafter']}` (tree: {config['draft']}); {config['clock']}. "
         f"Shifted tau: the {', '.join(mix['shifted'])} queries of the first vs the second half after the "
         "shift. Tokens/s charge update seconds; [95% CI]: bootstrap over the stream's queries, resampled "
         f"within each domain. Fidelity error (median |sim / measured - 1|): {figures['fidelity_error']:.1%}.",

@@ -3,7 +3,10 @@ re-timed right before, during and after it (this shared machine's speed drifts w
 
 from __future__ import annotations
 
+import os
+import statistics
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -13,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 from core.cost_profile import profile_from_json
 from policies.base import make_policy
 from real_engine import profile as prof
+from real_engine.adapt import update_drafter
 from real_engine.decode import generate
-from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock
+from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock, with_draft_vocab
+from real_engine.feedback import FeedbackDrafter
 from real_engine.stream_server import StreamServer
 from real_engine.timing import Bench, make_timer
 from real_engine.trace import iteration_row
@@ -61,6 +66,43 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
     return timed
 
 
+def overlap_slowdown(target: Any, drafter_dir: Path, query: tuple[str, list[int], int],
+                     feedback: Sequence[Any], config: Any, repeats: int) -> dict[str, Any]:
+    """How much slower decoding runs beside a training update: ``query`` (domain, prompt, new tokens) served
+    by a fresh adapting drafter on the wall clock alone and beside one-window full updates looping on
+    ``config.trainer_core`` (on ``feedback``, served queries' ``Feedback``), interleaved ``repeats``
+    times; the ratio of the medians, and every timing."""
+    drafter = FeedbackDrafter(SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT), config.top_k)
+    with_draft_vocab(drafter.net, None)  # as an adapting drafter drafts
+    data = [(f, list(f.rejected)) for f in feedback if f.rejected][:1]
+    domain, prompt, tokens = query
+    stop = threading.Event()
+
+    def train() -> None:
+        os.sched_setaffinity(0, {config.trainer_core})
+        while not stop.is_set():
+            update_drafter(drafter.net, data, "full", config)
+
+    def decode() -> float:
+        began = time.perf_counter()
+        generate(target, prompt, drafter=drafter, max_new_tokens=tokens)
+        drafter.take(domain)
+        return time.perf_counter() - began
+
+    times: dict[str, list[float]] = {"alone": [], "beside": []}
+    decode()  # one-time costs
+    for _ in range(repeats):
+        times["alone"].append(decode())
+        stop.clear()
+        trainer = threading.Thread(target=train, name="slowdown", daemon=True)
+        trainer.start()
+        times["beside"].append(decode())
+        stop.set()
+        trainer.join()
+    return {"slowdown": max(statistics.median(times["beside"]) / statistics.median(times["alone"]), 1.0),
+            "seconds": times}
+
+
 def pooled(before: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, Any]:
     """``before``'s samples with the decoding samples of ``others`` (``retime`` without updates) added:
     every timing of each grid point counts (``core.cost_profile`` pools a point's rows; medians)."""
@@ -89,14 +131,17 @@ def serve(
     config: Any,
     seed: int,
     policies: Mapping[str, Mapping[str, Any]],
+    overlap: bool = False,
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], dict[str, list[dict[str, float]]],
-           dict[str, dict[str, dict[str, list[float]]]]]:
+           dict[str, dict[str, dict[str, list[float]]]], list[Any]]:
     """Each policy's rows on ``stream`` ((domain, prompt, new tokens) per query; ``config``: an
     ``AdaptConfig``; ``policies``: name -> policy-file content), the ``never`` stream's iterations as
-    trace rows, each policy's drafting shapes, and the profile samples ``retime`` measured right before
+    trace rows, each policy's drafting shapes, the profile samples ``retime`` measured right before
     (``"before"``, updates included: after the ``never`` stream they train on that stream's last buffered
     queries), between every ``plan.retime_every`` queries of (``"during"``, one round of decoding each)
-    and right after (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0).
+    and right after (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0), and
+    the ``never`` stream's last buffered queries (``Feedback``). With ``overlap`` updates train beside
+    decoding (``StreamServer``) on ``config.trainer_core``.
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
@@ -126,7 +171,7 @@ def serve(
         drafter.shapes = []  # record what the drafter runs
         server = StreamServer(target, drafter, [q[0] for q in stream],
                               make_policy(spec["kind"], spec["params"], seed=seed), config=config,
-                              seed=seed,
+                              seed=seed, overlap=overlap,
                               on_iteration=keep if kind == "never" else None)
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
             timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
@@ -142,7 +187,7 @@ def serve(
             rows[kind].append(r)
             log(f"[{time.perf_counter() - began:5.0f} s] {kind} {index:4d} {domain:5s} tau {r['tau']:.2f} "
                 f"{r['action']}")
-        server.close()
+        server.close(rows[kind][-1] if rows[kind] else None)
         if plan.retime_repeats > 0:  # bracket the stream: the machine's speed drifts within minutes
             timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed,
                                           updates=False)
@@ -151,7 +196,7 @@ def serve(
             queries = {id(f): f for buffer in (server.adapter.full, server.adapter.head)
                        for f, _ in buffer.drain()}
             feedback = list(queries.values())
-    return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed
+    return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed, feedback or []
 
 
 def stream_samples(timed: Mapping[str, Any]) -> dict[str, Any]:

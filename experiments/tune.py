@@ -52,7 +52,7 @@ from experiments.ray_session import check_address, start_ray  # quiets Ray: ray 
 from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
 from simulator.acceptance import AcceptanceModel
-from simulator.envs import AdaptStreamEnv, default_phases
+from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.parametric import PAPER_DOMAINS, paper_acceptance
 from simulator.replay import TraceReplay
 from simulator.rollout import Outcome, is_adaptation, run_adapt, run_length

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +48,9 @@ class AdaptConfig:
 
     ``clock`` ``"cpu"`` charges an update the trainer thread's CPU seconds instead of its wall seconds
     (for a shared CPU machine, with one torch thread; the caller then times queries on the same clock).
+    ``trainer_core`` pins the training thread to one core (the CPU counterpart of the paper's second
+    device; the decoding thread is pinned by its caller to the others: ``experiments.adapt_live``). With
+    one torch thread each thread runs its own ops, so the two work side by side.
     """
 
     head_capacity: int = 64  # signals (rejected positions) the head buffer holds
@@ -67,6 +71,7 @@ class AdaptConfig:
     long_alpha: float = 0.05
     share_alpha: float = 0.1
     clock: str = "wall"
+    trainer_core: int | None = None  # the CPU core the training thread runs on (None: where the OS puts it)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -82,6 +87,19 @@ class AdaptConfig:
             raise InputError(f"AdaptConfig: unknown starts {self.starts!r}: use {', '.join(START_RULES)}")
         if self.clock not in CLOCKS:
             raise InputError(f"AdaptConfig: unknown clock {self.clock!r}: use one of {', '.join(CLOCKS)}")
+        if self.trainer_core is not None and self.trainer_core not in usable_cores():
+            raise InputError(f"AdaptConfig: trainer_core {self.trainer_core} is not one of this process's "
+                             f"cores {sorted(usable_cores())}: pick one of them or None")
+
+
+_CORES = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())
+"""The cores this process could run on when it imported this module, before any thread was pinned (Linux
+pins threads one at a time, and a pinned caller would see only its own cores)."""
+
+
+def usable_cores() -> set[int]:
+    """The CPU cores this process may run on (empty where the OS cannot pin threads)."""
+    return set(_CORES)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ An :class:`Adapter` wraps the live drafter in a ``real_engine.feedback.FeedbackD
 from __future__ import annotations
 
 import math
+import os
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -76,6 +78,8 @@ class Adapter:
         self._unreported: list[UpdateReport] = []
         self._epoch = 0  # bumped by revert: a result trained before it is dropped
         self._good = drafter.net  # the last good network (live networks are never modified)
+        # the last trained networks offered, with their reports: the live one and one offered since
+        self._offered: deque[tuple[SpecBlock, UpdateReport]] = deque(maxlen=2)
         self._syncs_seen = 0
         self._window: list[float] = []
         self._good_tau = self._last_tau = math.nan
@@ -90,7 +94,7 @@ class Adapter:
                                   self.recent - self.long, self.since, shares)
 
     def info(self) -> dict[str, float]:
-        """``ADAPT_INFO_KEYS`` of the last query served."""
+        """``ADAPT_INFO_KEYS`` of the last query served, and its signals routed to each buffer."""
         return dict(self._info)
 
     def apply(self, action: int) -> bool:
@@ -119,6 +123,8 @@ class Adapter:
 
     def _train(self, net: SpecBlock, data: list[tuple[Feedback, list[int]]], kind: str, fill: float,
                epoch: int, seed: int) -> None:
+        if self.config.trainer_core is not None:  # Linux: pid 0 is this thread, not the process
+            os.sched_setaffinity(0, {self.config.trainer_core})
         try:
             with side_stream(net.lm_head.weight.device):
                 new, report = update_drafter(net, data, kind, self.config, seed)
@@ -131,6 +137,7 @@ class Adapter:
             self._unreported.append(report)
             if epoch == self._epoch and report.steps:
                 self.drafter.offer(new)
+                self._offered.append((new, report))
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -145,6 +152,11 @@ class Adapter:
         self._raise()
         return self.reports[-1] if self.reports else None
 
+    def live_report(self) -> UpdateReport | None:
+        """The report of the update whose network is live (None: the drafter as loaded, or a revert's)."""
+        with self._lock:
+            return next((report for net, report in self._offered if net is self.drafter.net), None)
+
     def checkpoint(self, net: SpecBlock | None = None) -> None:
         """Make ``net`` (a network that served a measured window; default: the live one) the last good one."""
         self._good = self.drafter.net if net is None else net
@@ -155,6 +167,7 @@ class Adapter:
             self._epoch += 1
             self.reverts += 1
             self.drafter.offer(self._good)
+            self._offered.clear()
             self._window, self._drops, self._last_tau = [], 0, math.nan
 
     def end_query(self, stats: Stats, domain: str, seconds: float | None = None) -> dict[str, float]:
@@ -182,7 +195,9 @@ class Adapter:
             self.since += 1
         cost = sum(r.cpu_seconds if self.config.clock == "cpu" else r.seconds for r in done)
         self._info = {"tokens_per_second": stats.new_tokens / seconds, "tau": stats.tau,
-                      "query_seconds": seconds, "update_seconds": cost}
+                      "query_seconds": seconds, "update_seconds": cost,
+                      "head_signals": 0 if feedback is None else len(feedback.head_rows),
+                      "full_signals": 0 if feedback is None else len(feedback.full_roots)}
         self._watch(stats.tau)
         return self.info()
 

@@ -27,7 +27,8 @@ class StreamServer:
 
     Before each query the policy acts on ``Adapter.features()``; an update it starts trains in the
     background and, unless ``overlap``, is waited for before the query (its seconds are then the
-    query's ``update_seconds``; with ``overlap`` it trains while later queries decode). With
+    query's ``update_seconds``; with ``overlap`` it trains while later queries decode, on the core
+    ``AdaptConfig.trainer_core`` names, and its network goes live at the first query after it ends). With
     ``config.clock == "cpu"`` queries are timed in process CPU seconds. A policy with ``should_revert``
     (the cost-aware bandit) decides reverts and checkpoints; for the others the adapter's own rule
     does. ``on_iteration(query index, iteration)`` sees each speculative iteration. Servers keep no
@@ -50,16 +51,23 @@ class StreamServer:
                                sorted(set(domains)))
         self.on_iteration = on_iteration
         self._callback = 0.0  # CPU seconds of the current query's on_iteration calls (not its own)
+        self._reported = 0  # finished updates already listed in a row's ``trained``
 
     def serve(self, index: int, domain: str, prompt: Sequence[int]) -> dict[str, Any]:
-        """Let the policy act, then serve query ``index``: its row (domain, action, update run before it
-        with its report, tau, tokens/s, seconds, new tokens, revert and checkpoint flags)."""
+        """Let the policy act, then serve query ``index``: its row (domain, action, the update whose network
+        went live at its start with its report, the kinds and seconds of updates that finished during it,
+        tau, tokens/s, seconds, new tokens, revert and checkpoint flags).
+
+        ``update_seconds`` is what the query is charged for training: a waited-for update's seconds, and
+        nothing with ``overlap`` (training then runs beside decoding: what it costs shows as slower
+        queries); ``train_seconds`` is the training's own, either way."""
         adapter, policy = self.adapter, self.policy
         obs = adapter.features()
         action = policy.act(obs)
         started = adapter.apply(action)
-        report = adapter.wait() if started and not self.overlap else None
-        reverts = adapter.reverts
+        if started and not self.overlap:
+            adapter.wait()
+        reverts, syncs = adapter.reverts, adapter.drafter.syncs
         previous = adapter.drafter.net  # served the previous query: new weights go live at the next begin
         self._callback = 0.0
         hook = None if self.on_iteration is None else lambda iteration: self._timed(index, iteration)
@@ -68,24 +76,38 @@ class StreamServer:
                               max_new_tokens=self.max_new_tokens, eos_id=self.eos_id, seed=self.seed + index,
                               on_iteration=hook)
         seconds = time.process_time() - cpu - self._callback if self.config.clock == "cpu" else None
+        live = adapter.live_report() if adapter.drafter.syncs > syncs else None
         info = adapter.end_query(generation.stats, domain, seconds)
+        train_seconds = info["update_seconds"]
+        if self.overlap:
+            info["update_seconds"] = 0.0
         policy.observe(obs, action, -(info["query_seconds"] + info["update_seconds"]), info)
         if self.own_rule and policy.should_revert():  # type: ignore[attr-defined]
             adapter.revert()
             policy.acknowledge_revert()  # type: ignore[attr-defined]
         checkpoint = bool(getattr(policy, "checkpoint_good", False))
+        checkpoint_previous = checkpoint and bool(getattr(policy, "checkpoint_previous", False))
         if checkpoint:  # the network the closed window measured, not an update that went live after it
-            adapter.checkpoint(previous if getattr(policy, "checkpoint_previous", False) else None)
-        return {"query": index, "domain": domain, "action": ACTIONS[action],
-                "update": None if report is None or not started else asdict(report),
+            adapter.checkpoint(previous if checkpoint_previous else None)
+        trained, self._reported = adapter.reports[self._reported:], len(adapter.reports)
+        return {"query": index, "domain": domain, "action": ACTIONS[action], "started": started,
+                "update": None if live is None else asdict(live),
+                "trained": [r.kind for r in trained], "train_seconds": train_seconds,
                 **info, "new_tokens": generation.stats.new_tokens, "iterations": generation.stats.iterations,
                 "wall_seconds": generation.stats.seconds, "syncs": adapter.drafter.syncs,
                 "reverted": adapter.reverts > reverts, "checkpoint": checkpoint,
+                "checkpoint_previous": checkpoint_previous,
                 "head_fill": adapter.head.fill, "full_fill": adapter.full.fill, "trigger": adapter.trigger}
 
-    def close(self) -> None:
-        """Wait for an update still training (with ``overlap``)."""
+    def close(self, last: dict[str, Any] | None = None) -> None:
+        """Wait for an update still training (with ``overlap``) and book it in ``last`` (the stream's last
+        row): its kind in ``trained`` and its seconds in ``train_seconds``."""
         self.adapter.wait()
+        left, self._reported = self.adapter.reports[self._reported:], len(self.adapter.reports)
+        if last is not None:
+            last["trained"] = [*last["trained"], *(r.kind for r in left)]
+            clock = "cpu_seconds" if self.config.clock == "cpu" else "seconds"
+            last["train_seconds"] += sum(getattr(r, clock) for r in left)
 
     def _timed(self, index: int, iteration: Iteration) -> None:
         began = time.process_time()
@@ -108,5 +130,5 @@ def run_stream(target: Transformer, drafter: SpecBlockDrafter, prompts: Sequence
         rows.append(server.serve(index, domain, prompt))
         if on_query is not None:
             on_query(rows[-1])
-    server.close()
+    server.close(rows[-1] if rows else None)
     return rows

@@ -7,8 +7,8 @@ with Gymnasium, each with a numpy vector form for ``gym.make_vec(..., vectorizat
 
 import gymnasium
 
-for _name, _single, _vector in (("SpecLength-v0", "SpecLengthEnv", "SpecLengthVectorEnv"),
-                                ("AdaptStream-v0", "AdaptStreamEnv", "AdaptStreamVectorEnv")):
+for _name, _single, _vector in (("SpecLength-v0", "envs:SpecLengthEnv", "SpecLengthVectorEnv"),
+                                ("AdaptStream-v0", "adapt_stream:AdaptStreamEnv", "AdaptStreamVectorEnv")):
     if f"specblock/{_name}" not in gymnasium.registry:
-        gymnasium.register(id=f"specblock/{_name}", entry_point=f"simulator.envs:{_single}",
+        gymnasium.register(id=f"specblock/{_name}", entry_point=f"simulator.{_single}",
                            vector_entry_point=f"simulator.vector_envs:{_vector}")

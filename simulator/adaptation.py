@@ -46,6 +46,10 @@ class AdaptationDynamics:
     how many blocks and start nodes its trees take (1: updates leave drafting as profiled). Their
     rate is the buffer's fill alone, so that they stay identified whatever the acceptance fit says
     about the rates.
+
+    ``head_share`` routes each rejected position to one buffer, the head one with that probability (the
+    engine's rank rule, ``real_engine.feedback``, measured on its streams); None puts every position in
+    both buffers (the paper does not say how its signals divide).
     """
 
     headroom: float = 0.10
@@ -59,10 +63,13 @@ class AdaptationDynamics:
     query_noise: float = 0.1
     head_draft: float = 1.0
     full_draft: float = 1.0
+    head_share: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "head_share":
+                continue
             unbounded = f.name.endswith(("capacity", "noise"))
             low, high = ADAPT_BOUNDS.get(f.name, (0.0, np.inf if unbounded else 1.0))
             if isinstance(value, bool) or not low <= value <= high:
@@ -110,8 +117,9 @@ class AdaptRecord:
     fill: np.ndarray  # (Q,) that update's buffer fill, in [0, 1]
     share: np.ndarray  # (Q, D) that buffer's domain composition
     revert: np.ndarray  # (Q,) bool: the last good drafter was restored after the query
-    checkpoint: np.ndarray  # (Q,) bool: the drafter became the last good one after the query
+    checkpoint: np.ndarray  # (Q,) bool: a drafter became the last good one after the query
     draft: np.ndarray | None = None  # (Q,) drafting time relative to the drafter as profiled, if known
+    previous: np.ndarray | None = None  # (Q,) bool: that checkpoint is the drafter before the query's update
 
 
 ADAPT_FITTED = ("headroom", "head_reach", "head_rate", "full_rate")
@@ -126,7 +134,9 @@ def adaptation_tau(dynamics: AdaptationDynamics, survival: np.ndarray, record: A
     level = np.ones((1, survival.shape[0]))
     good = level
     out = np.empty(len(record.tau))
+    previous = np.zeros(len(out), bool) if record.previous is None else record.previous
     for i, d in enumerate(record.domain):
+        before = level
         if record.action[i] != SKIP:
             args = (level, np.array([record.action[i] == FULL]), record.fill[i:i + 1], record.share[i:i + 1])
             p = dynamics.harm_probability
@@ -135,7 +145,7 @@ def adaptation_tau(dynamics: AdaptationDynamics, survival: np.ndarray, record: A
         if record.revert[i]:
             level = good
         if record.checkpoint[i]:
-            good = level
+            good = before if previous[i] else level
     return out
 
 
@@ -143,7 +153,9 @@ def adaptation_draft(dynamics: AdaptationDynamics, record: AdaptRecord) -> np.nd
     """Expected drafting-time ratio of each query of ``record`` under ``dynamics`` (1 at the start)."""
     draft = good = 1.0
     out = np.empty(len(record.tau))
+    previous = np.zeros(len(out), bool) if record.previous is None else record.previous
     for i in range(len(out)):
+        before = draft
         if record.action[i] != SKIP:
             draft = float(dynamics.updated_draft(np.array([draft]), np.array([record.action[i] == FULL]),
                                                  record.fill[i:i + 1])[0])
@@ -151,7 +163,7 @@ def adaptation_draft(dynamics: AdaptationDynamics, record: AdaptRecord) -> np.nd
         if record.revert[i]:
             draft = good
         if record.checkpoint[i]:
-            good = draft
+            good = before if previous[i] else draft
     return out
 
 

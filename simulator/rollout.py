@@ -20,7 +20,7 @@ import numpy as np
 from policies import adaptation
 from policies.base import Policy, policy_from_dict, policy_to_dict
 from policies.features import LENGTH_CAP, LENGTH_SLICES
-from simulator.envs import AdaptStreamEnv
+from simulator.adapt_stream import AdaptStreamEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 
 
@@ -148,8 +148,8 @@ def serve_query(agent: Policy, env: AdaptStreamEnv, obs: np.ndarray
     if getattr(agent, "should_revert", lambda: False)():
         env.revert()
         agent.acknowledge_revert()
-    if getattr(agent, "checkpoint_good", False):
-        env.checkpoint()
+    if getattr(agent, "checkpoint_good", False):  # the drafter the closed window measured
+        env.checkpoint(previous=getattr(agent, "checkpoint_previous", False))
     return next_obs, terminated, info
 
 

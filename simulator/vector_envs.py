@@ -20,12 +20,12 @@ from gymnasium.vector.utils import batch_space
 
 from core.cost_profile import DraftShape
 from policies.features import LENGTH_CAP, adapt_bounds, length_bounds
+from simulator.adapt_stream import AdaptStreamBatch
 from simulator.adaptation import AdaptationDynamics
 from simulator.envs import (
     DEFAULT_PROMPT,
     DEFAULT_TOKENS,
     AcceptanceArg,
-    AdaptStreamBatch,
     Phases,
     ProfileArg,
     ResetResult,
@@ -84,7 +84,7 @@ class SpecLengthVectorEnv(VectorEnv):
 
 
 class AdaptStreamVectorEnv(VectorEnv):
-    """``num_envs`` AdaptStream streams stepped together; see ``simulator.envs.AdaptStreamEnv``."""
+    """``num_envs`` AdaptStream streams stepped together; see ``simulator.adapt_stream.AdaptStreamEnv``."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
@@ -93,11 +93,12 @@ class AdaptStreamVectorEnv(VectorEnv):
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  phases: Phases | None = None,
                  dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
-                 draft_shape: DraftShape | None = None) -> None:
+                 draft_shape: DraftShape | None = None, overlap: bool = False,
+                 overlap_slowdown: float = 1.0) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = AdaptStreamBatch(num_envs, profile, acceptance, drafter, draft_length, tokens_per_query,
-                                      prompt_tokens, phases, dynamics, draft_shape)
+                                      prompt_tokens, phases, dynamics, draft_shape, overlap, overlap_slowdown)
         self.single_action_space = spaces.Discrete(3)
         self.action_space = batch_space(self.single_action_space, num_envs)
         low, high = adapt_bounds(len(self.batch.model.domains))
@@ -121,8 +122,8 @@ class AdaptStreamVectorEnv(VectorEnv):
         restart = self.prev_done
         self.batch.start(restart)
         active = np.flatnonzero(~restart)
-        keys = ("reward", "tokens_per_second", "tau", "query_seconds", "update_seconds", "updated", "domain",
-                "done")
+        keys = ("reward", "tokens_per_second", "tau", "query_seconds", "update_seconds", "train_seconds",
+                "updated", "domain", "done")
         info = {key: np.zeros(self.num_envs, dtype=bool if key in ("updated", "done") else
                               np.int64 if key == "domain" else np.float64) for key in keys}
         if active.size:
@@ -133,9 +134,10 @@ class AdaptStreamVectorEnv(VectorEnv):
         truncated = np.zeros(self.num_envs, dtype=bool)
         return self.batch.observations(), reward, self.prev_done.copy(), truncated, info
 
-    def checkpoint(self, mask: np.ndarray | None = None) -> None:
-        """Save the current drafter of the slots in ``mask`` (all when None) as their last good one."""
-        self.batch.checkpoint(np.ones(self.num_envs, dtype=bool) if mask is None else mask)
+    def checkpoint(self, mask: np.ndarray | None = None, previous: bool = False) -> None:
+        """Save the current drafter of the slots in ``mask`` (all when None) as their last good one
+        (``previous``: the one before the last step's update)."""
+        self.batch.checkpoint(np.ones(self.num_envs, dtype=bool) if mask is None else mask, previous)
 
     def revert(self, mask: np.ndarray | None = None) -> None:
         """Restore the last good drafter of the slots in ``mask`` (all when None)."""

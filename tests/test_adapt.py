@@ -5,6 +5,8 @@ target and SpecBlock drafter, CPU."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from core.errors import InputError
 from policies.adaptation import FULL, HEAD, SKIP, BanditParams, CostAwareBandit
 from policies.base import make_policy
 from policies.features import ADAPT_INDEX
-from real_engine.adapt import AdaptConfig, reference_kl, update_drafter
+from real_engine.adapt import AdaptConfig, reference_kl, update_drafter, usable_cores
 from real_engine.adapter import Adapter
 from real_engine.decode import Iteration, generate
 from real_engine.drafters.rank import rank_of
@@ -334,3 +336,32 @@ def test_the_last_good_checkpoint_is_a_network_its_window_measured(target: Trans
     assert window == 2 or served[3] is not served[2]  # N2 went live at query 3
     server.adapter.revert()  # the last good network goes live at the next query
     assert server.adapter.drafter.newest() is served[1]
+
+
+def test_overlapped_updates_train_on_their_own_core_beside_decoding(target: Transformer, monkeypatch) -> None:
+    cores = sorted(usable_cores())
+    if len(cores) < 2:
+        pytest.skip("pinning the trainer to its own core needs two cores")
+    seen: list[set[int]] = []
+
+    def pinned_update(*args, **kwargs):
+        seen.append(os.sched_getaffinity(0))  # the trainer thread's cores
+        return update_drafter(*args, **kwargs)
+
+    monkeypatch.setattr("real_engine.adapter.update_drafter", pinned_update)
+    stream = [("code" if i < 5 else "prose", prompt(i)) for i in range(10)]
+    config = AdaptConfig(full_capacity=32, full_steps=2, revert_windows=0, trainer_core=cores[-1])
+    rows = run_stream(target, drafter(target), stream, make_policy("always", {"update": "full"}),
+                      config=config, max_new_tokens=24, overlap=True)
+    assert seen and all(s == {cores[-1]} for s in seen)
+    assert os.sched_getaffinity(0) == set(cores)  # pinning the trainer left the caller's cores alone
+    assert all(r["update_seconds"] == 0.0 for r in rows)  # overlapped training is not charged to queries
+    trained = [kind for r in rows for kind in r["trained"]]
+    # every update is listed in the row of the query it finished during (or the last row, after it)
+    assert trained and set(trained) == {"full"} and len(trained) == len(seen)
+    assert sum(r["train_seconds"] for r in rows) > 0
+    for before, row in itertools.pairwise(rows):
+        # an update is recorded where its network went live
+        assert (row["update"] is not None) == (row["syncs"] > before["syncs"])
+    with pytest.raises(InputError, match="trainer_core"):
+        AdaptConfig(trainer_core=max(cores) + 1)

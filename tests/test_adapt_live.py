@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan
 from experiments.adapt_predict import add_draft_ratios, mean_shape, record_of, summary
 from experiments.adapt_report import update_text
 from policies.adaptation import FULL, HEAD, SKIP
+from real_engine.adapt import usable_cores
 from simulator.adaptation import (
     AdaptationDynamics,
     AdaptRecord,
@@ -56,6 +58,11 @@ def test_adaptation_tau_follows_updates_reverts_and_checkpoints() -> None:
     assert tau[3] == pytest.approx(base[0])  # reverted after query 2 to the never-checkpointed start
     kept = dataclasses.replace(record, checkpoint=np.array([True, False, False, False]))
     assert adaptation_tau(dyn, SURVIVAL, kept)[3] == pytest.approx(tau[0])
+    # a window closed early by query 0's update measured the drafter from before it: that one is kept
+    before = dataclasses.replace(kept, previous=np.array([True, False, False, False]))
+    assert adaptation_tau(dyn, SURVIVAL, before)[3] == pytest.approx(base[0])
+    wider = dataclasses.replace(dyn, full_draft=2.0)  # the full update doubles the drafting time
+    assert adaptation_draft(wider, kept)[3] == 2.0 and adaptation_draft(wider, before)[3] == 1.0
     harmful = dataclasses.replace(dyn, harm_probability=1.0)
     assert adaptation_tau(harmful, SURVIVAL, record)[0] < base[0]
 
@@ -105,8 +112,10 @@ def test_stream_has_equal_domain_shares_a_shifting_mix_and_seeded_lengths() -> N
 
 
 def test_stream_record_and_summary() -> None:
-    rows = [{"domain": "code", "tau": 1.5, "update": None, "reverted": False, "checkpoint": True},
+    rows = [{"domain": "code", "tau": 1.5, "update": None, "reverted": False, "checkpoint": True,
+             "checkpoint_previous": False},
             {"domain": "prose", "tau": 2.0, "reverted": True, "checkpoint": False,
+             "checkpoint_previous": False,
              "update": {"kind": "full", "fill": 0.5, "shares": {"prose": 0.25, "code": 0.75}}}]
     record = record_of(rows, ["code", "prose"])
     assert record.domain.tolist() == [0, 1] and record.action.tolist() == [SKIP, FULL]
@@ -172,9 +181,9 @@ def test_each_query_gets_the_drafting_ratio_of_its_own_shapes() -> None:
     paper = load_profile(PAPER_PROFILE)
     one, two = {"starts": 1, "blocks": 1}, {"starts": 1, "blocks": 2}
     rows = [{"proposals": 2, "domain": "code", "tau": 1.0, "update": None, "reverted": False,
-             "checkpoint": False},
+             "checkpoint": False, "checkpoint_previous": False},
             {"proposals": 1, "domain": "code", "tau": 1.0, "update": None, "reverted": False,
-             "checkpoint": False}]
+             "checkpoint": False, "checkpoint_previous": False}]
     base = mean_shape(paper, [one])["draft_ms"]
     add_draft_ratios(rows, [one, one, two], paper, base)
     assert rows[0]["draft_ratio"] == pytest.approx(1.0)
@@ -255,12 +264,21 @@ FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "updat
            "shifted_tau_late")
 
 
-def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path) -> None:
-    """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool) -> None:
+    """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries,
+    updates waited for or trained beside decoding on their own core."""
     from experiments.adapt_live import POLICIES, run
 
+    if overlap and len(usable_cores()) < 2:
+        pytest.skip("training beside decoding needs two cores")
     plan = StreamPlan(queries=8, shift=4, min_new_tokens=4, max_new_tokens=6, sim_seeds=2, retime_repeats=0)
-    result = run(TARGET, MODELS / "specblock", CPU_PROFILE, plan, 0, "tiny", results=tmp_path)
+    result = run(TARGET, MODELS / "specblock", CPU_PROFILE, plan, 0, "tiny", results=tmp_path,
+                 overlap=overlap)
+    assert (result["overlap"] is not None) == overlap and os.sched_getaffinity(0) == usable_cores()
+    if overlap:
+        assert result["overlap"]["slowdown"] >= 1.0 and len(result["overlap"]["seconds"]["beside"]) == 3
+    assert 0 <= result["signals"]["head_share"] <= 1
     figures = result["figures"]
     assert list(POLICIES) == ["never", "always_head", "always_full", "epsilon_greedy", "cost_aware_bandit"]
     assert list(figures["policies"]) == list(POLICIES)
@@ -270,8 +288,10 @@ def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path) -> None:
         assert low <= f["tokens_per_second"] <= high, name
         rows = result["policies"][name]["rows"]
         assert [r["new_tokens"] for r in rows] == result["new_tokens"]  # each query its own length
-        assert sum(f["updates"].values()) == sum(r["update"] is not None for r in rows), name
-        assert f["update_seconds"] == pytest.approx(sum(r["update_seconds"] for r in rows))
+        assert sum(f["updates"].values()) == sum(len(r["trained"]) for r in rows), name
+        assert f["update_seconds"] == pytest.approx(sum(r["train_seconds"] for r in rows))
+        assert overlap or all(r["update_seconds"] == r["train_seconds"] for r in rows)
+        assert not overlap or all(r["update_seconds"] == 0 for r in rows)
         assert f["simulated_error"] == pytest.approx(
             f["simulated_tokens_per_second"] / f["tokens_per_second"] - 1)
     updates = {name: f["updates"] for name, f in figures["policies"].items()}

@@ -15,10 +15,12 @@ from core.errors import InputError
 from core.paths import PAPER_PROFILE
 from policies.adaptation import ADAPT_INFO_KEYS
 from policies.features import ADAPT_INDEX, LENGTH_CAP, adapt_features, length_features
+from simulator.adapt_stream import AdaptStreamEnv, _push, default_phases
 from simulator.adaptation import AdaptationDynamics, level_rates
-from simulator.envs import AdaptStreamEnv, SpecLengthEnv, _push, default_phases
+from simulator.envs import SpecLengthEnv
 from simulator.parametric import default_acceptance, synthetic_traces
 from simulator.replay import resolve_acceptance
+from simulator.rollout import serve_query
 from simulator.traces import save_traces
 from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
 
@@ -450,3 +452,84 @@ def test_adapt_stream_slots_draw_their_own_prompts():
     env.reset(seed=0)
     info = env.step(np.zeros(8, dtype=np.int64))[4]
     assert len(set(info["query_seconds"].round(12).tolist())) > 4
+
+
+class _ClosesEarly:
+    """An adaptation agent that updates at its second query and then, as the bandit does when that
+    update closes its open window early, checkpoints the drafter from before the update."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.checkpoint_good = self.checkpoint_previous = False
+
+    def act(self, _obs: np.ndarray) -> int:
+        return 2 if self.queries == 1 else 0
+
+    def observe(self, _obs: np.ndarray, action: int, _reward: float, _info: dict) -> None:
+        self.queries += 1
+        self.checkpoint_good = self.checkpoint_previous = action == 2
+
+    def should_revert(self) -> bool:
+        return self.queries == 3
+
+    def acknowledge_revert(self) -> None:
+        self.queries += 1
+
+
+def test_a_window_closed_early_checkpoints_the_drafter_it_measured():
+    env = AdaptStreamEnv(**STREAM, dynamics=AdaptationDynamics(headroom=0.5, full_rate=1.0,
+                                                               harm_probability=0.0))
+    agent = _ClosesEarly()
+    obs, _ = env.reset(seed=0)
+    state = env.unwrapped.batch.state
+    for _ in range(2):
+        obs, _, _ = serve_query(agent, env, obs)
+    assert (state["level"][0] < 1.0).any()  # the full update moved the drafter
+    assert (state["good"][0] == 1.0).all()  # but the window measured the one before it
+    serve_query(agent, env, obs)  # the policy reverts: the drafter it measured comes back
+    assert (state["level"][0] == 1.0).all()
+
+
+def test_an_overlapped_update_trains_beside_queries_and_goes_live_after_it_ends():
+    dynamics = AdaptationDynamics(headroom=0.5, full_rate=1.0, harm_probability=0.0)
+    runs = {}
+    for slowdown in (1.0, 2.0):
+        env = AdaptStreamEnv(**STREAM, dynamics=dynamics, overlap=True, overlap_slowdown=slowdown)
+        env.reset(seed=4)
+        state = env.unwrapped.batch.state
+        steps = [env.step(0)[4], env.step(2)[4]]  # buffer one query, then start a full update
+        levels = [state["level"][0].copy()]
+        while state["busy"][0] > 0:
+            steps.append(env.step(2)[4])  # refused while the update trains
+            levels.append(state["level"][0].copy())
+        steps.append(env.step(0)[4])  # the update ended during the last query: live from this one
+        levels.append(state["level"][0].copy())
+        runs[slowdown] = steps, levels
+    steps, levels = runs[1.0]
+    start = steps[1]
+    assert start["updated"] and start["update_seconds"] == 0.0 and start["train_seconds"] > 0
+    assert not any(info["updated"] for info in steps[2:])
+    assert all((level == 1.0).all() for level in levels[:-1]) and (levels[-1] < 1.0).any()
+    assert sum(info["query_seconds"] for info in steps[1:-1]) >= start["train_seconds"]
+    # beside the update, a query runs overlap_slowdown times slower, for as long as the update trains
+    plain, slow = start["query_seconds"], runs[2.0][0][1]["query_seconds"]
+    beside = min(start["train_seconds"], 2.0 * plain)
+    assert slow == pytest.approx(beside + plain - beside / 2.0)
+    with pytest.raises(InputError, match="overlap_slowdown"):
+        AdaptStreamEnv(**STREAM, overlap=True, overlap_slowdown=0.5)
+
+
+def test_head_share_routes_each_rejected_position_to_one_buffer():
+    def buffered(head_share: float | None) -> tuple[float, float, float]:
+        env = AdaptStreamEnv(**STREAM, dynamics=AdaptationDynamics(head_share=head_share))
+        env.reset(seed=2)
+        state = env.unwrapped.batch.state
+        for _ in range(4):
+            env.step(0)
+        return state["head"][0].sum(), state["full"][0].sum(), state["trigger"][0]
+
+    head, full, trigger = buffered(None)
+    assert head == full == trigger > 0  # every position in both buffers
+    head, full, trigger = buffered(0.3)
+    assert head + full == trigger and 0 < head < full
+    assert buffered(1.0)[1] == 0 and buffered(0.0)[0] == 0

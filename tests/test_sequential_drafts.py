@@ -61,7 +61,7 @@ def test_adaptstream_charges_what_replayed_iterations_verify() -> None:
     cost the mean of T(2) and T(8), not T(8) (a SpecBlock tree is often smaller than its budget)."""
 
 
-    from simulator.envs import AdaptStreamEnv
+    from simulator.adapt_stream import AdaptStreamEnv
     from simulator.replay import TraceReplay
 
     short, long = chain_traces(accepted=1, drafted=2), chain_traces(accepted=4, drafted=8)

@@ -6,7 +6,8 @@ always with full updates, epsilon-greedy, the cost-aware bandit); the simulator,
 predicts each (``experiments.adapt_live`` describes the experiment). Writes ``<out>/<name>.json``,
 ``.md`` and ``.png``; ``--json`` prints one object: ``policies`` -> name -> ``tokens_per_second``,
 ``tokens_per_second_ci`` (95%), ``tau``, ``updates`` (by kind), ``update_seconds``,
-``simulated_tokens_per_second``, ``simulated_error`` and more, and ``fidelity_error``.
+``simulated_tokens_per_second``, ``simulated_error`` and more, and ``fidelity_error``. ``--overlap`` trains
+updates beside decoding (the trainer thread on its own core) and times queries on the wall clock.
 """
 
 from __future__ import annotations
@@ -32,18 +33,23 @@ from experiments.cli import SEED
               help="CPU cost profile the simulator starts from.")
 @click.option("--quick", is_flag=True, help="The 200-query stream (about 15 minutes here) instead of 2,000.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--name", default=None, help="Result file name [adapt_live; adapt_live_quick with --quick].")
+@click.option("--overlap", is_flag=True,
+              help="Train updates beside decoding, on this process's last core (wall clock, both cores "
+                   "busy).")
+@click.option("--name", default=None,
+              help="Result file name [adapt_live; adapt_live_quick with --quick; _overlap added with "
+                   "--overlap].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with each policy's figures.")
-def command(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, seed: int, name: str | None,
-            out: Path, as_json: bool) -> None:
+def command(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, overlap: bool, seed: int,
+            name: str | None, out: Path, as_json: bool) -> None:
     """Serve a domain-shifting stream live with each adaptation policy; compare with the simulator."""
     from experiments.adapt_live import run  # torch, the simulator: not for --help
 
-    name = name or ("adapt_live_quick" if quick else "adapt_live")
+    name = name or ("adapt_live_quick" if quick else "adapt_live") + ("_overlap" if overlap else "")
     result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name,
-                 results=out)
+                 results=out, overlap=overlap)
     figures = result["figures"]
     files = {suffix: str(out / f"{name}.{suffix}") for suffix in ("json", "md", "png")}
     if as_json:

@@ -234,7 +234,7 @@ def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[
               queries: int, seed: int) -> dict[str, Any]:
     from core.cost_profile import load_profile  # numpy and the simulator: not for --help
     from policies.base import load_policy, make_policy
-    from simulator.envs import AdaptStreamEnv, default_phases
+    from simulator.adapt_stream import AdaptStreamEnv, default_phases
     from simulator.parametric import default_acceptance
     from simulator.replay import TraceReplay
     from simulator.rollout import is_adaptation, run_adapt, run_length
