@@ -26,7 +26,9 @@ BENCHMARKS = ("engine", "forward_cost", "cpu_linear", "lp_solve_time", "rollout_
               "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft")
 """`specblock benchmark NAME`: each a module of ``benchmarks`` with a click command called `command`, named
 as its module, which is also the default name of its results file."""
-CLOCKS = ("wall", "cpu")  # how the engine is timed: wall seconds, or this process's CPU seconds
+CLOCKS = ("wall", "cpu", "thread")
+"""How the engine is timed: wall seconds, this process's CPU seconds, or the calling thread's (with one torch
+thread, the decoding thread's own work while another thread trains)."""
 DRAFT_SHAPES = ("chain", "tree", "paths")  # what the draft model drafts: a chain, a top-k tree, sampled paths
 VANILLA = "none"  # the --drafter choice of vanilla decoding: no drafter, so never registered
 # the drafter options that are probabilities, and what each is; every other option is a count (>= 1)

@@ -86,7 +86,18 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         )
         + f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).",
         "",
+        f"Signals: the `never` stream routed {result['signals']['head']} rejected positions to the head "
+        f"buffer and {result['signals']['full']} to the full one (head share "
+        f"{result['signals']['head_share']:.3f}); the simulator routes them alike.",
+        "",
     ]
+    if result["overlap"] is not None:
+        seconds = result["overlap"]["seconds"]
+        lines += [f"Training beside decoding: a query ran {result['overlap']['slowdown']:.3f}x slower beside "
+                  f"a one-window full update (medians of {len(seconds['alone'])} interleaved timings alone "
+                  "and beside, wall clock); the simulator slows queries by that factor while an update "
+                  "trains.",
+                  ""]
     return "\n".join(lines)
 
 

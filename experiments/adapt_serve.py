@@ -42,14 +42,15 @@ def log(message: str) -> None:
 
 
 def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None,
-           updates: bool = True) -> dict[str, Any]:
+           updates: bool = True, clock: str = "cpu") -> dict[str, Any]:
     """The cost profile's samples of what the stream runs, timed now as ``real_engine.profile`` times
-    them (CPU clock): verification and plain steps, SpecBlock drafting (recording feedback, as the
-    stream's drafter does) and query starts on ``RETIME``
+    them (on ``clock``: ``"cpu"``, or ``"thread"`` while an update may train beside): verification and
+    plain steps, SpecBlock drafting (recording feedback, as the stream's drafter does) and query starts
+    on ``RETIME``
     (``repeats`` rounds each), and with ``updates`` the SpecBlock updates (``repeats`` rounds) on
     ``feedback`` (served queries' ``Feedback``; synthetic when None)."""
     grid = replace(prof.FULL, **RETIME, repeats=repeats)
-    timer = make_timer(target.lm_head.weight.device, "cpu")
+    timer = make_timer(target.lm_head.weight.device, clock)
     decode = Bench(timer, repeats, grid.warmup)
     verify, vanilla = prof.verify_samples(target, grid, decode, seed)
     draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
@@ -141,7 +142,8 @@ def serve(
     queries), between every ``plan.retime_every`` queries of (``"during"``, one round of decoding each)
     and right after (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0), and
     the ``never`` stream's last buffered queries (``Feedback``). With ``overlap`` updates train beside
-    decoding (``StreamServer``) on ``config.trainer_core``.
+    decoding (``StreamServer``) on ``config.trainer_core``, and the samples are timed on the decoding
+    thread's CPU clock (the process's would count the trainer's work: twice the decoding time).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
     one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
@@ -160,6 +162,7 @@ def serve(
         counts[query] = counts.get(query, 0) + 1
         traces.append(iteration_row(iteration, query, stream[query][0], "specblock", counts[query] - 1))
 
+    clock = "thread" if overlap else "cpu"  # the decoding thread's own seconds, whatever the trainer does
     warm = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
     generate(target, stream[0][1], drafter=warm, max_new_tokens=stream[0][2])  # one-time costs
     rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
@@ -174,12 +177,13 @@ def serve(
                               seed=seed, overlap=overlap,
                               on_iteration=keep if kind == "never" else None)
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
-            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback),
+            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback,
+                                            clock=clock),
                            "during": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         for index, (domain, prompt, new_tokens) in enumerate(stream):
             if plan.retime_repeats > 0 and plan.retime_every and index and index % plan.retime_every == 0:
-                timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False))
+                timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False, clock=clock))
             before = len(drafter.shapes)
             server.max_new_tokens = new_tokens  # this query's length (read by serve)
             r = server.serve(index, domain, prompt)
@@ -189,7 +193,7 @@ def serve(
                 f"{r['action']}")
         server.close(rows[kind][-1] if rows[kind] else None)
         if plan.retime_repeats > 0:  # bracket the stream: the machine's speed drifts within minutes
-            timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed,
+            timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed, clock=clock,
                                           updates=False)
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: decoding re-timed after the stream")
         if kind == "never":  # it never trains, so its buffers hold its last queries' feedback

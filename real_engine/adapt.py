@@ -46,8 +46,9 @@ only at rejections, the rank head sees almost nothing but misses and learns to g
 class AdaptConfig:
     """Buffer sizes, update settings, the revert rule and the observation's EWMA weights.
 
-    ``clock`` ``"cpu"`` charges an update the trainer thread's CPU seconds instead of its wall seconds
-    (for a shared CPU machine, with one torch thread; the caller then times queries on the same clock).
+    ``clock`` ``"cpu"`` or ``"thread"`` charges an update the trainer thread's CPU seconds instead of its
+    wall seconds (for a shared CPU machine, with one torch thread; the caller then times queries on the
+    process's or the decoding thread's CPU clock).
     ``trainer_core`` pins the training thread to one core (the CPU counterpart of the paper's second
     device; the decoding thread is pinned by its caller to the others: ``experiments.adapt_live``). With
     one torch thread each thread runs its own ops, so the two work side by side.

@@ -45,6 +45,7 @@ from real_engine.adapt import AdaptConfig, UpdateReport, side_stream, update_dra
 from real_engine.decode import Stats
 from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, with_draft_vocab
 from real_engine.feedback import Feedback, FeedbackBuffer, FeedbackDrafter
+from real_engine.packed import prepack
 
 
 class Adapter:
@@ -128,6 +129,7 @@ class Adapter:
         try:
             with side_stream(net.lm_head.weight.device):
                 new, report = update_drafter(net, data, kind, self.config, seed)
+                prepack(new)  # here, not in the first query the new network serves
         except BaseException as exc:  # re-raised in the caller's thread by wait() / end_query()
             self._error = exc
             return
@@ -193,7 +195,7 @@ class Adapter:
                 self.shares = onehot if first else (1 - a.share_alpha) * self.shares + a.share_alpha * onehot
             self.queries += 1
             self.since += 1
-        cost = sum(r.cpu_seconds if self.config.clock == "cpu" else r.seconds for r in done)
+        cost = sum(r.seconds if self.config.clock == "wall" else r.cpu_seconds for r in done)
         self._info = {"tokens_per_second": stats.new_tokens / seconds, "tau": stats.tau,
                       "query_seconds": seconds, "update_seconds": cost,
                       "head_signals": 0 if feedback is None else len(feedback.head_rows),

@@ -121,6 +121,19 @@ class Fused:
         return Fused(*(copy.deepcopy(m, memo) for m in self.layers))
 
 
+def prepack(module: nn.Module) -> None:
+    """Pack every half-marked linear of ``module`` now: a copy (a trained drafter) packs at its first
+    inference call otherwise, so whoever prepares a network pays for it, not the first query it serves."""
+    fused = [v for m in module.modules() for v in vars(m).values() if isinstance(v, Fused)]
+    inside = {id(layer) for f in fused for layer in f.layers}  # run as their fused product, never alone
+    with torch.no_grad():
+        for f in fused:
+            f(f.layers[0].weight.new_zeros(1, f.layers[0].in_features))
+        for m in module.modules():
+            if isinstance(m, Linear) and id(m) not in inside:
+                m._packed(m.weight.new_zeros(1, m.in_features))
+
+
 def cut_rows(layer: Linear, ids: torch.Tensor) -> Linear:
     """``layer`` cut to the output rows ``ids``: a frozen copy, packed for inference as ``layer`` is (an LM
     head over a drafter's reduced vocabulary)."""

@@ -470,6 +470,35 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                  "path accepted"}}
 
 
+def check_remeasurable(data: dict[str, Any]) -> dict[str, Any]:
+    """The ``measurement`` of a profile whose SpecBlock updates ``remeasure_updates`` can re-time;
+    InputError for one derived from a paper or measured without SpecBlock."""
+    measured = data.get("measurement") if isinstance(data, dict) else None
+    if not isinstance(measured, dict) or "specblock" not in data.get("models", {}).get("drafters", {}):
+        raise InputError("this profile has no measured SpecBlock updates to re-time: run specblock profile "
+                         "without --only-updates")
+    return measured
+
+
+def remeasure_updates(data: dict[str, Any], target: Transformer, *, grid: ProfileGrid = FULL,
+                      seed: int = 0, models_dir: Path = MODELS) -> dict[str, Any]:
+    """``data`` (a profile ``measure`` wrote for ``target``) with the SpecBlock update samples timed again as
+    ``measure`` times them, on its clock, everything else kept; ``measurement["updates"]`` says when (an
+    update's code changes more often than the decoding it is costed beside)."""
+    measured = check_remeasurable(data)
+    nets, _ = feature_drafters(target, models_dir, seed)
+    updates = Bench(make_timer(target.lm_head.weight.device, measured["clock"]), min(grid.repeats, 3),
+                    min(grid.warmup, 1))
+    rows, single, windows = specblock_update_samples(target, nets["specblock"], grid, updates, seed)
+    updates.run()
+    kept = {k: v for k, v in data.items() if k != "measurement"}
+    profile = profile_from_json({**kept, "fits": None, "update_windows": windows,
+                                 "samples": {**data["samples"], "update": rows, "update_single": single}})
+    return {**profile.to_json(), "measurement": {**measured, "updates": {
+        "torch": torch.__version__, "seed": seed, "threads": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}}}
+
+
 def draft_shapes(nets: dict[str, Any], grid: ProfileGrid) -> dict[str, dict[str, int]]:
     """The settings each tree drafter's series holds fixed (the profile's ``draft_shapes``)."""
     shapes = {}

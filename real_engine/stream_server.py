@@ -20,6 +20,7 @@ from real_engine.adapter import Adapter
 from real_engine.decode import Iteration, generate
 from real_engine.drafters.specblock import SpecBlockDrafter
 from real_engine.model import Transformer
+from real_engine.timing import CPU_CLOCKS
 
 
 class StreamServer:
@@ -28,12 +29,13 @@ class StreamServer:
     Before each query the policy acts on ``Adapter.features()``; an update it starts trains in the
     background and, unless ``overlap``, is waited for before the query (its seconds are then the
     query's ``update_seconds``; with ``overlap`` it trains while later queries decode, on the core
-    ``AdaptConfig.trainer_core`` names, and its network goes live at the first query after it ends). With
-    ``config.clock == "cpu"`` queries are timed in process CPU seconds. A policy with ``should_revert``
-    (the cost-aware bandit) decides reverts and checkpoints; for the others the adapter's own rule
-    does. ``on_iteration(query index, iteration)`` sees each speculative iteration. Servers keep no
-    shared state, so several may take turns on one stream; note that another server's updates evict
-    what decoding keeps cached (measured: about 9% slower queries on this CPU).
+    ``AdaptConfig.trainer_core`` names, and its network goes live at the first query after it ends).
+    With ``config.clock`` ``"cpu"`` or ``"thread"`` queries are timed in process or decoding-thread CPU
+    seconds. A policy with ``should_revert`` (the cost-aware bandit) decides reverts and checkpoints;
+    for the others the adapter's own rule does. ``on_iteration(query index, iteration)`` sees each
+    speculative iteration. Servers keep no shared state, so several may take turns on one stream; note
+    that another server's updates evict what decoding keeps cached (measured: about 9% slower queries on
+    this CPU).
     """
 
     def __init__(self, target: Transformer, drafter: SpecBlockDrafter, domains: Sequence[str], policy: Policy,
@@ -71,11 +73,12 @@ class StreamServer:
         previous = adapter.drafter.net  # served the previous query: new weights go live at the next begin
         self._callback = 0.0
         hook = None if self.on_iteration is None else lambda iteration: self._timed(index, iteration)
-        cpu = time.process_time()
+        timer = CPU_CLOCKS.get(self.config.clock)
+        cpu = timer() if timer is not None else 0.0
         generation = generate(self.target, list(prompt), drafter=adapter.drafter,
                               max_new_tokens=self.max_new_tokens, eos_id=self.eos_id, seed=self.seed + index,
                               on_iteration=hook)
-        seconds = time.process_time() - cpu - self._callback if self.config.clock == "cpu" else None
+        seconds = timer() - cpu - self._callback if timer is not None else None
         live = adapter.live_report() if adapter.drafter.syncs > syncs else None
         info = adapter.end_query(generation.stats, domain, seconds)
         train_seconds = info["update_seconds"]
@@ -106,13 +109,14 @@ class StreamServer:
         left, self._reported = self.adapter.reports[self._reported:], len(self.adapter.reports)
         if last is not None:
             last["trained"] = [*last["trained"], *(r.kind for r in left)]
-            clock = "cpu_seconds" if self.config.clock == "cpu" else "seconds"
+            clock = "seconds" if self.config.clock == "wall" else "cpu_seconds"
             last["train_seconds"] += sum(getattr(r, clock) for r in left)
 
     def _timed(self, index: int, iteration: Iteration) -> None:
-        began = time.process_time()
+        timer = CPU_CLOCKS.get(self.config.clock, time.process_time)
+        began = timer()
         self.on_iteration(index, iteration)  # type: ignore[misc]
-        self._callback += time.process_time() - began
+        self._callback += timer() - began
 
 
 def run_stream(target: Transformer, drafter: SpecBlockDrafter, prompts: Sequence[tuple[str, Sequence[int]]],

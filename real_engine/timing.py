@@ -17,8 +17,13 @@ from real_engine.drafters.base import clock
 Timer = Callable[[], float]
 
 
+CPU_CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "thread": time.thread_time}
+"""The CPU clocks of ``core.names.CLOCKS``: this process's CPU seconds, the calling thread's."""
+
+
 def make_timer(device: torch.device, kind: str = "wall") -> Timer:
-    """Seconds now: ``wall`` time once the device is idle, or ``cpu`` seconds of this process.
+    """Seconds now: ``wall`` time once the device is idle, ``cpu`` seconds of this process, or ``thread``
+    CPU seconds of the calling thread.
 
     The CPU clock counts the work the process did, not the time other jobs held the cores, so it
     measures a CPU engine reproducibly on a shared machine; with one torch thread it equals wall time
@@ -26,10 +31,10 @@ def make_timer(device: torch.device, kind: str = "wall") -> Timer:
     """
     if kind not in CLOCKS:
         raise InputError(f"unknown clock {kind!r}: use one of {', '.join(CLOCKS)}")
-    if kind == "cpu":
+    if kind in ("cpu", "thread"):
         if device.type != "cpu":
-            raise InputError(f"the cpu clock cannot time a {device.type} device: use the wall clock")
-        return time.process_time
+            raise InputError(f"the {kind} clock cannot time a {device.type} device: use the wall clock")
+        return CPU_CLOCKS[kind]
     return lambda: clock(device)
 
 

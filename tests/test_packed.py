@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
-from real_engine.packed import FBGEMM, Fused, Linear, use_half
+from real_engine.packed import FBGEMM, Fused, Linear, prepack, use_half
 
 pytestmark = pytest.mark.skipif(not FBGEMM, reason="FBGEMM's fp16 kernel needs an x86 CPU with AVX2")
 
@@ -120,3 +120,25 @@ def test_only_sixteen_bit_checkpoints_pack(tmp_path) -> None:
     with torch.inference_mode():
         assert half.lm_head._packed(torch.zeros(1, 32)) is not None
         torch.testing.assert_close(half(tokens).logits, exact(tokens).logits, atol=1e-4, rtol=0)
+
+
+def test_prepack_packs_a_copy_before_its_first_inference_call(tmp_path) -> None:
+    args = ModelArgs(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    half = load_model(save_model(Transformer(args), tmp_path / "bf16"))
+    twin = copy.deepcopy(half)  # a trained copy: every pack starts empty
+
+    def packs(model: Transformer) -> list:
+        fused = [v for m in model.modules() for v in vars(m).values() if isinstance(v, Fused)]
+        inside = {id(layer) for f in fused for layer in f.layers}
+        alone = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in inside]
+        return [p._pack.tensor for p in (*fused, *alone)]
+
+    assert all(pack is None for pack in packs(twin))
+    prepack(twin)
+    kept = packs(twin)
+    assert all(pack is not None for pack in kept)  # every linear and fused product packed
+    tokens = torch.randint(0, 64, (1, 5))
+    with torch.inference_mode():
+        torch.testing.assert_close(twin(tokens).logits, half(tokens).logits)
+    assert all(a is b for a, b in zip(packs(twin), kept, strict=True))  # the first call repacked nothing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from core.cost_profile import DRAFT_KEYS, load_profile
+from core.errors import InputError
+from core.paths import PAPER_PROFILE
 from experiments.cli import main
 from real_engine import profile as prof
 from real_engine.model import ModelArgs, Transformer, load_model
@@ -173,3 +176,47 @@ def test_bench_divides_a_run_of_steps_and_times_vanilla_in_runs(monkeypatch: pyt
     _, vanilla = prof.verify_samples(Transformer(args).eval(), grid, timed)
     timed.run()
     assert len(steps) == prof.VANILLA_RUN and len(vanilla[0]["seconds"]) == 1  # one sample of a run
+
+
+def test_only_updates_re_times_the_updates_and_keeps_the_rest(measured: dict, llama_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    again = prof.remeasure_updates(measured, load_model(llama_dir), grid=TINY, models_dir=tmp_path)
+    updated = ("update", "update_single")
+    assert all(again["samples"][k] == v for k, v in measured["samples"].items() if k not in updated)
+    assert all(len(again["samples"][k][kind]) == len(measured["samples"][k][kind])
+               for k in updated for kind in ("head", "full"))
+    assert again["samples"]["update"] != measured["samples"]["update"]  # timed again: no two timings tie
+    assert again["update_windows"] == measured["update_windows"]
+    assert {**again["measurement"], "updates": None} == {**measured["measurement"], "updates": None}
+    assert again["measurement"]["updates"]["date"] >= measured["measurement"]["date"]
+    paper = tmp_path / "paper.json"
+    paper.write_text(PAPER_PROFILE.read_text())  # derived from a paper: nothing measured to re-time
+    code, stdout, err = run(["--model", str(llama_dir), "--out", str(paper), "--only-updates", "--quick"],
+                            capsys)
+    assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1 and "--only-updates" in err
+    assert paper.read_text() == PAPER_PROFILE.read_text()
+
+
+def test_the_thread_clock_counts_the_calling_threads_work_alone() -> None:
+    """While another thread works, the process's CPU clock counts both and the thread clock one."""
+    device = torch.device("cpu")
+    thread, process = make_timer(device, "thread"), make_timer(device, "cpu")
+    done = threading.Event()
+
+    def spin() -> None:
+        x = torch.randn(256, 256)
+        while not done.is_set():
+            x = (x @ x).tanh()
+
+    worker = threading.Thread(target=spin, daemon=True)
+    t0, p0 = thread(), process()
+    worker.start()
+    x = torch.randn(256, 256)
+    for _ in range(200):
+        x = (x @ x).tanh()
+    t1, p1 = thread(), process()
+    done.set()
+    worker.join()
+    assert 0 < t1 - t0 < p1 - p0  # the process clock also counted the spinning thread
+    with pytest.raises(InputError, match="thread clock"):
+        make_timer(torch.device("meta"), "thread")

@@ -3,7 +3,8 @@
 Times the target's verify step over tree sizes and contexts, its vanilla step, every available
 drafter's drafting per iteration (draft model, n-gram, and SpecBlock/EAGLE/Medusa with shipped or
 random weights of the shipped shape) and a head-only and a full drafter update; see
-``real_engine.profile``. ``--quick`` measures a small grid with few repeats (seconds, not minutes).
+``real_engine.profile``. ``--quick`` measures a small grid with few repeats (seconds, not minutes);
+``--only-updates`` re-times the SpecBlock updates of an existing profile and keeps the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.files import MAX_PROFILE_BYTES, read_json
 from core.names import DTYPES, trained_drafters
 from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
 from experiments.cli import SEED, resolve_device
@@ -46,10 +48,13 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
               help="wall: elapsed time; cpu: CPU seconds of this process (reproducible on a shared CPU "
                    "machine; use with --threads 1).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds the random tokens and weights.")
+@click.option("--only-updates", is_flag=True,
+              help="Re-time only the SpecBlock updates of the profile at --out (on its clock), keeping the "
+                   "rest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the summary) on stdout.")
 def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_feature_drafters: bool,
             repeats: int | None, device: str | None, dtype: str, threads: int | None, clock_kind: str,
-            seed: int, as_json: bool) -> None:
+            seed: int, only_updates: bool, as_json: bool) -> None:
     """Measure verify, vanilla, drafting and update costs on this device; write a cost profile."""
     _model_folder(model_dir, "--model", "target")
     if draft_dir is None:
@@ -67,6 +72,10 @@ def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_
     from real_engine import profile as prof
     from real_engine.model import load_model
 
+    if only_updates:
+        measured = read_json(out, MAX_PROFILE_BYTES, "cost profile",
+                             "give --out a profile specblock profile wrote, or run it without --only-updates")
+        prof.check_remeasurable(measured)
     if threads is not None:
         torch.set_num_threads(threads)
     device = resolve_device(device)
@@ -75,11 +84,15 @@ def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_
     grid = prof.QUICK if quick else prof.FULL
     if repeats is not None:
         grid = dataclasses.replace(grid, repeats=repeats)
-    click.echo(f"profiling {model_dir} on {device} ({'quick' if quick else 'full'} grid)...", err=True)
-    data = prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
-                        draft_name=None if draft is None else prof.model_name(draft, draft_dir), grid=grid,
-                        feature=not no_feature_drafters, dtype=dtype, threads=threads, clock_kind=clock_kind,
-                        seed=seed)
+    click.echo(f"profiling {model_dir} on {device} ({'quick' if quick else 'full'} grid"
+               f"{', updates only' if only_updates else ''})...", err=True)
+    if only_updates:
+        data = prof.remeasure_updates(measured, target, grid=grid, seed=seed)
+    else:
+        data = prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
+                            draft_name=None if draft is None else prof.model_name(draft, draft_dir),
+                            grid=grid, feature=not no_feature_drafters, dtype=dtype, threads=threads,
+                            clock_kind=clock_kind, seed=seed)
     prof.save(data, out)
     result = {"out": str(out), **prof.summary(data), "clock": clock_kind,
               "drafters": data["models"]["drafters"], "verify_rows": len(data["samples"]["verify"]),
