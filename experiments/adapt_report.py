@@ -44,7 +44,7 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             f"{f['simulated_error']:+.1%} | {m['tau']:.3f} | "
             f"{s['tau']:.3f} | {m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f} | "
             f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
-            f"{entry['updates']['full']} | {m['update_seconds']:.1f} |"
+            f"{entry['updates']['full']} | {f['update_seconds']:.1f} |"
         )
     lines += ["", "Drafting per policy: the shapes each policy's drafter ran (its rank head decides them, "
               "and updates retrain it), the profile's drafting time at them, and the engine's time per "
