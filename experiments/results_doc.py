@@ -17,6 +17,7 @@ from typing import Any
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, read_json
 from core.paths import REPO
+from experiments.adapt_plan import QUICK_PLAN
 
 Record = dict[str, Any]
 Lines = list[str]
@@ -173,9 +174,12 @@ def _bench_body(record: Record) -> Lines:
 
 
 def _adapt_live_command(name: str, config: Record) -> str:
-    quick = name.endswith("_quick")
-    return f"specblock adapt-live{' --quick' if quick else ''}" \
-           f"{flag('--name', name, 'adapt_live_quick' if quick else 'adapt_live')}"
+    plan = config["plan"]  # files written before the paper's stream (issue 30) plan no query count
+    quick = plan["queries"] == QUICK_PLAN.queries if "queries" in plan else name.endswith("_quick")
+    overlap = str(config.get("clock", "")).startswith("wall clock")  # trained beside decoding
+    default = f"adapt_live{'_quick' if quick else ''}{'_overlap' if overlap else ''}"
+    return f"specblock adapt-live{' --quick' if quick else ''}{' --overlap' if overlap else ''}" \
+           f"{flag('--name', name, default)}"
 
 
 def _adapt_live_body(record: Record) -> Lines:

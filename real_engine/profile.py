@@ -520,7 +520,8 @@ def save(data: dict[str, Any], path: str | Path) -> Path:
 
 def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
     """Headline numbers of a profile at ``context``: milliseconds of vanilla, verify at 2/9/17/65 nodes,
-    a 4-token draft of each drafter (and a depth-4, width-2 draft-model tree), and the two updates."""
+    a 4-token draft of each drafter (and a depth-4, width-2 draft-model tree), and the two updates on their
+    full buffers and, where measured, on one query's window (the same buffer for both)."""
     profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
     ms = {"vanilla": 1e3 * float(profile.vanilla_seconds(context))}
     for nodes in (2, 9, 17, 65):
@@ -530,4 +531,5 @@ def summary(data: dict[str, Any], context: float = 256.0) -> dict[str, Any]:
     for kind in profile.draft_trees:
         ms[f"draft_{kind}_tree_4x2"] = 1e3 * float(profile.draft_seconds(kind, depth=4, width=2))
     ms.update({f"update_{k}": 1e3 * profile.update_seconds(k) for k in ("head", "full")})
+    ms.update({f"update_one_window_{k}": 1e3 * s for k, s in profile.fits.get("update_single", {}).items()})
     return {"device": profile.device, "context": context, "milliseconds": ms}
