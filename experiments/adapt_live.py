@@ -12,8 +12,10 @@
    updates, always with full updates, epsilon-greedy and the cost-aware bandit, default parameters)
    serves the same stream through its own ``real_engine.stream_server.StreamServer``, one policy after
    another; updates are waited for before the next query and everything is timed on the process CPU
-   clock with one torch thread (the CPU clock is what the shipped cost profile uses). The drafter's
-   tree budget equals the simulator's 16 positions.
+   clock with one torch thread (the CPU clock is what the shipped cost profile uses), or with
+   ``overlap`` updates train beside decoding on their own core, queries are timed on the wall clock and
+   re-timing on the decoding thread's CPU clock, and ``overlap_slowdown`` measures how much slower a
+   query runs beside training. The drafter's tree budget equals the simulator's 16 positions.
 3. **Fit**: ``simulator.adaptation.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
    of all the streams, with the acceptance model replayed from the ``never`` stream's iterations,
    and how updates move the drafting time (``head_draft``, ``full_draft``) to each query's recorded

@@ -13,9 +13,10 @@ An :class:`Adapter` wraps the live drafter in a ``real_engine.feedback.FeedbackD
   updates learnt on a shifted stream (see ``Adapter``). On a GPU the thread's work runs on its own
   CUDA stream (``side_stream``), overlapping the target's verify forwards; ``drafters.base.clock``
   waits only for the decode thread's stream, so decode timings exclude it.
-- **Swap**: the trained copy is handed over under a lock and goes live at the next ``begin``, by
-  replacing the drafter's network reference. A live network is never modified, so a query sees one set
-  of weights from its first to its last draft, whatever the trainer is doing.
+- **Swap**: the trained copy, its fp16 weights packed by the trainer (``packed.prepack``), is handed
+  over under a lock and goes live at the next ``begin``, by replacing the drafter's network reference.
+  A live network is never modified, so a query sees one set of weights from its first to its last
+  draft, whatever the trainer is doing.
 - **Revert**: after a swap, measurement windows of ``window`` queries open; when mean tau falls across
   ``revert_windows`` windows in a row (the first compared with the last good drafter's window) the last
   good drafter goes live again; a window that does not fall makes the live drafter the last good one.
