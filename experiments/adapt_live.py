@@ -15,7 +15,7 @@
    clock with one torch thread (the CPU clock is what the shipped cost profile uses), or with
    ``overlap`` updates train beside decoding on their own core, queries are timed on the wall clock and
    re-timing on the decoding thread's CPU clock, and ``overlap_slowdown`` measures how much slower a
-   query runs beside training. The drafter's tree budget equals the simulator's 16 positions.
+   query runs beside each kind of update. The drafter's tree budget equals the simulator's 16 positions.
 3. **Fit**: ``simulator.adaptation.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
    of all the streams, with the acceptance model replayed from the ``never`` stream's iterations,
    and how updates move the drafting time (``head_draft``, ``full_draft``) to each query's recorded
@@ -71,7 +71,15 @@ from core.files import write_text
 from core.names import DOMAINS
 from core.paths import RESULTS
 from experiments.adapt_plan import StreamPlan
-from experiments.adapt_predict import add_draft_ratios, errors, mean_shape, record_of, simulate, summary
+from experiments.adapt_predict import (
+    add_draft_ratios,
+    errors,
+    mean_shape,
+    record_of,
+    simulate,
+    summary,
+    tree_nodes,
+)
 from experiments.adapt_report import bracket_ms, decode_ms, markdown, plot
 from experiments.adapt_serve import DRAFT, overlap_slowdown, serve, stream_samples, with_samples
 from experiments.intervals import REPLICATES, interval, ratio_of_sums, resamples
@@ -208,8 +216,11 @@ def run(
     shapes = drafted["never"]
     profile = load_profile(profile_path)
     base_draft = mean_shape(profile, shapes)["draft_ms"]  # what the simulator charges before any update
+    prompt_lengths = [len(tokens) for _, tokens, _ in stream]
+    lengths = [n for _, _, n in stream]
+    context = float(np.mean(prompt_lengths) + np.mean(lengths) / 2)  # as AdaptStream costs a query's steps
     for kind in policies:
-        add_draft_ratios(rows[kind], drafted[kind], profile, base_draft)
+        add_draft_ratios(rows[kind], drafted[kind], profile, base_draft, tree_nodes(rows["never"]), context)
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
@@ -229,8 +240,6 @@ def run(
               "update_windows": dict(profile.update_windows),
               "update_single": dict(profile.fits.get("update_single", {})),
               "update_model": profile_measurement(profile_path).get("update_model")}
-    prompt_lengths = [len(tokens) for _, tokens, _ in stream]
-    lengths = [n for _, _, n in stream]
     stream_domains = [d for d, _, _ in stream]
     before, after = phase_counts(plan)
     shifted = [d for d in DOMAINS if after[d] > before[d]]

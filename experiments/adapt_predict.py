@@ -51,7 +51,9 @@ def simulate(
 ) -> dict[str, list[float]]:
     """``AdaptStream``'s per-query means over ``plan.sim_seeds`` streams of the policy ``spec``
     (policy-file content) whose queries generate ``tokens`` each, drafting costed at the recorded
-    SpecBlock ``shapes``; with ``overlap_slowdown`` updates train beside decoding (``overlap``)."""
+    SpecBlock ``shapes``; with ``overlap_slowdown`` updates train beside decoding (``overlap``).
+    Tokens/s is each query's harmonic mean, its mean seconds per token inverted: a stream's tokens/s
+    is its tokens over its summed seconds, and the arithmetic mean overstated it by 2 to 7%."""
     env = AdaptStreamEnv(
         profile=profile,
         acceptance=acceptance,
@@ -75,23 +77,34 @@ def simulate(
             tau[s, i], tps[s, i] = info["tau"], info["tokens_per_second"]
             update[s, i], updated[s, i] = info["update_seconds"], info["updated"]
             obs = next_obs
-    return {
+    return {  # a query's tokens/s over the seeds is its mean seconds inverted: what its stream sums
         "tau": tau.mean(0).tolist(),
-        "tokens_per_second": tps.mean(0).tolist(),
+        "tokens_per_second": (1.0 / (1.0 / tps).mean(0)).tolist(),
         "update_seconds": update.mean(0).tolist(),
         "update_rate": updated.mean(0).tolist(),
     }
 
 
 def add_draft_ratios(rows: Sequence[dict[str, Any]], shapes: Sequence[Mapping[str, float]], profile: Any,
-                     base_ms: float) -> None:
-    """Set each row's ``draft_ratio``: the profile's mean drafting time at the shapes its query ran (its
-    ``proposals`` entries of ``shapes``, in order) over ``base_ms``."""
+                     base_ms: float, base_nodes: float, context: float) -> None:
+    """Set each row's ``draft_ratio``: what its trees cost beyond verifying ``base_nodes`` per forward, over
+    ``base_ms`` (the simulator's drafting time before any update): the profile's mean drafting time at the
+    shapes its query ran (its ``proposals`` entries of ``shapes``, in order) plus the verify forwards'
+    extra time at its ``tree_nodes`` (at ``context`` cached tokens). Updates that widen the rank head's
+    trees make both drafting and verification dearer; the simulator charges both through this ratio."""
     start = 0
+    base_verify = profile.verify_seconds(base_nodes, context)
     for row in rows:
         mine = shapes[start:start + row["proposals"]]
         start += row["proposals"]
-        row["draft_ratio"] = mean_shape(profile, mine)["draft_ms"] / base_ms if mine else 1.0
+        drafting = mean_shape(profile, mine)["draft_ms"] if mine else base_ms
+        verifying = 1e3 * float(profile.verify_seconds(row["tree_nodes"], context) - base_verify)
+        row["draft_ratio"] = (drafting + verifying) / base_ms
+
+
+def tree_nodes(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Mean nodes per verify forward (root included) over a stream's iterations."""
+    return sum(r["tree_nodes"] * r["iterations"] for r in rows) / max(sum(r["iterations"] for r in rows), 1)
 
 
 def mean_shape(profile: Any, shapes: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -12,6 +12,7 @@ import numpy as np
 from core.files import atomic_write
 from experiments.adapt_predict import mean_shape
 from experiments.adapt_serve import pooled, with_samples
+from simulator.adaptation import ADAPT_FITTED
 
 
 def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
@@ -81,8 +82,7 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         "Fitted `AdaptationDynamics` (paper defaults in brackets): "
         + ", ".join(
             f"{k} {fit['dynamics'][k]:.3g} [{fit['paper'][k]:.3g}]"
-            for k in ("headroom", "head_reach", "head_rate", "full_rate", "query_noise", "head_draft",
-                      "full_draft")
+            for k in (*ADAPT_FITTED, "query_noise", "head_draft", "full_draft") if k in fit["dynamics"]
         )
         + f"; tau RMSE {fit['rmse_tau']:.3f} (fitted) vs {fit['rmse_tau_paper']:.3f} (paper defaults).",
         "",
@@ -92,11 +92,12 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         "",
     ]
     if result["overlap"] is not None:
-        seconds = result["overlap"]["seconds"]
-        lines += [f"Training beside decoding: a query ran {result['overlap']['slowdown']:.3f}x slower beside "
-                  f"a one-window full update (medians of {len(seconds['alone'])} interleaved timings alone "
-                  "and beside, wall clock); the simulator slows queries by that factor while an update "
-                  "trains.",
+        seconds, slowdown = result["overlap"]["seconds"], result["overlap"]["slowdown"]
+        lines += ["Training beside decoding: a query ran "
+                  + " and ".join(f"{slowdown[kind]:.3f}x slower beside a one-window {kind} update"
+                                 for kind in slowdown)
+                  + f" (medians of {len(seconds['alone'])} interleaved timings alone and beside, wall "
+                  "clock); the simulator slows queries by that kind's factor while an update trains.",
                   ""]
     return "\n".join(lines)
 

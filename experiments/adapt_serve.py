@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.cost_profile import profile_from_json
+from core.cost_profile import UPDATE_KINDS, profile_from_json
 from policies.base import make_policy
 from real_engine import profile as prof
 from real_engine.adapt import update_drafter
@@ -69,20 +69,23 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
 
 def overlap_slowdown(target: Any, drafter_dir: Path, query: tuple[str, list[int], int],
                      feedback: Sequence[Any], config: Any, repeats: int) -> dict[str, Any]:
-    """How much slower decoding runs beside a training update: ``query`` (domain, prompt, new tokens) served
-    by a fresh adapting drafter on the wall clock alone and beside one-window full updates looping on
-    ``config.trainer_core`` (on ``feedback``, served queries' ``Feedback``), interleaved ``repeats``
-    times; the ratio of the medians, and every timing."""
+    """How much slower decoding runs beside a training update of each kind: ``query`` (domain, prompt, new
+    tokens) served by a fresh adapting drafter on the wall clock alone, beside one-window head updates
+    and beside one-window full updates looping on ``config.trainer_core`` (each on the positions its
+    buffer takes from the first of ``feedback``, served queries' ``Feedback``), interleaved ``repeats``
+    times; per kind the ratio of the medians (a head update's short steps hold the interpreter lock
+    more of the time than a full one's), and every timing."""
     drafter = FeedbackDrafter(SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT), config.top_k)
     with_draft_vocab(drafter.net, None)  # as an adapting drafter drafts
-    data = [(f, list(f.rejected)) for f in feedback if f.rejected][:1]
+    data = {kind: [(f, list(f.signals(kind))) for f in feedback if f.signals(kind)][:1]
+            for kind in UPDATE_KINDS}
     domain, prompt, tokens = query
     stop = threading.Event()
 
-    def train() -> None:
+    def train(kind: str) -> None:
         os.sched_setaffinity(0, {config.trainer_core})
         while not stop.is_set():
-            update_drafter(drafter.net, data, "full", config)
+            update_drafter(drafter.net, data[kind], kind, config)
 
     def decode() -> float:
         began = time.perf_counter()
@@ -90,17 +93,19 @@ def overlap_slowdown(target: Any, drafter_dir: Path, query: tuple[str, list[int]
         drafter.take(domain)
         return time.perf_counter() - began
 
-    times: dict[str, list[float]] = {"alone": [], "beside": []}
+    times: dict[str, list[float]] = {"alone": [], **{kind: [] for kind in UPDATE_KINDS}}
     decode()  # one-time costs
     for _ in range(repeats):
         times["alone"].append(decode())
-        stop.clear()
-        trainer = threading.Thread(target=train, name="slowdown", daemon=True)
-        trainer.start()
-        times["beside"].append(decode())
-        stop.set()
-        trainer.join()
-    return {"slowdown": max(statistics.median(times["beside"]) / statistics.median(times["alone"]), 1.0),
+        for kind in UPDATE_KINDS:
+            stop.clear()
+            trainer = threading.Thread(target=train, args=(kind,), name="slowdown", daemon=True)
+            trainer.start()
+            times[kind].append(decode())
+            stop.set()
+            trainer.join()
+    alone = statistics.median(times["alone"])
+    return {"slowdown": {kind: max(statistics.median(times[kind]) / alone, 1.0) for kind in UPDATE_KINDS},
             "seconds": times}
 
 

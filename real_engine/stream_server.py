@@ -58,7 +58,8 @@ class StreamServer:
     def serve(self, index: int, domain: str, prompt: Sequence[int]) -> dict[str, Any]:
         """Let the policy act, then serve query ``index``: its row (domain, action, the update whose network
         went live at its start with its report, the kinds and seconds of updates that finished during it,
-        tau, tokens/s, seconds, new tokens, revert and checkpoint flags).
+        tau, tokens/s, seconds, new tokens, the mean nodes its verify forwards ran (root included), revert
+        and checkpoint flags).
 
         ``update_seconds`` is what the query is charged for training: a waited-for update's seconds, and
         nothing with ``overlap`` (training then runs beside decoding: what it costs shows as slower
@@ -97,6 +98,7 @@ class StreamServer:
                 "update": None if live is None else asdict(live),
                 "trained": [r.kind for r in trained], "train_seconds": train_seconds,
                 **info, "new_tokens": generation.stats.new_tokens, "iterations": generation.stats.iterations,
+                "tree_nodes": sum(generation.stats.tree_sizes) / max(len(generation.stats.tree_sizes), 1),
                 "wall_seconds": generation.stats.seconds, "syncs": adapter.drafter.syncs,
                 "reverted": adapter.reverts > reverts, "checkpoint": checkpoint,
                 "checkpoint_previous": checkpoint_previous,

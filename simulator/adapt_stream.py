@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from core.cost_profile import DraftShape, resolve_profile
+from core.cost_profile import UPDATE_KINDS, DraftShape, resolve_profile
 from core.errors import InputError
 from policies.adaptation import FULL, HEAD, SKIP
 from policies.features import ADAPT_INDEX, adapt_bounds, adapt_features
@@ -41,12 +41,24 @@ def default_phases(domains: Sequence[str], queries: int = 2000) -> Phases:
     return ((first, {domains[0]: 1.0}), (queries - first, None)) if queries > first else ((queries, None),)
 
 
+def slowdowns(overlap_slowdown: float | Mapping[str, float]) -> tuple[float, float]:
+    """(head, full) slowdown of a query beside a training update: one factor for both kinds, or one per
+    kind (``{"head": ..., "full": ...}``); each >= 1."""
+    given = (overlap_slowdown if isinstance(overlap_slowdown, Mapping)
+             else dict.fromkeys(UPDATE_KINDS, overlap_slowdown))
+    if set(given) != set(UPDATE_KINDS) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1.0 for v in given.values()):
+        raise InputError(f"overlap_slowdown = {overlap_slowdown!r} is invalid: use a factor >= 1, or one per "
+                         f"update kind ({', '.join(UPDATE_KINDS)})")
+    return tuple(float(given[kind]) for kind in UPDATE_KINDS)
+
+
 class AdaptStreamBatch:
     """N query streams at once: the state and dynamics both AdaptStream environments run."""
 
     STATE = ("t", "served", "level", "good", "previous", "pending", "draft", "good_draft", "previous_draft",
-             "pending_draft", "busy", "waiting", "head", "full", "head_windows", "full_windows", "trigger",
-             "since", "recent", "long", "shares")
+             "pending_draft", "busy", "training", "waiting", "head", "full", "head_windows", "full_windows",
+             "trigger", "since", "recent", "long", "shares")
     LEVELS = ("level", "good", "previous", "pending", "head", "full", "shares")  # per domain: (N, D)
     PROFILED = ("level", "good", "previous", "pending", "draft", "good_draft", "previous_draft",
                 "pending_draft")
@@ -58,10 +70,10 @@ class AdaptStreamBatch:
                  phases: Phases | None = None,
                  dynamics: AdaptationDynamics | None = None,
                  draft_shape: DraftShape | None = None, overlap: bool = False,
-                 overlap_slowdown: float = 1.0) -> None:
-        if not overlap_slowdown >= 1.0:
-            raise InputError(f"overlap_slowdown = {overlap_slowdown!r} is invalid: use a factor >= 1")
-        self.overlap, self.overlap_slowdown = bool(overlap), float(overlap_slowdown)
+                 overlap_slowdown: float | Mapping[str, float] = 1.0) -> None:
+        self.overlap = bool(overlap)
+        # indexed by action, as ``capacity``: a query's slowdown beside the kind of update training
+        self.slowdown = np.array([1.0, *slowdowns(overlap_slowdown)])
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if not 1 <= draft_length <= self.model.cap:
@@ -141,6 +153,7 @@ class AdaptStreamBatch:
             s["pending"] = np.where(runs[:, None], moved, s["pending"])
             s["pending_draft"] = np.where(runs, moved_draft, s["pending_draft"])
             s["busy"] = np.where(runs, cost, s["busy"])
+            s["training"] = np.where(runs, action, s["training"])
             s["waiting"][runs] = 1.0
             update_seconds = np.zeros(k)
         else:
@@ -165,9 +178,10 @@ class AdaptStreamBatch:
         redrafted = (s["draft"] - 1.0)[:, None] * self.drafting  # updates changed the drafter's trees
         step = self.steps(prompt + self.tokens / 2) + self.unverified + redrafted
         seconds = iterations * (step * self.verified[domain]).sum(1) + self.profile.prefill_cost(prompt)
-        if self.overlap:  # the part of the query beside a training update runs overlap_slowdown times slower
-            beside = np.minimum(s["busy"], seconds * self.overlap_slowdown)
-            seconds = beside + (seconds - beside / self.overlap_slowdown)
+        if self.overlap:  # the part of the query beside a training update runs its kind's slowdown slower
+            slow = self.slowdown[s["training"].astype(np.int64)]
+            beside = np.minimum(s["busy"], seconds * slow)
+            seconds = beside + (seconds - beside / slow)
             s["busy"] = np.maximum(s["busy"] - seconds, 0.0)
         cut = np.clip(self.model.query_rejection_rates(rng, domain), 0.0, 1.0)  # each buffers a position
         rejected = rng.binomial(iterations.astype(np.int64), cut)
@@ -296,12 +310,13 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     | `draft_shape`      | as SpecLength's                   | None        | None: a chain of the verified  |
     |                    |                                   |             | positions; else a tree's shape |
     | `overlap`          | bool                              | False       | updates train beside decoding  |
-    | `overlap_slowdown` | float                             | 1.0         | queries' slowdown beside one   |
+    | `overlap_slowdown` | float or {"head": f, "full": f}   | 1.0         | queries' slowdown beside an    |
+    |                    |                                   |             | update (one, or per kind)      |
 
     With ``overlap`` (training on its own core or device, as ``real_engine.stream_server`` runs it) an
     update costs the query nothing directly: it trains for its update time while queries decode, those
-    queries run ``overlap_slowdown`` times slower while it does, its result goes live at the first query
-    after it ends, and no other update starts before then (a revert drops it).
+    queries run its kind's ``overlap_slowdown`` times slower while it does, its result goes live at the
+    first query after it ends, and no other update starts before then (a revert drops it).
 
     A query costs its iterations times the mean iteration time over how many positions iterations
     verify (``verified_shares`` of the acceptance model: a replayed drafter that drafted fewer than
@@ -335,7 +350,7 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
                  phases: Phases | None = None,
                  dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
                  draft_shape: DraftShape | None = None, overlap: bool = False,
-                 overlap_slowdown: float = 1.0) -> None:
+                 overlap_slowdown: float | Mapping[str, float] = 1.0) -> None:
         self.batch = AdaptStreamBatch(1, profile, acceptance, drafter, draft_length, tokens_per_query,
                                       prompt_tokens, phases, dynamics, draft_shape, overlap, overlap_slowdown)
         self.render_mode = render_mode

@@ -15,7 +15,8 @@ from scipy.optimize import minimize
 from core.errors import InputError
 from policies.adaptation import FULL, SKIP
 
-ADAPT_BOUNDS = {"head_reach": (-1.0, 1.0), "head_draft": (0.25, 4.0), "full_draft": (0.25, 4.0)}
+ADAPT_BOUNDS = {"head_reach": (-1.0, 1.0), "head_overfit": (0.0, 2.0), "head_draft": (0.25, 4.0),
+                "full_draft": (0.25, 4.0)}
 """``AdaptationDynamics`` fields whose range is not [0, 1] (capacities and noise: [0, inf))."""
 
 
@@ -27,10 +28,14 @@ class AdaptationDynamics:
     profiled). An update trained on a buffer moves ``m`` toward ``1 - headroom`` (full) or
     ``1 - head_reach * headroom`` (head only) by ``rate * fill * share`` of the remaining gap, where
     ``share`` is the domain's share of the buffer: diminishing returns, and nothing for domains the
-    buffer does not hold. Updates move ``m`` toward their floor from either side: a head update after
-    full ones can give back part of their gain, and a negative ``head_reach`` (in [-1, 1]) makes head
-    updates converge on a worse drafter than the profiled one (the engine's drafter does that when
-    its head is retrained on small buffers after every query). With probability ``harm_probability``
+    buffer does not hold unless ``transfer`` > 0, the part of every update that reaches all domains
+    alike (the drafter learns the target's style, not only the buffered domains: on the engine's
+    2,000-query stream, full updates trained mostly on code raised prose and text's tau the most).
+    Updates move ``m`` toward their floor from either side: a head update after full ones can give
+    back part of their gain. A head update's reach is ``head_reach - head_overfit * (1 - fill)``
+    (clipped to [-1, 1]): a head retrained on a few positions overfits them, and a negative reach makes
+    head updates converge on a worse drafter than the profiled one (the engine's does that when its
+    head is retrained on one query's positions after every query). With probability ``harm_probability``
     an update hurts instead, raising ``m`` by ``harm_size * rate * fill * share * headroom``.
     ``headroom`` is set so that a fully adapted drafter gains about 0.26 tau at 8 positions over the
     default domains (the paper: +0.22..0.30 after 8 adaptation epochs); the full update's larger
@@ -41,11 +46,14 @@ class AdaptationDynamics:
     ``head_capacity`` and ``full_capacity`` count rejected positions a buffer holds (fill 1 when
     full); ``query_noise`` is the log-normal spread of one query's tau around its expectation.
 
-    ``head_draft`` and ``full_draft`` are the drafting time, relative to the drafter as profiled, that
-    head and full updates move toward by ``fill`` of the gap: retraining SpecBlock's rank head changes
-    how many blocks and start nodes its trees take (1: updates leave drafting as profiled). Their
-    rate is the buffer's fill alone, so that they stay identified whatever the acceptance fit says
-    about the rates.
+    ``head_draft`` and ``full_draft`` say how updates move the cost of the drafter's trees, relative to
+    its drafting time as profiled (1: updates leave it as profiled): retraining SpecBlock's rank head
+    changes how many blocks and start nodes its trees take, so what drafting and verifying them cost.
+    A head update moves the ratio toward ``head_draft`` by ``fill`` of the gap; a full update scales it
+    by ``1 + fill * (full_draft - 1)``, so full updates compound and keep what head updates did (the
+    engine's full updates barely widen the trees, and leave a retrained rank head's widening in
+    place). Their rate is the buffer's fill alone, so that they stay identified whatever the
+    acceptance fit says about the rates.
 
     ``head_share`` routes each rejected position to one buffer, the head one with that probability (the
     engine's rank rule, ``real_engine.feedback``, measured on its streams); None puts every position in
@@ -64,6 +72,8 @@ class AdaptationDynamics:
     head_draft: float = 1.0
     full_draft: float = 1.0
     head_share: float | None = None
+    transfer: float = 0.0
+    head_overfit: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,8 +93,9 @@ class AdaptationDynamics:
         """Levels (N, D) after one update per stream: ``full`` (N,) bool picks full vs head, ``fill``
         (N,) is the used buffer's fill in [0, 1], ``share`` (N, D) its domain composition."""
         rate = np.where(full, self.full_rate, self.head_rate)
-        floor = 1.0 - self.headroom * np.where(full, 1.0, self.head_reach)
-        push = (rate * fill)[:, None] * share
+        reach = np.clip(self.head_reach - self.head_overfit * (1.0 - fill), -1.0, 1.0)
+        floor = 1.0 - self.headroom * np.where(full, 1.0, reach)
+        push = (rate * fill)[:, None] * (self.transfer + (1.0 - self.transfer) * share)
         harm = rng.random(level.shape[0]) < self.harm_probability
         gain = push * (floor[:, None] - level)
         return level + np.where(harm[:, None], self.harm_size * push * self.headroom, gain)
@@ -92,7 +103,8 @@ class AdaptationDynamics:
     def updated_draft(self, draft: np.ndarray, full: np.ndarray, fill: np.ndarray) -> np.ndarray:
         """Drafting-time ratios (N,) after one update per stream (``full`` and ``fill`` as in
         ``updated``)."""
-        return draft + fill * (np.where(full, self.full_draft, self.head_draft) - draft)
+        return np.where(full, draft * (1.0 + fill * (self.full_draft - 1.0)),
+                        draft + fill * (self.head_draft - draft))
 
 
 def level_rates(survival: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -122,7 +134,7 @@ class AdaptRecord:
     previous: np.ndarray | None = None  # (Q,) bool: that checkpoint is the drafter before the query's update
 
 
-ADAPT_FITTED = ("headroom", "head_reach", "head_rate", "full_rate")
+ADAPT_FITTED = ("headroom", "head_reach", "head_rate", "full_rate", "transfer", "head_overfit")
 """The ``AdaptationDynamics`` fields :func:`fit_adaptation` estimates."""
 
 

@@ -94,7 +94,7 @@ class AdaptStreamVectorEnv(VectorEnv):
                  phases: Phases | None = None,
                  dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
                  draft_shape: DraftShape | None = None, overlap: bool = False,
-                 overlap_slowdown: float = 1.0) -> None:
+                 overlap_slowdown: float | Mapping[str, float] = 1.0) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = AdaptStreamBatch(num_envs, profile, acceptance, drafter, draft_length, tokens_per_query,

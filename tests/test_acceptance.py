@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from test_traces import tree_rows
@@ -125,6 +127,32 @@ def test_updates_move_levels_toward_their_ceiling_with_diminishing_returns():
     assert level[1, 0] == pytest.approx(1 - dyn.head_reach * dyn.headroom, abs=1e-4)  # head: only part
     assert np.all(level[:, 2] == 1.0) and level[0, 1] == 1.0  # domains absent from the buffer: unchanged
     assert np.all(np.diff(np.array(steps)[:, 0, 0]) <= 0)  # each update gains less than the one before
+
+
+def test_transfer_reaches_every_domain_and_small_head_updates_overfit():
+    rng = np.random.default_rng(0)
+    share = np.array([[1.0, 0.0]])
+    alike = AdaptationDynamics(harm_probability=0.0, transfer=1.0, full_rate=1.0)
+    level = alike.updated(rng, np.ones((1, 2)), np.array([True]), np.ones(1), share)
+    assert level[0, 0] == pytest.approx(level[0, 1]) and level[0, 1] < 1.0  # absent from the buffer, moved
+    half = replace(alike, transfer=0.5).updated(rng, np.ones((1, 2)), np.array([True]), np.ones(1), share)
+    assert level[0, 1] < half[0, 1] < 1.0
+    overfit = AdaptationDynamics(harm_probability=0.0, head_reach=1.0, head_overfit=1.5, head_rate=1.0)
+    level = np.ones((2, 1))
+    for _ in range(200):  # converge: a head update on a full buffer vs one on a tenth of it
+        level = overfit.updated(rng, level, np.array([False, False]), np.array([1.0, 0.1]), np.ones((2, 1)))
+    assert level[0, 0] == pytest.approx(1 - overfit.headroom, abs=1e-6)
+    assert level[1, 0] == pytest.approx(1 - overfit.headroom * (1.0 - 1.5 * 0.9), abs=1e-6)
+    assert level[1, 0] > 1.0  # a head retrained on few positions ends worse than the profiled drafter
+
+
+def test_full_updates_scale_the_drafting_ratio_and_head_updates_pull_it():
+    dyn = AdaptationDynamics(head_draft=1.5, full_draft=1.1)
+    head = dyn.updated_draft(np.ones(1), np.array([False]), np.array([0.5]))
+    assert head[0] == pytest.approx(1.25)  # half the gap to head_draft
+    full = dyn.updated_draft(head, np.array([True]), np.array([1.0]))
+    assert full[0] == pytest.approx(1.25 * 1.1)  # scaled: the head's widening kept
+    assert dyn.updated_draft(full, np.array([True]), np.array([0.5]))[0] == pytest.approx(1.25 * 1.1 * 1.05)
 
 
 def test_harmful_updates_raise_the_level():

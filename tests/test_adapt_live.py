@@ -14,7 +14,7 @@ from core.names import DOMAINS
 from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, TARGET
 from experiments.adapt_live import build_stream, phase_counts
 from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan
-from experiments.adapt_predict import add_draft_ratios, mean_shape, record_of, summary
+from experiments.adapt_predict import add_draft_ratios, mean_shape, record_of, summary, tree_nodes
 from experiments.adapt_report import update_text
 from policies.adaptation import FULL, HEAD, SKIP
 from real_engine.adapt import usable_cores
@@ -177,17 +177,21 @@ def test_fit_adaptation_recovers_how_updates_move_the_drafting_time() -> None:
     assert no_draft.head_draft == 1.0 and no_draft.full_draft == 1.0
 
 
-def test_each_query_gets_the_drafting_ratio_of_its_own_shapes() -> None:
+def test_each_query_gets_the_tree_cost_ratio_of_its_own_shapes_and_trees() -> None:
     paper = load_profile(PAPER_PROFILE)
     one, two = {"starts": 1, "blocks": 1}, {"starts": 1, "blocks": 2}
     rows = [{"proposals": 2, "domain": "code", "tau": 1.0, "update": None, "reverted": False,
-             "checkpoint": False, "checkpoint_previous": False},
+             "checkpoint": False, "checkpoint_previous": False, "tree_nodes": 9.0, "iterations": 4},
             {"proposals": 1, "domain": "code", "tau": 1.0, "update": None, "reverted": False,
-             "checkpoint": False, "checkpoint_previous": False}]
+             "checkpoint": False, "checkpoint_previous": False, "tree_nodes": 15.0, "iterations": 2}]
     base = mean_shape(paper, [one])["draft_ms"]
-    add_draft_ratios(rows, [one, one, two], paper, base)
+    assert tree_nodes(rows) == pytest.approx(11.0)  # per iteration, not per query
+    add_draft_ratios(rows, [one, one, two], paper, base, 9.0, 300.0)
     assert rows[0]["draft_ratio"] == pytest.approx(1.0)
-    assert rows[1]["draft_ratio"] == pytest.approx(paper.draft_seconds("specblock", **two) * 1e3 / base)
+    wider = paper.verify_seconds(15.0, 300.0) - paper.verify_seconds(9.0, 300.0)
+    assert wider > 0  # a larger tree costs its verify forward more, charged in units of drafting time
+    drafting = paper.draft_seconds("specblock", **two)
+    assert rows[1]["draft_ratio"] == pytest.approx((drafting + wider) * 1e3 / base)
     assert record_of(rows, ["code"]).draft.tolist() == [r["draft_ratio"] for r in rows]
 
 
@@ -277,7 +281,9 @@ def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool) -
                  overlap=overlap)
     assert (result["overlap"] is not None) == overlap and os.sched_getaffinity(0) == usable_cores()
     if overlap:
-        assert result["overlap"]["slowdown"] >= 1.0 and len(result["overlap"]["seconds"]["beside"]) == 3
+        beside = result["overlap"]
+        assert set(beside["slowdown"]) == {"head", "full"} and min(beside["slowdown"].values()) >= 1.0
+        assert all(len(beside["seconds"][k]) == 3 for k in ("alone", "head", "full"))
     assert 0 <= result["signals"]["head_share"] <= 1
     figures = result["figures"]
     assert list(POLICIES) == ["never", "always_head", "always_full", "epsilon_greedy", "cost_aware_bandit"]

@@ -519,6 +519,24 @@ def test_an_overlapped_update_trains_beside_queries_and_goes_live_after_it_ends(
         AdaptStreamEnv(**STREAM, overlap=True, overlap_slowdown=0.5)
 
 
+def test_a_query_beside_training_slows_by_the_training_updates_kind():
+    def started(action: int, slowdown: object) -> float:
+        env = AdaptStreamEnv(**STREAM, dynamics=AdaptationDynamics(harm_probability=0.0), overlap=True,
+                             overlap_slowdown=slowdown)
+        env.reset(seed=4)
+        env.step(0)  # buffer one query
+        return env.step(action)[4]["query_seconds"]  # the query served beside the update it started
+
+    for action, kind in ((1, "head"), (2, "full")):
+        plain = started(action, 1.0)
+        assert started(action, {"head": 1.0, "full": 1.0}) == pytest.approx(plain)
+        assert started(action, {kind: 2.0, "full" if kind == "head" else "head": 1.0}) > plain
+        assert started(action, {kind: 1.0, "full" if kind == "head" else "head": 2.0}) == pytest.approx(plain)
+    for bad in ({"head": 1.5}, {"head": 1.5, "full": 0.9}, {"head": True, "full": 1.0}):
+        with pytest.raises(InputError, match="overlap_slowdown"):
+            AdaptStreamEnv(**STREAM, overlap=True, overlap_slowdown=bad)
+
+
 def test_head_share_routes_each_rejected_position_to_one_buffer():
     def buffered(head_share: float | None) -> tuple[float, float, float]:
         env = AdaptStreamEnv(**STREAM, dynamics=AdaptationDynamics(head_share=head_share))
