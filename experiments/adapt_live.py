@@ -46,10 +46,12 @@
    training and the simulator's tokens/s with its error; the fidelity error is the median over
    policies of |simulated / measured - 1|.
 
-Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``
-and ``.png``. Modules: this one (plan, stream, the whole run), ``experiments.adapt_serve`` (the engine's
-streams and re-timing), ``experiments.adapt_predict`` (the simulator's prediction) and
-``experiments.adapt_report`` (tables and plot). Run: ``specblock adapt-live`` (``--quick`` for the
+Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``,
+``.png`` and ``<name>_traces.parquet`` (the ``never`` stream's iterations: the acceptance the simulator
+replayed, which ``benchmarks/adapt_breakeven.py`` maps adaptation on). Modules: this one (plan, stream,
+the whole run), ``experiments.adapt_serve`` (the engine's streams and re-timing),
+``experiments.adapt_predict`` (the simulator's prediction) and ``experiments.adapt_report`` (tables and
+plot). Run: ``specblock adapt-live`` (``--quick`` for the
 200-query stream).
 """
 
@@ -90,6 +92,7 @@ from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts
 from simulator.adaptation import AdaptationDynamics, adaptation_tau, fit_adaptation
 from simulator.replay import TraceReplay
+from simulator.traces import save_traces
 
 POLICIES: dict[str, dict[str, Any]] = {
     "never": {"kind": "never", "params": {}},
@@ -222,6 +225,7 @@ def run(
     for kind in policies:
         add_draft_ratios(rows[kind], drafted[kind], profile, base_draft, tree_nodes(rows["never"]), context)
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
+    save_traces(pd.DataFrame(traces), results / f"{name}_traces.parquet")  # the map's acceptance too
     domains = list(acceptance.domains)
     survival = acceptance.survival(acceptance.cap)
     signals = {kind: sum(r[f"{kind}_signals"] for r in rows["never"]) for kind in ("head", "full")}
