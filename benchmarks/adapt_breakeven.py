@@ -13,9 +13,14 @@ A measured profile (the shipped CPU one) serves queries shaped as the live strea
 adapt-live``: the middle of its new-token range, its prompt lengths, the engine's buffer sizes); a
 profile derived from a paper (the A100 one, labelled simulated) the paper's 512-token queries, as its
 update cost was derived. Both take the paper's acceptance (``paper_acceptance``: the shipped traces
-are the draft model's, not SpecBlock's) and adaptation dynamics (``AdaptationDynamics``). The live runs
-(``benchmarks/results/adapt_live*.json``) sit at their re-timed update cost over the profile's and
-their stream length, and again where an update costs as many of the map's queries as of theirs.
+are the draft model's, not SpecBlock's) and adaptation dynamics (``AdaptationDynamics``), updates
+waited for. The measured profile gets a second map, the live world (``LIVE_WORLD``): the acceptance the
+engine's SpecBlock drafter showed on the 2,000-query live stream (its ``never`` stream's iterations,
+replayed at its mean tree shape), the adaptation dynamics fitted there, and updates trained beside
+decoding, each slowing queries by its kind's measured factor, as ``specblock adapt-live --overlap``
+runs them. The live runs (``benchmarks/results/adapt_live*.json``) sit on the map of their mode
+(overlapped or waited) at their re-timed update cost over the profile's and their stream length, and
+again where an update costs as many of the map's queries as of theirs.
 Writes ``adapt_breakeven.json`` (``_quick`` with ``--quick``), ``.md`` and ``.png``.
 
     specblock benchmark adapt_breakeven [--quick] [--profile FILE] [--out DIR] [--json]
@@ -55,7 +60,9 @@ from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.adaptation import AdaptationDynamics
 from simulator.envs import DEFAULT_PROMPT, DEFAULT_TOKENS
 from simulator.parametric import paper_acceptance
+from simulator.replay import TraceReplay
 from simulator.rollout import run_adapt
+from simulator.traces import load_traces
 
 NAME = "adapt_breakeven"
 FACTORS = tuple(2.0**k for k in range(-10, 9))  # update cost over the profile's: 1/1024 .. 256, octaves
@@ -66,6 +73,8 @@ POLICIES = {"never": ("never", {}), "bandit": ("cost_aware_bandit", {}),
             "always": ("always", {"update": "head"})}
 """The policies run: never (the baseline), the cost-aware bandit and always (head, for reference)."""
 LIVE_PROMPT = (64, MAX_PROMPT)  # the live stream's prompts: held-out prompts' last MAX_PROMPT tokens (>= 64)
+LIVE_WORLD = "adapt_live_overlap"
+"""The live run (in ``RESULTS``) whose acceptance, fitted dynamics and slowdowns make the live-world map."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +88,12 @@ class Stream:
     prompt_tokens: tuple[int, int]
     head_capacity: int
     full_capacity: int
+    world: str = "the paper's acceptance and adaptation dynamics, updates waited for"
+    acceptance: str | None = None  # a trace file replayed (the live world); None: ``paper_acceptance()``
+    dynamics: dict[str, Any] | None = None  # ``AdaptationDynamics`` fields; None: the paper's
+    overlap: dict[str, float] | None = None  # per-kind slowdown beside training; None: updates waited for
+    draft_length: int = 8
+    draft_shape: dict[str, float] | None = None  # SpecBlock's mean tree shape; None: a chain
 
 
 def stream_for(path: Path) -> Stream:
@@ -94,6 +109,33 @@ def stream_for(path: Path) -> Stream:
     tokens = mean_tokens(dataclasses.asdict(DEFAULT_PLAN))
     return Stream(f"{path.stem} (measured profile, live-stream queries of {tokens} tokens)", str(path), False,
                   tokens, LIVE_PROMPT, engine.head_capacity, engine.full_capacity)
+
+
+def live_world(path: Path) -> Stream | None:
+    """The live-world map of the overlapped live run ``path`` (``LIVE_WORLD``): its profile, queries,
+    replayed acceptance (``<name>_traces.parquet``), fitted dynamics, per-kind slowdown and the mean tree
+    shape its ``never`` stream drafted; None when the run or its traces are missing."""
+    traces = path.with_name(f"{path.stem}_traces.parquet")
+    if not (path.is_file() and traces.is_file()):
+        return None
+    record = read_json(path, MAX_RECORD_BYTES, "live adaptation results", "regenerate it with "
+                       "`specblock adapt-live --overlap`")
+    try:
+        results, plan = record["results"], record["config"]["plan"]
+        dynamics, slowdown = results["fit"]["dynamics"], results["overlap"]["slowdown"]
+        drafted = results["policies"]["never"]["drafted"]
+        profile = Path(record["config"]["profile"])
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{path} is not laid out as `specblock adapt-live --overlap` writes it (no "
+                         f"{error}): regenerate it") from None
+    tokens = mean_tokens(plan)
+    return Stream(f"{profile.stem}, live world ({path.stem}: the engine's acceptance, fitted dynamics, "
+                  f"training beside decoding; {tokens}-token queries)", str(profile), False, tokens,
+                  LIVE_PROMPT, int(dynamics["head_capacity"]), int(dynamics["full_capacity"]),
+                  f"the engine's SpecBlock acceptance replayed from {traces.name}, the adaptation dynamics "
+                  f"fitted on {path.stem}, updates trained beside decoding",
+                  str(traces), dict(dynamics), dict(slowdown), world(str(profile), str(traces))[1].cap,
+                  {k: float(drafted[k]) for k in ("blocks", "starts")})
 
 
 def mean_tokens(plan: dict[str, Any]) -> int:
@@ -112,9 +154,11 @@ def scaled(profile: CostProfile, factor: float) -> CostProfile:
 
 
 @functools.lru_cache(maxsize=4)
-def world(path: str) -> tuple[CostProfile, AcceptanceModel]:
-    """A profile and the paper's acceptance model, built once per worker process."""
-    return load_profile(path), paper_acceptance()
+def world(path: str, acceptance: str | None = None) -> tuple[CostProfile, AcceptanceModel]:
+    """A profile and an acceptance model (the traces ``acceptance`` replayed, or the paper's), built once
+    per worker process."""
+    model = paper_acceptance() if acceptance is None else TraceReplay.from_traces(load_traces(acceptance))
+    return load_profile(path), model
 
 
 class CountedStream(AdaptStreamEnv):
@@ -137,11 +181,14 @@ class CountedStream(AdaptStreamEnv):
 def serve(stream: Stream, length: int, factor: float, seeds: int, kinds: Sequence[str]) -> dict[str, Any]:
     """Tokens/s per seed (and updates per seed) of each policy in ``kinds`` on ``seeds`` streams of
     ``length`` queries at update cost ``factor``."""
-    profile, model = world(stream.profile)
-    dynamics = AdaptationDynamics(head_capacity=stream.head_capacity, full_capacity=stream.full_capacity)
-    env = CountedStream(scaled(profile, factor), model, "specblock", tokens_per_query=stream.tokens_per_query,
-                        prompt_tokens=stream.prompt_tokens, phases=default_phases(model.domains, length),
-                        dynamics=dynamics)
+    profile, model = world(stream.profile, stream.acceptance)
+    dynamics = AdaptationDynamics(**(stream.dynamics or {"head_capacity": stream.head_capacity,
+                                                         "full_capacity": stream.full_capacity}))
+    env = CountedStream(scaled(profile, factor), model, "specblock", draft_length=stream.draft_length,
+                        tokens_per_query=stream.tokens_per_query, prompt_tokens=stream.prompt_tokens,
+                        phases=default_phases(model.domains, length), dynamics=dynamics,
+                        draft_shape=stream.draft_shape, overlap=stream.overlap is not None,
+                        overlap_slowdown=stream.overlap or 1.0)
     out: dict[str, Any] = {"length": length, "factor": factor}
     for name in kinds:
         kind, params = POLICIES[name]
@@ -194,19 +241,23 @@ def break_even(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def live_runs(folder: Path, stream: Stream, factors: Sequence[float],
               lengths: Sequence[int]) -> list[dict[str, Any]]:
-    """Each live adaptation run in ``folder``: its stream length, measured gain and update cost over the
-    map's profile (``live_factor``), or why it cannot be placed on the map."""
+    """Each live adaptation run in ``folder`` of the map's mode (updates trained beside decoding or waited
+    for): its stream length, measured gain and update cost over the map's profile (``live_factor``), or
+    why it cannot be placed on the map."""
     profile = load_profile(stream.profile)
     runs = []
     for path in sorted(folder.glob("adapt_live*.json")):
         entry: dict[str, Any] = {"name": path.stem, "placed": False}
-        runs.append(entry)
         try:
             record = read_json(path, MAX_RECORD_BYTES, "live adaptation results",
                                "regenerate it with `specblock adapt-live`")
         except InputError as error:
-            entry["note"] = str(error)
+            runs.append({**entry, "note": str(error)})
             continue
+        results = record.get("results") if isinstance(record, dict) else None
+        if (isinstance(results, dict) and results.get("overlap") is not None) != (stream.overlap is not None):
+            continue  # the other mode's map places it
+        runs.append(entry)
         try:
             results = record["results"]
             entry["tokens_per_query"] = mean_tokens(record["config"]["plan"])
@@ -386,12 +437,12 @@ def markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
              "(update seconds charged) over never's on the same stream [95% t interval]. Break-even: the "
              "update-cost factor (over the profile's head and full update seconds) at which the mean gain "
              "falls through 1, log-interpolated between grid points; shown up to: the largest factor up to "
-             "which every interval lies above 1. Acceptance and adaptation dynamics: the paper's "
-             "(`paper_acceptance`, `AdaptationDynamics`); every stream spends a quarter on one domain, then "
-             "mixes four.", ""]
+             "which every interval lies above 1. Every stream spends a quarter on one domain, then mixes "
+             "four; each map says whose acceptance and adaptation dynamics it takes.", ""]
     for m in result["maps"]:
         s, cost = m["stream"], m["update_seconds"]
         lines += [f"## {m['label']}", "",
+                  f"{s['world'][0].upper()}{s['world'][1:]}. "
                   f"{s['tokens_per_query']} tokens per query, prompts of {s['prompt_tokens'][0]}.."
                   f"{s['prompt_tokens'][1]} tokens, buffers of {s['head_capacity']} (head) and "
                   f"{s['full_capacity']} (full) rejected positions. At factor 1 an update on a full buffer "
@@ -448,7 +499,12 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
     grid = QUICK if quick else {"factors": FACTORS, "lengths": LENGTHS, "seeds": SEEDS}
     factors, lengths, seeds = list(grid["factors"]), list(grid["lengths"]), int(grid["seeds"])
     paths = [profile_path] if profile_path is not None else [CPU_PROFILE, PAPER_PROFILE]
-    streams = [stream_for(path) for path in paths]
+    streams = []
+    for path in paths:
+        streams.append(stream_for(path))
+        live = None if streams[-1].simulated else live_world(RESULTS / f"{LIVE_WORLD}.json")
+        if live is not None and Path(live.profile).resolve() == path.resolve():
+            streams.append(live)
     workers = len(os.sched_getaffinity(0))
     show = table(as_json)
     maps = run_maps(streams, factors, lengths, seeds, workers, show)
@@ -460,7 +516,7 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
               "factors": factors, "lengths": lengths, "seeds": seeds, "workers": workers,
               "policies": {name: {"kind": kind, "params": params}
                            for name, (kind, params) in POLICIES.items()},
-              "acceptance": "paper_acceptance()", "dynamics": dataclasses.asdict(AdaptationDynamics())}
+              "paper_dynamics": dataclasses.asdict(AdaptationDynamics())}
     name = f"{NAME}_quick" if quick else NAME
     saved = save_result(name, result, config, 0, out)
     report = write_text(out / f"{name}.md", markdown(result, config))

@@ -18,8 +18,9 @@
    query runs beside each kind of update. The drafter's tree budget equals the simulator's 16 positions.
 3. **Fit**: ``simulator.adaptation.fit_adaptation`` fits the ``AdaptationDynamics`` to the measured tau
    of all the streams, with the acceptance model replayed from the ``never`` stream's iterations,
-   and how updates move the drafting time (``head_draft``, ``full_draft``) to each query's recorded
-   SpecBlock shapes, costed by the profile relative to the ``never`` stream's mean.
+   and how updates move the tree cost (``head_draft``, ``full_draft``) to each query's recorded
+   SpecBlock shapes and verified tree nodes, costed by the ``never`` stream's re-timed profile
+   relative to that stream's mean (``add_draft_ratios``).
 4. **Simulation**: ``AdaptStream`` serves the same domain sequence (one phase per query) with each
    policy, ``seeds`` times, on the shipped CPU profile with the samples this stream reaches re-timed
    right before, between every ``StreamPlan.retime_every`` queries of, and right after that policy's
@@ -218,12 +219,17 @@ def run(
             os.sched_setaffinity(0, set(cores))
     shapes = drafted["never"]
     profile = load_profile(profile_path)
-    base_draft = mean_shape(profile, shapes)["draft_ms"]  # what the simulator charges before any update
+    profiles = {kind: with_samples(profile, stream_samples(timed[kind]) if kind in timed else None)
+                for kind in policies}
+    # tree costs in one unit, the never stream's machine: the shipped profile prices verification and
+    # drafting in other proportions than this machine's at the time of the streams
+    reference = profiles["never"]
+    base_draft = mean_shape(reference, shapes)["draft_ms"]  # what the simulator charges before any update
     prompt_lengths = [len(tokens) for _, tokens, _ in stream]
     lengths = [n for _, _, n in stream]
     context = float(np.mean(prompt_lengths) + np.mean(lengths) / 2)  # as AdaptStream costs a query's steps
     for kind in policies:
-        add_draft_ratios(rows[kind], drafted[kind], profile, base_draft, tree_nodes(rows["never"]), context)
+        add_draft_ratios(rows[kind], drafted[kind], reference, base_draft, tree_nodes(rows["never"]), context)
     acceptance = TraceReplay.from_traces(pd.DataFrame(traces))
     save_traces(pd.DataFrame(traces), results / f"{name}_traces.parquet")  # the map's acceptance too
     domains = list(acceptance.domains)
@@ -264,8 +270,6 @@ def run(
         "signals": {**signals, "head_share": head_share},
         "overlap": beside,
     }
-    profiles = {kind: with_samples(profile, stream_samples(timed[kind]) if kind in timed else None)
-                for kind in policies}
     if timed:
         costed["bracket"] = {kind: bracket_ms(profile, t, shapes) for kind, t in timed.items()}
         costed["retimed"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),

@@ -4,16 +4,21 @@ much; the break-even is read where the gain falls through 1; `--quick --json` pr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 
-from benchmarks.adapt_breakeven import FACTORS, LENGTHS, break_even, cell, serve, stream_for
-from core.paths import CPU_PROFILE, PAPER_PROFILE
+from benchmarks.adapt_breakeven import FACTORS, LENGTHS, break_even, cell, live_world, serve, stream_for
+from core.errors import InputError
+from core.paths import CPU_PROFILE, PAPER_PROFILE, RESULTS
 from experiments.cli import main
 from experiments.results_doc import family, render
 from policies.adaptation import BanditParams
+from simulator.adaptation import AdaptationDynamics
+from simulator.parametric import paper_acceptance, synthetic_traces
+from simulator.traces import save_traces
 
 
 def gain_of(length: int, factor: float, seeds: int = 3) -> dict:
@@ -42,6 +47,39 @@ def test_at_a_huge_update_cost_the_bandit_stops_after_its_cold_start() -> None:
 def test_cheaper_updates_pay_more() -> None:
     gains = [gain_of(200, factor, seeds=2)["gain"] for factor in (1 / 256, 1.0)]
     assert gains[0] > gains[1]
+
+
+def live_record(folder, slowdown: dict) -> object:
+    """A live overlapped run's record, as `specblock adapt-live --overlap` lays it out (traces apart)."""
+    dynamics = dataclasses.asdict(AdaptationDynamics(headroom=0.5, transfer=1.0, head_capacity=64,
+                                                     full_capacity=256))
+    drafted = {"blocks": 1.7, "starts": 2.1, "draft_ms": 4.5}
+    record = {"config": {"plan": {"min_new_tokens": 48, "max_new_tokens": 64}, "profile": str(CPU_PROFILE)},
+              "results": {"fit": {"dynamics": dynamics}, "overlap": {"slowdown": slowdown},
+                          "policies": {"never": {"drafted": drafted}}}}
+    path = folder / "live.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_the_live_world_takes_the_runs_acceptance_dynamics_and_slowdowns(tmp_path) -> None:
+    path = live_record(tmp_path, {"head": 1.3, "full": 1.1})
+    assert live_world(path) is None  # no traces beside it: no live world
+    save_traces(synthetic_traces(paper_acceptance(), queries=40, iterations=12, seed=1),
+                tmp_path / "live_traces.parquet")
+    stream = live_world(path)
+    assert not stream.simulated and stream.overlap == {"head": 1.3, "full": 1.1}
+    assert stream.dynamics["transfer"] == 1.0 and (stream.head_capacity, stream.full_capacity) == (64, 256)
+    assert stream.tokens_per_query == 56 and stream.draft_shape == {"blocks": 1.7, "starts": 2.1}
+    never = serve(stream, 60, 1.0, 2, ("never",))["never"]
+    point = cell(never, serve(stream, 60, 1.0, 2, ("bandit", "always")))
+    assert point["bandit_updates"] > 0 and point["always_gain"] > 0
+    # training beside decoding: a slower trainer's neighbour runs slower, so always gains less
+    slower = dataclasses.replace(stream, overlap={"head": 3.0, "full": 3.0})
+    assert cell(never, serve(slower, 60, 1.0, 2, ("bandit", "always")))["always_gain"] < point["always_gain"]
+    path.write_text(json.dumps({"results": {}}))
+    with pytest.raises(InputError, match="not laid out"):
+        live_world(path)
 
 
 def test_break_even_is_where_the_mean_gain_falls_through_one() -> None:
@@ -74,14 +112,19 @@ def test_quick_json_is_one_object_with_the_maps(tmp_path, capsys) -> None:
     saved = json.loads((tmp_path / "adapt_breakeven_quick.json").read_text())
     assert saved["results"] == out["rows"]
     config, maps = saved["config"], out["rows"]["maps"]
-    assert [m["simulated"] for m in maps] == [False, True]
+    live = (RESULTS / "adapt_live_overlap_traces.parquet").is_file()  # committed with its results
+    assert [m["simulated"] for m in maps] == [False, False, True] if live else [False, True]
     for m in maps:
         assert len(m["cells"]) == len(config["factors"]) * len(config["lengths"])
         assert [e["length"] for e in m["break_even"]] == config["lengths"]
         for c in m["cells"]:
             assert c["gain_ci"][0] <= c["gain"] <= c["gain_ci"][1]
             assert len(c["gain_per_seed"]) == config["seeds"]
-    assert "live" in maps[0] and "live" not in maps[1]
+    assert "live" in maps[0] and "live" not in maps[-1]
+    if live:  # each live run sits on the map of its mode: overlapped runs on the live world's
+        assert maps[1]["stream"]["overlap"] is not None and maps[0]["stream"]["overlap"] is None
+        assert {r["name"] for r in maps[1]["live"]} == {"adapt_live_overlap", "adapt_live_quick_overlap"}
+        assert not {r["name"] for r in maps[0]["live"]} & {r["name"] for r in maps[1]["live"]}
     assert all("note" in run for run in maps[0]["live"] if not run["placed"])
     assert family("adapt_breakeven_quick") == "adapt_breakeven"
     page = render(tmp_path, "results")
