@@ -36,7 +36,8 @@ class AdaptationDynamics:
     (clipped to [-1, 1]): a head retrained on a few positions overfits them, and a negative reach makes
     head updates converge on a worse drafter than the profiled one (the engine's does that when its
     head is retrained on one query's positions after every query). With probability ``harm_probability``
-    an update hurts instead, raising ``m`` by ``harm_size * rate * fill * share * headroom``.
+    an update hurts instead, raising ``m`` by ``harm_size * rate * fill * share * headroom`` (``share``
+    with ``transfer`` mixed in, as for a gain).
     ``headroom`` is set so that a fully adapted drafter gains about 0.26 tau at 8 positions over the
     default domains (the paper: +0.22..0.30 after 8 adaptation epochs); the full update's larger
     reach matches the paper's slightly higher tau without the head-only action (4.58 vs 4.54); fast
