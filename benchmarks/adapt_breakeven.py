@@ -111,10 +111,11 @@ def stream_for(path: Path) -> Stream:
                   tokens, LIVE_PROMPT, engine.head_capacity, engine.full_capacity)
 
 
-def live_world(path: Path) -> Stream | None:
-    """The live-world map of the overlapped live run ``path`` (``LIVE_WORLD``): its profile, queries,
-    replayed acceptance (``<name>_traces.parquet``), fitted dynamics, per-kind slowdown and the mean tree
-    shape its ``never`` stream drafted; None when the run or its traces are missing."""
+def live_world(path: Path, profile: Path) -> Stream | None:
+    """The live-world map of the overlapped live run ``path`` (``LIVE_WORLD``) on ``profile``: its
+    queries, replayed acceptance (``<name>_traces.parquet``), fitted dynamics, per-kind slowdown and the
+    mean tree shape its ``never`` stream drafted; None when the run or its traces are missing, or the run
+    was simulated on another profile (by file name: a clone records its own folder)."""
     traces = path.with_name(f"{path.stem}_traces.parquet")
     if not (path.is_file() and traces.is_file()):
         return None
@@ -124,10 +125,12 @@ def live_world(path: Path) -> Stream | None:
         results, plan = record["results"], record["config"]["plan"]
         dynamics, slowdown = results["fit"]["dynamics"], results["overlap"]["slowdown"]
         drafted = results["policies"]["never"]["drafted"]
-        profile = Path(record["config"]["profile"])
+        recorded = Path(record["config"]["profile"]).name
     except (KeyError, TypeError) as error:
         raise InputError(f"{path} is not laid out as `specblock adapt-live --overlap` writes it (no "
                          f"{error}): regenerate it") from None
+    if recorded != profile.name:
+        return None
     tokens = mean_tokens(plan)
     return Stream(f"{profile.stem}, live world ({path.stem}: the engine's acceptance, fitted dynamics, "
                   f"training beside decoding; {tokens}-token queries)", str(profile), False, tokens,
@@ -502,8 +505,8 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
     streams = []
     for path in paths:
         streams.append(stream_for(path))
-        live = None if streams[-1].simulated else live_world(RESULTS / f"{LIVE_WORLD}.json")
-        if live is not None and Path(live.profile).resolve() == path.resolve():
+        live = None if streams[-1].simulated else live_world(RESULTS / f"{LIVE_WORLD}.json", path)
+        if live is not None:
             streams.append(live)
     workers = len(os.sched_getaffinity(0))
     show = table(as_json)

@@ -64,10 +64,11 @@ def live_record(folder, slowdown: dict) -> object:
 
 def test_the_live_world_takes_the_runs_acceptance_dynamics_and_slowdowns(tmp_path) -> None:
     path = live_record(tmp_path, {"head": 1.3, "full": 1.1})
-    assert live_world(path) is None  # no traces beside it: no live world
+    assert live_world(path, CPU_PROFILE) is None  # no traces beside it: no live world
     save_traces(synthetic_traces(paper_acceptance(), queries=40, iterations=12, seed=1),
                 tmp_path / "live_traces.parquet")
-    stream = live_world(path)
+    assert live_world(path, PAPER_PROFILE) is None  # simulated on another profile
+    stream = live_world(path, CPU_PROFILE)
     assert not stream.simulated and stream.overlap == {"head": 1.3, "full": 1.1}
     assert stream.dynamics["transfer"] == 1.0 and (stream.head_capacity, stream.full_capacity) == (64, 256)
     assert stream.tokens_per_query == 56 and stream.draft_shape == {"blocks": 1.7, "starts": 2.1}
@@ -79,7 +80,7 @@ def test_the_live_world_takes_the_runs_acceptance_dynamics_and_slowdowns(tmp_pat
     assert cell(never, serve(slower, 60, 1.0, 2, ("bandit", "always")))["always_gain"] < point["always_gain"]
     path.write_text(json.dumps({"results": {}}))
     with pytest.raises(InputError, match="not laid out"):
-        live_world(path)
+        live_world(path, CPU_PROFILE)
 
 
 def test_break_even_is_where_the_mean_gain_falls_through_one() -> None:
@@ -113,7 +114,7 @@ def test_quick_json_is_one_object_with_the_maps(tmp_path, capsys) -> None:
     assert saved["results"] == out["rows"]
     config, maps = saved["config"], out["rows"]["maps"]
     live = (RESULTS / "adapt_live_overlap_traces.parquet").is_file()  # committed with its results
-    assert [m["simulated"] for m in maps] == [False, False, True] if live else [False, True]
+    assert [m["simulated"] for m in maps] == ([False, False, True] if live else [False, True])
     for m in maps:
         assert len(m["cells"]) == len(config["factors"]) * len(config["lengths"])
         assert [e["length"] for e in m["break_even"]] == config["lengths"]
