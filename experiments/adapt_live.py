@@ -37,10 +37,15 @@
    window per buffered query); each query's start costs the prefill at its prompt length
    (``CostProfile.prefill_cost``: the target's prefill and the drafter's begin, with its feedback
    recording). AdaptStream's queries all generate the stream's mean length (it takes one length); the
-   stream's tokens/s weighs each query's simulated rate by its real length. No time measured on the
-   stream enters the prediction (drafting is costed by the profile at the recorded shapes); the report
-   adds each policy's shapes beside the engine's time per iteration. Per-query means are compared with
-   the engine's.
+   stream's tokens/s weighs each query's simulated rate by its real length. The machine's speed moves
+   within a stream (15 to 70% here), so each query's simulated seconds are scaled by it: an iteration's
+   cost at that policy's re-timing nearest before and after the query (interpolated) over its cost at all
+   re-timings pooled (``adapt_serve.machine_speed``, ``adapt_predict.at_machine_speed``); the re-timings
+   between queries wait for a boundary where no update trains (beside one, the decoding thread's own
+   seconds count the trainer's contention, which the overlap slowdown already charges). No time
+   measured on the stream's queries enters the prediction (drafting is costed by the profile at the
+   recorded shapes); the report adds each policy's shapes beside the engine's time per iteration.
+   Per-query means are compared with the engine's.
 5. **Figures** (``result["figures"]``, what ``specblock adapt-live --json`` prints): per policy the
    stream's tokens/s (update seconds charged) with a 95% bootstrap interval over its queries
    (resampled within each domain, ``experiments.intervals``), tau, updates by kind, seconds spent
@@ -76,6 +81,7 @@ from core.paths import RESULTS
 from experiments.adapt_plan import StreamPlan
 from experiments.adapt_predict import (
     add_draft_ratios,
+    at_machine_speed,
     errors,
     mean_shape,
     record_of,
@@ -84,7 +90,14 @@ from experiments.adapt_predict import (
     tree_nodes,
 )
 from experiments.adapt_report import bracket_ms, decode_ms, markdown, plot
-from experiments.adapt_serve import DRAFT, overlap_slowdown, serve, stream_samples, with_samples
+from experiments.adapt_serve import (
+    DRAFT,
+    machine_speed,
+    overlap_slowdown,
+    serve,
+    stream_samples,
+    with_samples,
+)
 from experiments.intervals import REPLICATES, interval, ratio_of_sums, resamples
 from experiments.provenance import save_result
 from real_engine.adapt import AdaptConfig, usable_cores
@@ -284,6 +297,14 @@ def run(
                        None if beside is None else beside["slowdown"])
         for kind, spec in policies.items()
     }
+    nodes = tree_nodes(rows["never"])
+
+    def step_seconds(p: Any) -> float:  # an iteration at the never stream's trees, shapes and context
+        return float(p.verify_seconds(nodes, context)) + mean_shape(p, shapes)["draft_ms"] / 1e3
+
+    speeds = {kind: machine_speed(profile, t, step_seconds, len(stream)) for kind, t in timed.items()}
+    sims = {kind: at_machine_speed(sim, speeds[kind]) if kind in speeds else sim
+            for kind, sim in sims.items()}
     out: dict[str, Any] = {}
     for kind in policies:
         sim = sims[kind]
@@ -302,6 +323,7 @@ def run(
             "simulated_summary": simulated,
             "updates": out[kind]["updates"],
             "drafted": mean_shape(profile, drafted[kind]),
+            "machine_speed": speeds.get(kind),
             "errors": {key: errors(column[key], sim[key]) for key in ("tau", "tokens_per_second")},
         }
     fidelity = float(np.median([abs(f["simulated_error"]) for f in out.values()]))

@@ -67,6 +67,7 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         + update_text(result["simulator_profile"]),
         "",
         *([text, ""] if (text := retime_text(result["simulator_profile"])) else []),
+        *([text, ""] if (text := speed_text(result["policies"])) else []),
         "| policy | tau MAPE | tau mean | tokens/s MAPE | tokens/s mean |",
         "|---|---|---|---|---|",
     ]
@@ -140,6 +141,18 @@ def retime_text(costed: Mapping[str, Any]) -> str:
             "at the `never` stream's shapes, a 128-token query start): "
             + "; ".join(f"{name} {t['vanilla_ms']:.2f} / {t['verify9_ms']:.2f} / {t['draft_ms']:.2f} / "
                         f"{t['prefill128_ms']:.1f}" for name, t in rows.items()) + ".")
+
+
+def speed_text(policies: Mapping[str, Any]) -> str:
+    """How the machine's speed moved over each policy's stream, for the report ('' when not re-timed)."""
+    speeds = {kind: entry["machine_speed"] for kind, entry in policies.items() if entry.get("machine_speed")}
+    if not speeds:
+        return ""
+    return ("The machine's speed over each stream (an iteration's cost at each re-timing over its cost at "
+            "all of them pooled; the simulator scales each query's seconds by it, interpolated between "
+            "re-timings): " + "; ".join(f"{kind} {min(s['factor']):.2f} to {max(s['factor']):.2f} "
+                                         f"({len(s['factor'])} re-timings)" for kind, s in speeds.items())
+            + ".")
 
 
 def update_text(costed: Mapping[str, Any]) -> str:

@@ -8,7 +8,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,9 +144,10 @@ def serve(
     ``AdaptConfig``; ``policies``: name -> policy-file content), the ``never`` stream's iterations as
     trace rows, each policy's drafting shapes, the profile samples ``retime`` measured right before
     (``"before"``, updates included: after the ``never`` stream they train on that stream's last buffered
-    queries), between every ``plan.retime_every`` queries of (``"during"``, one round of decoding each)
-    and right after (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0), and
-    the ``never`` stream's last buffered queries (``Feedback``). With ``overlap`` updates train beside
+    queries), between every ``plan.retime_every`` queries of (``"during"``, one round of decoding each, at
+    the first query boundary no update trains at: ``"at"`` lists those query indices) and right after
+    (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0), and the ``never``
+    stream's last buffered queries (``Feedback``). With ``overlap`` updates train beside
     decoding (``StreamServer``) on ``config.trainer_core``, and the samples are timed on the decoding
     thread's CPU clock (the process's would count the trainer's work: twice the decoding time).
 
@@ -184,11 +185,16 @@ def serve(
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
             timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback,
                                             clock=clock),
-                           "during": []}
+                           "during": [], "at": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
+        due = plan.retime_every or len(stream)
         for index, (domain, prompt, new_tokens) in enumerate(stream):
-            if plan.retime_repeats > 0 and plan.retime_every and index and index % plan.retime_every == 0:
+            # beside an update the decoding thread's own seconds count the trainer's contention too, which
+            # the simulator charges as the overlap slowdown: re-time at the first boundary it is idle
+            if plan.retime_repeats > 0 and index >= due and not server.adapter.training:
                 timed[kind]["during"].append(retime(target, drafter.net, 1, seed, updates=False, clock=clock))
+                timed[kind]["at"].append(index)
+                due = (index // plan.retime_every + 1) * plan.retime_every
             before = len(drafter.shapes)
             server.max_new_tokens = new_tokens  # this query's length (read by serve)
             r = server.serve(index, domain, prompt)
@@ -206,6 +212,18 @@ def serve(
                        for f, _ in buffer.drain()}
             feedback = list(queries.values())
     return rows, traces, {kind: d.shapes for kind, d in drafters.items()}, timed, feedback or []
+
+
+def machine_speed(profile: Any, timed: Mapping[str, Any], cost: Callable[[Any], float], queries: int
+                  ) -> dict[str, list[float]]:
+    """How the machine's speed moved over a stream of ``queries``: at each re-timing of ``serve``'s
+    ``timed[kind]`` (query position ``at``: 0 before the stream, ``queries`` after it) the ``cost`` of
+    ``profile`` with that re-timing's samples over its ``cost`` with all of them pooled (> 1: slower)."""
+    before = timed["before"]
+    points = [before, *({**before, **t} for t in timed["during"]), {**before, **timed["after"]}]
+    base = cost(with_samples(profile, stream_samples(timed)))
+    factor = [cost(with_samples(profile, t)) / base for t in points]
+    return {"at": [0, *timed["at"], queries], "factor": factor}
 
 
 def stream_samples(timed: Mapping[str, Any]) -> dict[str, Any]:

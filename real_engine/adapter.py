@@ -99,6 +99,11 @@ class Adapter:
         """``ADAPT_INFO_KEYS`` of the last query served, and its signals routed to each buffer."""
         return dict(self._info)
 
+    @property
+    def training(self) -> bool:
+        """Whether an update is training now (its thread alive)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def apply(self, action: int) -> bool:
         """Start the update ``action`` asks for, in a background thread; False when nothing started
         (skip, an empty buffer, or an update still running)."""
@@ -107,7 +112,7 @@ class Adapter:
         if action == SKIP:
             return False
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self.training:
                 return False
             buffer = self.full if action == FULL else self.head
             if not len(buffer):

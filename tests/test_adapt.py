@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import threading
 
 import pytest
 import torch
@@ -105,6 +106,7 @@ def test_feedback_rows_and_buffers_fill_from_rejections(target: Transformer) -> 
     assert adapter.apply(HEAD) is False  # nothing buffered for it
     assert adapter.apply(FULL) is True
     adapter.wait()
+    assert not adapter.training
     assert len(adapter.full) == 0 and adapter.reports[-1].positions == len(feedback.full_roots)
     with pytest.raises(InputError):
         adapter.apply(7)
@@ -365,3 +367,25 @@ def test_overlapped_updates_train_on_their_own_core_beside_decoding(target: Tran
         assert (row["update"] is not None) == (row["syncs"] > before["syncs"])
     with pytest.raises(InputError, match="trainer_core"):
         AdaptConfig(trainer_core=max(cores) + 1)
+
+
+def test_training_is_true_while_an_update_runs(target: Transformer, monkeypatch) -> None:
+    """What ``experiments.adapt_serve`` waits on to re-time decoding: no update training beside it."""
+    import real_engine.adapter as adapter_module
+
+    release = threading.Event()
+
+    def held(*args, **kwargs):
+        release.wait(timeout=60)
+        return update_drafter(*args, **kwargs)
+
+    monkeypatch.setattr(adapter_module, "update_drafter", held)
+    adapter = Adapter(drafter(target), AdaptConfig(head_capacity=3, full_capacity=1000, top_k=8),
+                      domains=("code", "prose"))
+    serve(adapter, target, 3)
+    assert not adapter.training
+    assert adapter.apply(FULL) is True
+    assert adapter.training and adapter.apply(HEAD) is False  # one update at a time
+    release.set()
+    adapter.wait()
+    assert not adapter.training and adapter.reports[-1].kind == "full"

@@ -263,6 +263,43 @@ def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) 
         with_samples(paper, {**before, **pooled(*during)}), shapes)
 
 
+def test_machine_speed_is_each_retimings_cost_over_the_pooled_one(llama_dir) -> None:
+    from experiments.adapt_serve import machine_speed, retime, stream_samples, with_samples
+    from real_engine.drafters.specblock import SpecBlock
+    from real_engine.model import load_model
+
+    target = load_model(llama_dir)
+    net = SpecBlock.for_target(target, seed=0)
+    before = retime(target, net, repeats=1, seed=0)
+    during = retime(target, net, repeats=1, seed=0, updates=False)
+    slow = {**during, "vanilla": [{**row, "seconds": [3 * s for s in row["seconds"]]}
+                                  for row in during["vanilla"]]}
+    after = retime(target, net, repeats=1, seed=0, updates=False)
+    paper = load_profile(PAPER_PROFILE)
+    context = before["vanilla"][0]["context"]
+
+    def cost(p) -> float:
+        return float(p.vanilla_seconds(context))
+
+    timed = {"before": before, "during": [during, slow], "at": [3, 6], "after": after}
+    speed = machine_speed(paper, timed, cost, 10)
+    assert speed["at"] == [0, 3, 6, 10]
+    base = cost(with_samples(paper, stream_samples(timed)))
+    assert speed["factor"][0] == pytest.approx(cost(with_samples(paper, before)) / base)
+    assert speed["factor"][2] == pytest.approx(3 * speed["factor"][1])  # the slow moment, three times dearer
+    assert speed["factor"][3] == pytest.approx(cost(with_samples(paper, {**before, **after})) / base)
+
+
+def test_simulated_queries_run_at_the_machine_speed_between_retimings() -> None:
+    from experiments.adapt_predict import at_machine_speed
+
+    simulated = {"tau": [2.0] * 4, "tokens_per_second": [100.0] * 4}
+    out = at_machine_speed(simulated, {"at": [0, 4], "factor": [1.0, 2.0]})
+    assert out["tokens_per_second"] == pytest.approx([100 / 1.125, 100 / 1.375, 100 / 1.625, 100 / 1.875])
+    assert out["tau"] == simulated["tau"]
+    assert at_machine_speed(simulated, {"at": [0, 2, 4], "factor": [1.0, 1.0, 1.0]}) == simulated
+
+
 FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "update_seconds",
            "simulated_tokens_per_second", "simulated_error", "simulated_tau", "shifted_tau_early",
            "shifted_tau_late")
