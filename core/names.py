@@ -23,7 +23,7 @@ DOMAINS = ("code", "tests", "prose", "text")
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv", "gds")
 DTYPES = ("float32", "bfloat16", "float16")
 BENCHMARKS = ("engine", "forward_cost", "cpu_linear", "lp_solve_time", "rollout_speed", "verifier_latency",
-              "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft")
+              "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft", "batch_throughput")
 """`specblock benchmark NAME`: each a module of ``benchmarks`` with a click command called `command`, named
 as its module, which is also the default name of its results file."""
 CLOCKS = ("wall", "cpu", "thread")

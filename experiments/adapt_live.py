@@ -50,7 +50,10 @@
    stream's tokens/s (update seconds charged) with a 95% bootstrap interval over its queries
    (resampled within each domain, ``experiments.intervals``), tau, updates by kind, seconds spent
    training and the simulator's tokens/s with its error; the fidelity error is the median over
-   policies of |simulated / measured - 1|.
+   policies of |simulated / measured - 1|. The policies serve in turn while the machine drifts, so
+   with re-timing each also gets its tokens/s at the ``never`` stream's machine speed: each query's
+   seconds divided by the machine's slowness there over the ``never`` stream's (re-timed, not
+   measured on the queries): a comparison at one speed, labelled as an adjustment.
 
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``,
 ``.png`` and ``<name>_traces.parquet`` (the ``never`` stream's iterations: the acceptance the simulator
@@ -86,6 +89,7 @@ from experiments.adapt_predict import (
     mean_shape,
     record_of,
     simulate,
+    speed_factors,
     summary,
     tree_nodes,
 )
@@ -162,17 +166,24 @@ def default_policies() -> dict[str, dict[str, Any]]:
 
 
 def figures(domains: Sequence[str], rows: Sequence[Mapping[str, Any]], simulated: Mapping[str, float],
-            seed: int) -> dict[str, Any]:
+            seed: int, slowness: np.ndarray | None = None) -> dict[str, Any]:
     """One policy's stream figures: tokens/s with update seconds charged and its 95% bootstrap interval
     over the queries (resampled within each domain), tau, updates by kind, seconds spent training, and
-    the simulator's tokens/s and tau (``simulated``: its ``summary``) with the tokens/s error."""
+    the simulator's tokens/s and tau (``simulated``: its ``summary``) with the tokens/s error. With
+    ``slowness`` (each query's machine slowness over the ``never`` stream's, from the re-timings) also
+    the tokens/s at the ``never`` stream's machine speed: an adjustment for drift, not a measurement."""
     tokens = np.array([r["new_tokens"] for r in rows], dtype=float)
     spent = tokens / np.array([r["tokens_per_second"] for r in rows]) + np.array(
         [r["update_seconds"] for r in rows])
     kinds = [kind for r in rows for kind in r["trained"]]
     measured = float(tokens.sum() / spent.sum())
-    replicates = ratio_of_sums(tokens, spent, resamples(domains, REPLICATES, seed))
+    index = resamples(domains, REPLICATES, seed)
+    replicates = ratio_of_sums(tokens, spent, index)
+    adjusted = {} if slowness is None else {
+        "tokens_per_second_at_never_speed": float(tokens.sum() / (spent / slowness).sum()),
+        "tokens_per_second_at_never_speed_ci": interval(ratio_of_sums(tokens, spent / slowness, index))}
     return {
+        **adjusted,
         "tokens_per_second": measured,
         "tokens_per_second_ci": interval(replicates),
         "tau": float(np.mean([r["tau"] for r in rows])),
@@ -282,6 +293,9 @@ def run(
         "acceptance_domains": domains,
         "signals": {**signals, "head_share": head_share},
         "overlap": beside,
+        # what a prediction is re-computed from, beside the rows, the fit and the traces file
+        "timed": timed,
+        "never_shapes": shapes,
     }
     if timed:
         costed["bracket"] = {kind: bracket_ms(profile, t, shapes) for kind, t in timed.items()}
@@ -303,6 +317,8 @@ def run(
         return float(p.verify_seconds(nodes, context)) + mean_shape(p, shapes)["draft_ms"] / 1e3
 
     speeds = {kind: machine_speed(profile, t, step_seconds, len(stream)) for kind, t in timed.items()}
+    slowness = {kind: speed_factors(speeds[kind], len(stream)) * step_seconds(profiles[kind])
+                / step_seconds(profiles["never"]) for kind in speeds}
     sims = {kind: at_machine_speed(sim, speeds[kind]) if kind in speeds else sim
             for kind, sim in sims.items()}
     out: dict[str, Any] = {}
@@ -313,7 +329,7 @@ def run(
         measured = summary(stream_domains, *(column[key] for key in keys), plan.shift, shifted)
         simulated = summary(stream_domains, sim["tau"], sim["tokens_per_second"], sim["update_seconds"],
                             lengths, plan.shift, shifted)
-        out[kind] = {**figures(stream_domains, rows[kind], simulated, seed),
+        out[kind] = {**figures(stream_domains, rows[kind], simulated, seed, slowness.get(kind)),
                      "shifted_tau_early": measured["shifted_tau_early"],
                      "shifted_tau_late": measured["shifted_tau_late"]}
         result["policies"][kind] = {

@@ -91,8 +91,13 @@ def at_machine_speed(simulated: Mapping[str, list[float]], speed: Mapping[str, S
     there (``adapt_serve.machine_speed``'s factors interpolated linearly between the re-timings): the
     profile prices a stream at its pooled timings, and this machine drifts 15 to 70% within one."""
     tps = np.asarray(simulated["tokens_per_second"])
-    factor = np.interp(np.arange(tps.size) + 0.5, speed["at"], speed["factor"])
-    return {**simulated, "tokens_per_second": (tps / factor).tolist()}
+    return {**simulated, "tokens_per_second": (tps / speed_factors(speed, tps.size)).tolist()}
+
+
+def speed_factors(speed: Mapping[str, Sequence[float]], queries: int) -> np.ndarray:
+    """Each of ``queries`` queries' machine-speed factor: ``adapt_serve.machine_speed``'s, interpolated
+    linearly between the re-timings around it."""
+    return np.interp(np.arange(queries) + 0.5, speed["at"], speed["factor"])
 
 
 def add_draft_ratios(rows: Sequence[dict[str, Any]], shapes: Sequence[Mapping[str, float]], profile: Any,

@@ -47,6 +47,15 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             f"{s['shifted_tau_early']:.3f} -> {s['shifted_tau_late']:.3f} | {entry['updates']['head']}/"
             f"{entry['updates']['full']} | {f['update_seconds']:.1f} |"
         )
+    adjusted = {kind: f for kind, f in figures["policies"].items() if "tokens_per_second_at_never_speed" in f}
+    if adjusted:
+        lines += ["", "At the `never` stream's machine speed (an adjustment for the drift between the "
+                  "streams, not a measurement: each query's seconds divided by the machine's slowness there "
+                  "over the `never` stream's, from the re-timings): " + "; ".join(
+                      f"{kind} {f['tokens_per_second_at_never_speed']:.1f} "
+                      f"[{f['tokens_per_second_at_never_speed_ci'][0]:.1f}, "
+                      f"{f['tokens_per_second_at_never_speed_ci'][1]:.1f}]" for kind, f in adjusted.items())
+                  + " tokens/s."]
     lines += ["", "Drafting per policy: the shapes each policy's drafter ran (its rank head decides them, "
               "and updates retrain it), the profile's drafting time at them, and the engine's time per "
               "iteration.",

@@ -112,8 +112,10 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
     return spec.load()(target, draft, folder, deployed, **given)
 
 
-def _check(model: Transformer, prompt: torch.Tensor, drafter: Drafter | None, verifier: str,
+def check_request(model: Transformer, prompt: torch.Tensor, drafter: Drafter | None, verifier: str,
            sampling: Sampling, max_new_tokens: int) -> None:
+    """InputError naming what makes a request unservable: an empty or out-of-vocabulary prompt, too many
+    tokens for the context, an unknown verifier, or the greedy verifier with sampling."""
     if prompt.dim() != 1 or prompt.numel() == 0:
         raise InputError("the prompt is empty: give at least one token")
     if max_new_tokens < 1:
@@ -176,7 +178,7 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
     """
     device = model.lm_head.weight.device
     prompt = torch.as_tensor(prompt, dtype=torch.long).to(device)
-    _check(model, prompt, drafter, verifier, sampling, max_new_tokens)
+    check_request(model, prompt, drafter, verifier, sampling, max_new_tokens)
     generator = torch.Generator(device=device).manual_seed(seed)
     sampler = TorchSampler(generator)
     max_length = prompt.numel() + max_new_tokens

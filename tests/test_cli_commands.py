@@ -72,6 +72,8 @@ def test_every_benchmark_module_is_a_subcommand(capsys) -> None:
     (["study", "nope"], "unknown study 'nope'"),
     (["gpu-check", "--tiny"], "--tiny writes a test profile: give --out DIR"),
     (["benchmark", "forward_cost", "--alpha", "x"], "--alpha 'x'"),
+    (["benchmark", "batch_throughput", "--batches", "0,2"], "give positive integers"),
+    (["benchmark", "batch_throughput", "--drafters", "specblock"], "lacks none"),
     (["benchmark", "checkout_ab", str(REPO / "data")], "is not a checkout of this project"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys, monkeypatch) -> None:

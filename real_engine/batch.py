@@ -1,0 +1,251 @@
+"""Continuous batching: many requests decode together, one target forward per iteration.
+
+Each running request keeps its own KV cache, drafter, verifier and random generator, exactly as
+``real_engine.decode.generate`` runs one alone. An iteration packs every request's root and draft tree
+into one sequence (batch 1, ragged) that the target runs in one forward; attention is block-diagonal
+(``RaggedCache``): a request's tokens see its own cache and its own tree, nothing of the others'. Each
+request then verifies its own rows, keeps its accepted path in its cache and tells its drafter, so every
+verifier stays lossless per request. Requests join between iterations after a prefill of their own and
+leave when done; a request the engine cannot serve (empty prompt, too long for the context, unknown
+verifier, a drafter another running request already uses) ends with an error and never disturbs the
+others. Drafters propose one request at a time (none batches its forwards yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from core.errors import InputError
+from real_engine.decode import GREEDY, MAX_TREE_NODES, check_request, prefill
+from real_engine.drafters.base import Drafter, clock
+from real_engine.kv_cache import KVCache
+from real_engine.model import Output, Transformer
+from real_engine.tree import DraftTree
+from real_engine.verify import TorchSampler, verify
+from real_engine.warp import Sampling, warp
+
+
+class RaggedCache:
+    """Several requests' caches read and written as one packed sequence of ``counts`` new tokens each.
+
+    ``Transformer.forward`` sees one cache: ``write`` splits the packed keys and values by request,
+    stores each part in that request's cache and returns every request's keys (its prefix, then its new
+    tokens) back to back, the layout ``mask`` gives attention. The copy costs one pass over every
+    request's prefix per layer and iteration: negligible beside the forward at these contexts."""
+
+    def __init__(self, caches: Sequence[KVCache], counts: Sequence[int]) -> None:
+        self.caches, self.counts = list(caches), list(counts)
+        self.length = sum(c.length for c in self.caches)  # keys before the packed new tokens, all requests
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store each request's part of ``k, v`` ([1, H, sum(counts), D]); all requests' keys and values."""
+        parts = [c.write(layer, ki, vi) for c, ki, vi in
+                 zip(self.caches, k.split(self.counts, 2), v.split(self.counts, 2), strict=True)]
+        return torch.cat([p[0] for p in parts], 2), torch.cat([p[1] for p in parts], 2)
+
+    def mask(self, trees: Sequence[torch.Tensor]) -> torch.Tensor:
+        """[sum(counts), length + sum(counts)] bool: each request's tokens attend to its own prefix and,
+        among its new tokens, by its ``trees`` entry ([count, count])."""
+        total = sum(self.counts)
+        mask = torch.zeros(total, self.length + total, dtype=torch.bool, device=trees[0].device)
+        row = col = 0
+        for cache, count, tree in zip(self.caches, self.counts, trees, strict=True):
+            mask[row:row + count, col:col + cache.length] = True
+            mask[row:row + count, col + cache.length:col + cache.length + count] = tree
+            row, col = row + count, col + cache.length + count
+        return mask
+
+
+@dataclass
+class Request:
+    """One request: its prompt, how many tokens to generate, its drafter (None: vanilla) and verifier."""
+
+    prompt: Sequence[int]
+    max_new_tokens: int = 64
+    drafter: Drafter | None = None
+    verifier: str = "greedy"
+    sampling: Sampling = GREEDY
+    eos_id: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class Result:
+    """What became of a request: its tokens, per-iteration acceptance and tree sizes, when it was
+    submitted, got its first token and finished (``clock`` seconds), or the error that rejected it."""
+
+    tokens: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    submitted: float = 0.0
+    first_token: float | None = None
+    finished: float | None = None
+    error: str | None = None
+
+    @property
+    def tau(self) -> float:
+        """New tokens per target forward it took part in (bonus included)."""
+        return len(self.tokens) / max(len(self.accepted), 1)
+
+
+@dataclass
+class _Running:
+    """A request being decoded: its state between iterations."""
+
+    request: Request
+    result: Result
+    cache: KVCache
+    sampler: TorchSampler
+    root: int
+    tree: DraftTree | None = None
+
+
+class BatchEngine:
+    """Serves requests with continuous batching, at most ``max_batch`` decoding at once (see the module doc).
+
+    ``submit`` queues a request and returns its id; ``step`` admits queued requests into free slots
+    (each prefilled alone), then runs one iteration for every running request; ``results`` holds each
+    request's ``Result`` (finished or not)."""
+
+    def __init__(self, model: Transformer, max_batch: int = 8) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise InputError(f"max_batch = {max_batch!r} is invalid: give a positive integer")
+        self.model, self.max_batch = model, max_batch
+        self.device = model.lm_head.weight.device
+        self.results: dict[int, Result] = {}
+        self.waiting: list[tuple[int, Request]] = []
+        self.running: dict[int, _Running] = {}
+
+    @property
+    def busy(self) -> bool:
+        """Whether any request is queued or decoding."""
+        return bool(self.waiting or self.running)
+
+    def submit(self, request: Request) -> int:
+        """Queue ``request``; its id. A request that cannot be served is finished at once with its error."""
+        rid = len(self.results)
+        self.results[rid] = Result(submitted=clock(self.device))
+        try:
+            prompt = torch.as_tensor(list(request.prompt), dtype=torch.long)
+            check_request(self.model, prompt, request.drafter, request.verifier, request.sampling,
+                          request.max_new_tokens)
+        except (InputError, TypeError, ValueError) as exc:
+            self._fail(rid, str(exc))
+            return rid
+        self.waiting.append((rid, request))
+        return rid
+
+    def step(self) -> list[int]:
+        """Admit what fits, run one iteration of every running request; the ids that finished in it."""
+        finished = self._admit()
+        if self.running:
+            finished += self._iterate()
+        return finished
+
+    def run(self) -> dict[int, Result]:
+        """Step until every submitted request has finished; the results by id."""
+        while self.busy:
+            self.step()
+        return self.results
+
+    def _fail(self, rid: int, error: str) -> None:
+        result = self.results[rid]
+        result.error, result.finished = error, clock(self.device)
+
+    def _admit(self) -> list[int]:
+        finished = []
+        while self.waiting and len(self.running) < self.max_batch:
+            rid, request = self.waiting.pop(0)
+            drafter = request.drafter
+            if drafter is not None and any(r.request.drafter is drafter for r in self.running.values()):
+                self._fail(rid, "this request's drafter is serving another running request: give each "
+                                "request its own drafter")
+                finished.append(rid)
+                continue
+            prompt = torch.as_tensor(list(request.prompt), dtype=torch.long, device=self.device)
+            generator = torch.Generator(device=self.device).manual_seed(request.seed)
+            max_length = prompt.numel() + request.max_new_tokens
+            cache = self.model.new_cache(max_length + (MAX_TREE_NODES if drafter is not None else 0))
+            with torch.inference_mode():
+                target = prefill(self.model, cache, prompt[:-1])
+                if drafter is not None:
+                    drafter.begin(prompt, target, request.sampling, generator, max_length)
+            self.running[rid] = _Running(request, self.results[rid], cache, TorchSampler(generator),
+                                         int(prompt[-1]))
+        return finished
+
+    @torch.inference_mode()
+    def _iterate(self) -> list[int]:
+        finished = []
+        for rid, state in list(self.running.items()):
+            remaining = state.request.max_new_tokens - len(state.result.tokens)
+            drafter = state.request.drafter
+            state.tree = drafter.propose(remaining - 1) if drafter is not None else None
+            if state.tree is not None and state.tree.size > MAX_TREE_NODES:
+                del self.running[rid]
+                self._fail(rid, f"a draft tree of {state.tree.size} nodes exceeds {MAX_TREE_NODES}: "
+                                "lower the tree budget, width or depth")
+                finished.append(rid)
+        states = list(self.running.items())
+        if not states:
+            return finished
+        trees = [s.tree if s.tree is not None and s.tree.size > 1 else None for _, s in states]
+        tokens = [t.tokens.to(self.device) if t is not None else torch.tensor([s.root], device=self.device)
+                  for t, (_, s) in zip(trees, states, strict=True)]
+        positions = [t.positions(s.cache.length).to(self.device) if t is not None
+                     else torch.tensor([s.cache.length], device=self.device)
+                     for t, (_, s) in zip(trees, states, strict=True)]
+        counts = [x.numel() for x in tokens]
+        ragged = RaggedCache([s.cache for _, s in states], counts)
+        local = [t.mask().to(self.device) if t is not None else torch.ones(1, 1, dtype=torch.bool,
+                                                                             device=self.device)
+                 for t in trees]
+        out = self.model(torch.cat(tokens)[None], torch.cat(positions), ragged, ragged.mask(local))
+        now = clock(self.device)
+        start = 0
+        for (rid, state), tree, count in zip(states, trees, counts, strict=True):
+            rows = Output(*(x[:, start:start + count] for x in out))
+            start += count
+            if self._advance(state, tree, rows, now):
+                del self.running[rid]
+                state.result.finished = now
+                finished.append(rid)
+        return finished
+
+    def _advance(self, state: _Running, tree: DraftTree | None, out: Output, now: float) -> bool:
+        """Verify one request's rows, keep its path, tell its drafter; whether the request is done."""
+        request, result = state.request, state.result
+        logits = out.logits[0]
+        if tree is None:
+            state.cache.commit()
+            path: tuple[int, ...] = ()
+            token = (int(logits[-1].argmax()) if request.sampling.greedy
+                     else state.sampler.categorical(warp(logits[-1], request.sampling)))
+            new = [token]
+        else:
+            verdict = verify(request.verifier, tree,
+                             logits if request.verifier == "greedy" else warp(logits, request.sampling),
+                             state.sampler)
+            path, token = verdict.path, verdict.token
+            state.cache.keep([0, *path])
+            drafted = tree.tokens.tolist()
+            new = [*(drafted[i] for i in path), token]
+        result.accepted.append(len(path))
+        result.tree_sizes.append(tree.size if tree is not None else 1)
+        remaining = request.max_new_tokens - len(result.tokens)
+        stop = request.eos_id is not None and request.eos_id in new
+        if stop:
+            new = new[:new.index(request.eos_id) + 1]
+        new = new[:remaining]
+        result.tokens.extend(new)
+        if result.first_token is None:
+            result.first_token = now
+        stop = stop or len(result.tokens) >= request.max_new_tokens
+        if request.drafter is not None and not stop:
+            index = torch.tensor([0, *path], device=self.device)
+            request.drafter.accept(path, token, Output(*(x[:, index] for x in out)))
+        state.root = token
+        return stop
