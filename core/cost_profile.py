@@ -30,6 +30,7 @@ holds one or more repeated measurements of one configuration, and the profile us
         "update_single": {"head": [...], "full": [...]},                                   optional
         "prefill": [{"tokens": 128, "seconds": [...]}, ...],                               optional
         "steering": [{"drafted": 3, "seconds": [...]}, ...],                               optional
+        "batch_verify": [{"requests": 4, "nodes": 9, "context": 128, "seconds": [...]}, ...] optional
         "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
       "update_windows": {"head": 4, "full": 16},     optional: query windows the update samples trained on
@@ -66,6 +67,9 @@ holds one or more repeated measurements of one configuration, and the profile us
   (``real_engine.speculate.LengthControlled``: the features, the policy's choices while a chain is
   drafted, ranking, trimming, the policy's feedback) by the positions ``drafted`` (0: none), on a
   drafter that costs nothing. ``steering_seconds`` charges it to iterations a policy steers.
+- ``batch_verify`` (optional): one iteration of the batched engine (``real_engine.batch``) without its
+  drafting: ``requests`` requests of ``nodes`` tokens each packed into one target forward at ``context``
+  cached tokens each, each verified greedily and compacted. ``batch_verify_seconds`` charges it.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
 - ``fits``: per series the grid axes and the median at every grid point, e.g.
@@ -101,6 +105,8 @@ VERIFY_KEYS = ("nodes", "context")
 VANILLA_KEYS = ("context",)
 PREFILL_KEYS = ("tokens",)
 STEERING_KEYS = ("drafted",)
+BATCH_KEYS = ("requests", "nodes", "context")
+"""A batched verify forward: ``requests`` requests, each ``nodes`` tokens (root included) at ``context``."""
 DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "specblock": ("starts", "blocks"),
     "eagle": ("depth",),
@@ -122,8 +128,8 @@ def token_by_token(kind: str) -> bool:
 
 DraftShape = Mapping[str, float] | Sequence[Mapping[str, float]]
 """A drafter's tree shape (``draft_seconds`` parameters), or the shapes of recorded iterations."""
-_MIN_VALUE = {"nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1, "width": 1,
-              "drafted": 0}
+_MIN_VALUE = {"requests": 1, "nodes": 1, "context": 0, "starts": 1, "blocks": 1, "depth": 1, "tokens": 1,
+              "width": 1, "drafted": 0}
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,7 @@ class CostProfile:
     update_single: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
     prefill: Series | None = None
     steering: Series | None = None
+    batch_verify: Series | None = None
     estimator: str = "median"
     fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     _tables: dict[tuple[Any, ...], StepTable] = field(init=False, repr=False, compare=False)
@@ -228,6 +235,8 @@ class CostProfile:
             fits["prefill"] = self.prefill.grid("samples.prefill", est)
         if self.steering is not None:
             fits["steering"] = self.steering.grid("samples.steering", est)
+        if self.batch_verify is not None:
+            fits["batch_verify"] = self.batch_verify.grid("samples.batch_verify", est)
         if self.draft_trees:
             fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}", est)
                                    for kind, series in self.draft_trees.items()}
@@ -237,6 +246,15 @@ class CostProfile:
     def verify_seconds(self, nodes: float | np.ndarray, context: float | np.ndarray) -> float | np.ndarray:
         """One verify forward of ``nodes`` tokens (root included) at ``context`` cached tokens."""
         return self.fits["verify"](nodes, context)
+
+    def batch_verify_seconds(self, requests: float | np.ndarray, nodes: float | np.ndarray,
+                             context: float | np.ndarray) -> float | np.ndarray:
+        """One batched verify iteration: ``requests`` requests of ``nodes`` tokens each (root included) at
+        ``context`` cached tokens each (``real_engine.batch``)."""
+        if "batch_verify" not in self.fits:
+            raise InputError("this profile has no batched verify samples (samples.batch_verify): re-run "
+                             "`specblock profile`")
+        return self.fits["batch_verify"](requests, nodes, context)
 
     def vanilla_seconds(self, context: float | np.ndarray) -> float | np.ndarray:
         """One plain decoding step at ``context`` cached tokens."""
@@ -372,6 +390,7 @@ class CostProfile:
                    if self.update_single else {}),
                 **({"prefill": self.prefill.to_json()} if self.prefill is not None else {}),
                 **({"steering": self.steering.to_json()} if self.steering is not None else {}),
+                **({"batch_verify": self.batch_verify.to_json()} if self.batch_verify is not None else {}),
                 **({"draft_trees": trees} if trees else {}),
             },
             "fits": {
@@ -382,6 +401,7 @@ class CostProfile:
                 **({"update_single": dict(fits["update_single"])} if "update_single" in fits else {}),
                 **({"prefill": fits["prefill"].to_json()} if "prefill" in fits else {}),
                 **({"steering": fits["steering"].to_json()} if "steering" in fits else {}),
+                **({"batch_verify": fits["batch_verify"].to_json()} if "batch_verify" in fits else {}),
                 **({"draft_trees": tree_fits} if tree_fits else {}),
             },
         }
@@ -479,7 +499,7 @@ def profile_from_json(data: Any) -> CostProfile:
     if not isinstance(single, dict):
         raise InputError('field samples.update_single must be an object {"head": [...], "full": [...]}: fix '
                          'or drop it')
-    prefill, steering = samples.get("prefill"), samples.get("steering")
+    prefill, steering, batch = samples.get("prefill"), samples.get("steering"), samples.get("batch_verify")
     estimator = data.get("estimator", "median")
     if not isinstance(estimator, str):
         raise InputError(f"field estimator must be one of {', '.join(ESTIMATORS)}: fix or drop it")
@@ -510,6 +530,7 @@ def profile_from_json(data: Any) -> CostProfile:
                                         for kind, values in single.items()}),
         prefill=None if prefill is None else _series(prefill, PREFILL_KEYS, "samples.prefill"),
         steering=None if steering is None else _series(steering, STEERING_KEYS, "samples.steering"),
+        batch_verify=None if batch is None else _series(batch, BATCH_KEYS, "samples.batch_verify"),
         estimator=estimator,
     )
     if data.get("fits") is not None:

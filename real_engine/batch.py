@@ -59,6 +59,17 @@ class RaggedCache:
         return mask
 
 
+def packed_forward(model: Transformer, caches: Sequence[KVCache], tokens: Sequence[torch.Tensor],
+                   positions: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+                   ) -> tuple[Output, list[int]]:
+    """One target forward over several requests' new ``tokens`` (each at its ``positions``, attending among
+    themselves by its ``masks`` entry and to its own cache, where they stay pending); the output's rows in
+    request order and each request's count of them."""
+    counts = [t.numel() for t in tokens]
+    ragged = RaggedCache(caches, counts)
+    return model(torch.cat(tokens)[None], torch.cat(positions), ragged, ragged.mask(masks)), counts
+
+
 @dataclass
 class Request:
     """One request: its prompt, how many tokens to generate, its drafter (None: vanilla) and verifier."""
@@ -198,12 +209,10 @@ class BatchEngine:
         positions = [t.positions(s.cache.length).to(self.device) if t is not None
                      else torch.tensor([s.cache.length], device=self.device)
                      for t, (_, s) in zip(trees, states, strict=True)]
-        counts = [x.numel() for x in tokens]
-        ragged = RaggedCache([s.cache for _, s in states], counts)
         local = [t.mask().to(self.device) if t is not None else torch.ones(1, 1, dtype=torch.bool,
                                                                              device=self.device)
                  for t in trees]
-        out = self.model(torch.cat(tokens)[None], torch.cat(positions), ragged, ragged.mask(local))
+        out, counts = packed_forward(self.model, [s.cache for _, s in states], tokens, positions, local)
         now = clock(self.device)
         start = 0
         for (rid, state), tree, count in zip(states, trees, counts, strict=True):

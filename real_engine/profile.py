@@ -39,6 +39,7 @@ from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.files import write_json
 from core.paths import MODELS
+from real_engine.batch import packed_forward
 from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
@@ -52,7 +53,7 @@ from real_engine.model import Output, Transformer
 from real_engine.steering import steering_samples
 from real_engine.timing import Bench, make_timer
 from real_engine.tree import DraftTree
-from real_engine.verify import TorchSampler
+from real_engine.verify import TorchSampler, greedy
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class ProfileGrid:
     repeats: int
     warmup: int
     prefill_tokens: tuple[int, ...] = (32, 64, 128, 256, 512)  # prompt lengths of a query's start
+    batch_requests: tuple[int, ...] = (1, 2, 4, 8)  # requests in one batched verify forward
+    batch_nodes: tuple[int, ...] = (1, 4, 9)  # tokens of each of them, root included
 
 
 FULL = ProfileGrid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128),
@@ -84,7 +87,7 @@ FULL = ProfileGrid(nodes=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64, 96,
 QUICK = ProfileGrid(nodes=(1, 4, 16), contexts=(16, 64), draft_tokens=(1, 2, 4), tree_depths=(2, 4),
              tree_widths=(2,), tree_budget=8, specblock_starts=(1, 2), specblock_blocks=(1, 2),
              eagle_depths=(1, 2), draft_context=32, update_batch=(2, 32), repeats=3, warmup=1,
-             prefill_tokens=(16, 64))
+             prefill_tokens=(16, 64), batch_requests=(1, 3), batch_nodes=(1, 4))
 
 
 def device_name(device: torch.device) -> str:
@@ -183,6 +186,37 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
 
         vanilla.append({"context": context, "seconds": bench.add(plain, per=VANILLA_RUN)})
     return verify, vanilla
+
+
+@torch.inference_mode()
+def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0) -> list[dict]:
+    """Rows of ``samples.batch_verify``: ``requests`` chains of ``nodes`` tokens, each on its own cache at
+    the context, packed into one forward (``real_engine.batch.packed_forward``), each verified greedily
+    and compacted as the batched engine does, timed when ``bench`` runs."""
+    device = model.lm_head.weight.device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.args.vocab_size
+    rows = []
+    for context in _contexts(grid, model):
+        caches = [model.new_cache(context + 1 + MAX_TREE_NODES) for _ in range(max(grid.batch_requests))]
+        for cache in caches:
+            prefill(model, cache, _tokens(context, vocab, gen).to(device))
+        for requests, nodes in ((r, n) for r in grid.batch_requests for n in grid.batch_nodes):
+            trees = [DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
+                     for _ in range(requests)]
+
+            def step(trees: list[DraftTree] = trees, caches: list[KVCache] = caches[:requests],
+                     context: int = context) -> None:
+                out, counts = packed_forward(model, caches, [t.tokens.to(device) for t in trees],
+                                             [t.positions(context).to(device) for t in trees],
+                                             [t.mask().to(device) for t in trees])
+                for cache, tree, rows_of in zip(caches, trees, out.logits[0].split(counts), strict=True):
+                    cache.keep([0, *greedy(tree, rows_of).path])
+                    cache.truncate(context)
+
+            rows.append({"requests": requests, "nodes": nodes, "context": context,
+                         "seconds": bench.add(step)})
+    return rows
 
 
 class _Session:
@@ -443,6 +477,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                **({"update_single": single} if single else {}),
                **({"prefill": prefill_rows} if prefill_rows else {}),
                "steering": steering_samples(target, grid.draft_tokens, grid.draft_context, bench, seed),
+               "batch_verify": batch_verify_samples(target, grid, bench, seed),
                "draft_trees": tree_rows}
     bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached

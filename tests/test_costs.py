@@ -258,8 +258,11 @@ def rich() -> dict:
     trees = [{"depth": d, "width": w, "seconds": [1e-3 * d * w, 3e-3 * d * w]}
              for d in (1, 4) for w in (1, 3)]
     samples["draft_trees"] = {"draft-model": trees}
+    batch = [{"requests": r, "nodes": n, "context": c, "seconds": [1e-4 * r * n + 1e-6 * c]}
+             for r in (1, 4) for n in (1, 9) for c in (64, 256)]
+    samples["batch_verify"] = batch
     for rows in (samples["verify"], samples["vanilla"], *samples["draft"].values(), samples["prefill"],
-                 samples["steering"], trees):
+                 samples["steering"], trees, batch):
         for row in rows:  # a third, slow repeat: the mean is no longer the median
             row["seconds"] = [*row["seconds"], 3 * row["seconds"][0], 20 * row["seconds"][0]]
     return data
@@ -272,8 +275,8 @@ def test_every_optional_part_round_trips_and_is_used(tmp_path):
     assert data == profile.to_json()
     assert (data["dtype"], data["estimator"], data["block_size"]) == ("float32", "mean", 1)
     assert data["derived_from"] == {"source": "a test", "derivation": "made up"}
-    assert set(data["samples"]) >= {"update_single", "prefill", "steering", "draft_trees"}
-    assert set(data["fits"]) >= {"update_single", "prefill", "steering", "draft_trees"}
+    assert set(data["samples"]) >= {"update_single", "prefill", "steering", "draft_trees", "batch_verify"}
+    assert set(data["fits"]) >= {"update_single", "prefill", "steering", "draft_trees", "batch_verify"}
     samples = rich()["samples"]
 
     def mean(rows: list, **point: int) -> float:
@@ -286,6 +289,10 @@ def test_every_optional_part_round_trips_and_is_used(tmp_path):
     assert again.vanilla_seconds(0) == pytest.approx(mean(samples["vanilla"], context=0))
     assert again.steering_seconds(4) == pytest.approx(mean(samples["steering"], drafted=4))
     assert again.prefill_cost(64) == pytest.approx(mean(samples["prefill"], tokens=64))
+    batched = mean(samples["batch_verify"], requests=4, nodes=9, context=256)
+    assert again.batch_verify_seconds(4, 9, 256) == pytest.approx(batched)
+    halfway = (mean(samples["batch_verify"], requests=1, nodes=9, context=256) + batched) / 2
+    assert again.batch_verify_seconds(2.5, 9, 256) == pytest.approx(halfway)  # linear between requests
     trees = samples["draft_trees"]["draft-model"]
     tree = again.draft_seconds("draft-model", depth=4, width=3)
     assert tree == pytest.approx(mean(trees, depth=4, width=3))
@@ -299,6 +306,8 @@ def test_every_optional_part_round_trips_and_is_used(tmp_path):
     plain = profile_from_json(measured()).to_json()
     assert "update_windows" not in plain and "update_single" not in plain["samples"]
     assert "steering" not in plain["fits"] and "draft_trees" not in plain["fits"]
+    with pytest.raises(InputError, match="no batched verify samples"):
+        profile_from_json(measured()).batch_verify_seconds(2, 4, 64)
 
 
 def test_a_profile_at_one_context_costs_every_context_alike():

@@ -71,6 +71,9 @@ def test_profile_loads_with_every_series(measured: dict, tmp_path: Path) -> None
     for kind in ("specblock", "eagle", "medusa"):  # no weights in models_dir: timed with random ones
         assert "random weights" in profile.drafters[kind]
     assert measured["measurement"]["grid"]["repeats"] == TINY.repeats
+    batch = {(r["requests"], r["nodes"], r["context"]) for r in measured["samples"]["batch_verify"]}
+    assert batch == {(r, n, c) for r in TINY.batch_requests for n in TINY.batch_nodes for c in TINY.contexts}
+    assert profile.batch_verify_seconds(max(TINY.batch_requests), 1, TINY.contexts[0]) > 0
     # The saved fits are the medians of the samples (load_profile refits and compares).
     assert json.loads(path.read_text())["fits"]["verify"]["nodes"] == list(TINY.nodes)
 
