@@ -364,6 +364,24 @@ def _verifier_latency_body(record: Record) -> Lines:
     return table(["verifier", "shape", "nodes", "vocabulary", "median ms", "p10 to p90 ms"], rows)
 
 
+def _batch_throughput_command(name: str, config: Record) -> str:
+    batches = ",".join(map(str, config["batches"]))
+    return (f"{benchmark('batch_throughput')}{flag('--batches', batches, '1,2,4,8')}"
+            f"{flag('--drafters', ','.join(config['drafters']), 'none,specblock')}"
+            f"{flag('--prompts', config['prompts_per_domain'], 4)}{flag('--tokens', config['tokens'], 32)}"
+            f"{flag('--rounds', config['rounds'], 5)}")
+
+
+def _batch_throughput_body(record: Record) -> Lines:
+    rows = [[r["batch"], r["drafter"], interval(r["tokens_per_second"], r["tokens_per_second_ci"], ".1f"),
+             interval(r["speedup"], r["speedup_ci"], ".2f") if "speedup" in r else "1",
+             f"{r['tpot_ms']:.2f}", f"{r['ttft_ms']:.1f}", f"{r['tau']:.2f}"]
+            for r in record["results"]["settings"]]
+    return ["The batched engine (continuous batching), every prompt submitted at once; speedup over vanilla "
+            "at the same batch cap, paired by round [95% CI over the rounds].", "",
+            *table(["batch cap", "drafter", "tokens/s", "speedup", "TPOT ms", "TTFT ms", "tau"], rows)]
+
+
 def _rollout_speed_command(name: str, config: Record) -> str:
     return f"{benchmark('rollout_speed')}{flag('--seconds', config['seconds_per_measurement'], 3.0)}"
 
@@ -472,6 +490,8 @@ RENDERERS: dict[str, Renderer] = {
     "multidraft": Renderer("Multi-draft verification against the LP bound", _multidraft_command,
                            _multidraft_body),
     "verifier_latency": Renderer("Verifier latency", _verifier_latency_command, _verifier_latency_body),
+    "batch_throughput": Renderer("Continuous batching: throughput by batch size", _batch_throughput_command,
+                                 _batch_throughput_body),
     "rollout_speed": Renderer("Simulator rollout speed", _rollout_speed_command, _rollout_speed_body),
     "forward_cost": Renderer("Forward cost and the draft chain's speedup bound", _forward_cost_command,
                              _forward_cost_body),
