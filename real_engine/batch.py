@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 from core.errors import InputError
-from real_engine.decode import GREEDY, MAX_TREE_NODES, check_request, prefill
+from real_engine.decode import GREEDY, MAX_TREE_NODES, check_request, cut_at_eos, prefill, settle
 from real_engine.drafters.base import Drafter, clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
-from real_engine.verify import TorchSampler, verify
-from real_engine.warp import Sampling, warp
+from real_engine.verify import TorchSampler
+from real_engine.warp import Sampling
 
 
 class RaggedCache:
@@ -227,28 +227,13 @@ class BatchEngine:
     def _advance(self, state: _Running, tree: DraftTree | None, out: Output, now: float) -> bool:
         """Verify one request's rows, keep its path, tell its drafter; whether the request is done."""
         request, result = state.request, state.result
-        logits = out.logits[0]
-        if tree is None:
-            state.cache.commit()
-            path: tuple[int, ...] = ()
-            token = (int(logits[-1].argmax()) if request.sampling.greedy
-                     else state.sampler.categorical(warp(logits[-1], request.sampling)))
-            new = [token]
-        else:
-            verdict = verify(request.verifier, tree,
-                             logits if request.verifier == "greedy" else warp(logits, request.sampling),
+        path, token = settle(state.cache, out.logits[0], tree, request.verifier, request.sampling,
                              state.sampler)
-            path, token = verdict.path, verdict.token
-            state.cache.keep([0, *path])
-            drafted = tree.tokens.tolist()
-            new = [*(drafted[i] for i in path), token]
+        drafted = tree.tokens.tolist() if tree is not None else []
+        new, stop = cut_at_eos([*(drafted[i] for i in path), token], request.eos_id,
+                               request.max_new_tokens - len(result.tokens))
         result.accepted.append(len(path))
         result.tree_sizes.append(tree.size if tree is not None else 1)
-        remaining = request.max_new_tokens - len(result.tokens)
-        stop = request.eos_id is not None and request.eos_id in new
-        if stop:
-            new = new[:new.index(request.eos_id) + 1]
-        new = new[:remaining]
         result.tokens.extend(new)
         if result.first_token is None:
             result.first_token = now

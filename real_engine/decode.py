@@ -133,17 +133,37 @@ def check_request(model: Transformer, prompt: torch.Tensor, drafter: Drafter | N
         raise InputError("the greedy verifier is for temperature 0: use token, block, rrs, gbv or seqbv")
 
 
+def settle(cache: KVCache, logits: torch.Tensor, tree: DraftTree | None, verifier: str, sampling: Sampling,
+           sampler: TorchSampler) -> tuple[tuple[int, ...], int]:
+    """The accepted path and the emitted token from the target's ``logits`` ([T, V]) over the root alone
+    (``tree`` None: sampled from ``p``) or the root and ``tree`` (verified); the cache, whose pending
+    region holds those T tokens, keeps the root and the path."""
+    if tree is None:
+        cache.commit()
+        row = logits[-1]
+        return (), int(row.argmax()) if sampling.greedy else sampler.categorical(warp(row, sampling))
+    result = verify(verifier, tree, logits if verifier == "greedy" else warp(logits, sampling), sampler)
+    cache.keep([0, *result.path])
+    return result.path, result.token
+
+
+def cut_at_eos(new: list[int], eos_id: int | None, remaining: int) -> tuple[list[int], bool]:
+    """An iteration's ``new`` tokens cut after ``eos_id`` and to ``remaining``; whether EOS came."""
+    stop = eos_id is not None and eos_id in new
+    if stop:
+        new = new[:new.index(eos_id) + 1]
+    return new[:remaining], stop
+
+
 def vanilla_step(model: Transformer, cache: KVCache, root: int, sampling: Sampling,
                   sampler: TorchSampler) -> tuple[Output, tuple[int, ...], int, float]:
     """Run the root alone and sample the next token: (output, empty path, token, forward seconds)."""
     device = cache.k.device
     start = clock(device)
     out = model(torch.tensor([[root]], device=device), cache=cache)
-    cache.commit()
     forward = clock(device) - start
-    logits = out.logits[0, -1]
-    token = int(logits.argmax()) if sampling.greedy else sampler.categorical(warp(logits, sampling))
-    return out, (), token, forward
+    path, token = settle(cache, out.logits[0], None, "greedy", sampling, sampler)
+    return out, path, token, forward
 
 
 def speculative_step(model: Transformer, cache: KVCache, tree: DraftTree, verifier: str, sampling: Sampling,
@@ -158,10 +178,8 @@ def speculative_step(model: Transformer, cache: KVCache, tree: DraftTree, verifi
     out = model(tree.tokens.to(device)[None], tree.positions(cache.length).to(device), cache,
                 None if chain else tree.mask().to(device))
     forward = clock(device) - start
-    logits = out.logits[0]
-    result = verify(verifier, tree, logits if verifier == "greedy" else warp(logits, sampling), sampler)
-    cache.keep([0, *result.path])
-    return out, result.path, result.token, forward
+    path, token = settle(cache, out.logits[0], tree, verifier, sampling, sampler)
+    return out, path, token, forward
 
 
 @torch.inference_mode()
@@ -214,10 +232,7 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
         forward_seconds += forward
         verify_seconds += t2 - t1
         accepted.append(len(path))
-        stop = eos_id is not None and eos_id in new
-        if stop:
-            new = new[:new.index(eos_id) + 1]
-        new = new[:remaining]
+        new, stop = cut_at_eos(new, eos_id, remaining)
         emitted.extend(new)
         stop = stop or len(emitted) >= max_new_tokens
         if drafter is not None and not stop:

@@ -40,7 +40,7 @@ from core.errors import InputError
 from core.files import write_json
 from core.paths import MODELS
 from real_engine.batch import packed_forward
-from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
+from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, settle, speculative_step, vanilla_step
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
@@ -53,7 +53,7 @@ from real_engine.model import Output, Transformer
 from real_engine.steering import steering_samples
 from real_engine.timing import Bench, make_timer
 from real_engine.tree import DraftTree
-from real_engine.verify import TorchSampler, greedy
+from real_engine.verify import TorchSampler
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,7 @@ def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, se
     and compacted as the batched engine does, timed when ``bench`` runs."""
     device = model.lm_head.weight.device
     gen = torch.Generator().manual_seed(seed)
+    sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
     vocab = model.args.vocab_size
     rows = []
     for context in _contexts(grid, model):
@@ -211,7 +212,7 @@ def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, se
                                              [t.positions(context).to(device) for t in trees],
                                              [t.mask().to(device) for t in trees])
                 for cache, tree, rows_of in zip(caches, trees, out.logits[0].split(counts), strict=True):
-                    cache.keep([0, *greedy(tree, rows_of).path])
+                    settle(cache, rows_of, tree, "greedy", GREEDY, sampler)
                     cache.truncate(context)
 
             rows.append({"requests": requests, "nodes": nodes, "context": context,

@@ -18,6 +18,7 @@ from real_engine.decode import generate, make_drafter
 from real_engine.model import Transformer, load_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts
+from real_engine.warp import Sampling
 
 MARGIN = 1e-5  # a batched forward may flip a near-tie of the solo one, and only such a tie
 
@@ -64,6 +65,28 @@ def test_batched_greedy_equals_solo_vanilla(target: Transformer, draft: Transfor
     check_equal_to_solo(target, prompts, engine.results, new)
     if drafter == "draft-model":  # a perturbed copy of the target: it drafts what the target accepts
         assert sum(sum(r.accepted) for r in engine.results.values()) > 0
+
+
+def test_sampled_requests_draw_as_each_would_alone(target: Transformer, draft: Transformer) -> None:
+    """At temperature 1 each request's seeded draws are its own: batched, a request emits what
+    ``generate`` emits alone with the same seed (token-level and block verification), EOS included."""
+    sampling = Sampling(temperature=1.0)
+    prompts = [[3, 4, 5, 6], [7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    settings = [(verifier, seed) for verifier in ("token", "block") for seed in (0, 1)]
+    engine = BatchEngine(target, max_batch=3)
+    solo = []
+    for (verifier, seed), prompt in zip(settings, prompts, strict=True):
+        engine.submit(Request(prompt, 9, make_drafter("draft-model", target, draft, depth=3), verifier,
+                              sampling, seed=seed))
+        solo.append(generate(target, prompt, drafter=make_drafter("draft-model", target, draft, depth=3),
+                             verifier=verifier, sampling=sampling, max_new_tokens=9, seed=seed).tokens)
+    results = engine.run()
+    assert [tuple(results[i].tokens) for i in range(len(prompts))] == solo
+    eos = solo[0][2]  # a token the first request emits third: it ends there, EOS emitted
+    engine = BatchEngine(target)
+    rid = engine.submit(Request(prompts[0], 9, make_drafter("draft-model", target, draft, depth=3), "token",
+                                sampling, eos_id=eos, seed=0))
+    assert engine.run()[rid].tokens == list(solo[0][:solo[0].index(eos) + 1])
 
 
 def test_shipped_drafters_batched_equal_solo_vanilla_on_held_out_prompts() -> None:
