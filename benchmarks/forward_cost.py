@@ -31,7 +31,7 @@ from benchmarks.output import finish, table
 from core.errors import InputError
 from core.paths import DRAFT_MODEL, RESULTS, TARGET
 from experiments.provenance import save_result
-from real_engine.drafters.draft_model import load_vocab
+from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Transformer, load_model
 from real_engine.packed import Linear, cut_rows
 

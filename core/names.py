@@ -23,7 +23,8 @@ DOMAINS = ("code", "tests", "prose", "text")
 VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv", "gds")
 DTYPES = ("float32", "bfloat16", "float16")
 BENCHMARKS = ("engine", "forward_cost", "cpu_linear", "lp_solve_time", "rollout_speed", "verifier_latency",
-              "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft", "batch_throughput")
+              "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft", "batch_throughput",
+              "drafter_pair")
 """`specblock benchmark NAME`: each a module of ``benchmarks`` with a click command called `command`, named
 as its module, which is also the default name of its results file."""
 CLOCKS = ("wall", "cpu", "thread")
@@ -105,10 +106,12 @@ register_drafter("draft-model", "real_engine.drafters.draft_model:build_draft_mo
                  shape_options=("depth", "width", "budget", "min_confidence", "vocab", "staged", "lookup"),
                  needs_draft_model=True, summary="a small causal LM: chain, top-k tree or sampled paths")
 register_drafter("specblock", "real_engine.drafters.specblock:build_specblock",
-                 options=("blocks", "budget", "width"), shape_options=("blocks", "budget", "width"),
+                 options=("blocks", "budget", "width", "vocab"),
+                 shape_options=("blocks", "budget", "width", "vocab"),
                  trained=True, summary="block drafting with a rank head, on the target's features")
-register_drafter("eagle", "real_engine.drafters.eagle:build_eagle", options=("depth", "width", "budget"),
-                 shape_options=("depth", "width", "budget"), trained=True,
+register_drafter("eagle", "real_engine.drafters.eagle:build_eagle",
+                 options=("depth", "width", "budget", "vocab"),
+                 shape_options=("depth", "width", "budget", "vocab"), trained=True,
                  summary="EAGLE-style feature drafter, dynamic top-k tree")
 register_drafter("medusa", "real_engine.drafters.medusa:build_medusa", options=("depth", "budget"),
                  shape_options=("depth", "budget"), trained=True,

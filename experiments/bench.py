@@ -21,12 +21,14 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import numpy as np
 import torch
 
 from core.cost_profile import resolve_profile
 from core.errors import InputError
 from core.files import MAX_PROMPT_SET_BYTES, read_text
 from core.names import VANILLA, drafter_spec
+from experiments.intervals import REPLICATES, interval, resamples
 from policies import policy_from_dict
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.base import Drafter
@@ -362,15 +364,19 @@ def rank_confusion(target: Transformer, net: Any, prompts: Sequence[list[int]], 
 
 
 def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Sequence[Measurement],
-              hf_base: Sequence[Measurement] | None = None) -> dict[str, Any]:
+              hf_base: Sequence[Measurement] | None = None, domains: Sequence[str] | None = None
+              ) -> dict[str, Any]:
     """One row from a config's measurements and vanilla's on the same prompts; for ``hf-assisted``,
-    ``hf_base`` (HF's plain generate) is also the reference its greedy output must match."""
+    ``hf_base`` (HF's plain generate) is also the reference its greedy output must match. ``speedup_ci``
+    is the 95% bootstrap interval of the speedup over the prompts, resampled within each of ``domains``
+    (each run's domain; default all ``domain``)."""
     new = sum(len(m.tokens) for m in runs)
     iters = sum(m.iterations for m in runs)
     engine = runs[0].accepted is not None
     accepted = [a for m in runs for a in m.accepted] if engine else []
     depths = [d for m in runs for d in m.depths] if engine else []
     calls = [m.draft_calls for m in runs]
+    ratios = np.array([m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, base, strict=True)])
     reference = hf_base if config.drafter == "hf-assisted" and hf_base is not None else base
     row: dict[str, Any] = {
         "drafter": config.drafter, "shape": config.shape, "verifier": config.verifier,
@@ -378,7 +384,8 @@ def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Se
         "temperature": config.temperature, "domain": domain, "prompts": len(runs), "new_tokens": new,
         "tau": new / iters,
         "tokens_per_second": new / sum(m.seconds for m in runs),
-        "speedup": fmean(m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, base, strict=True)),
+        "speedup": float(ratios.mean()),
+        "speedup_ci": interval(ratios[resamples(domains or [domain] * len(runs), REPLICATES, 0)].mean(1)),
         "draft_share": sum(m.draft_seconds for m in runs) / sum(m.seconds for m in runs),
         "draft_ms": 1e3 * sum(m.draft_seconds for m in runs) / iters,  # drafting time per iteration
         "accepted": fmean(accepted) if engine else new / iters - 1,
@@ -429,7 +436,8 @@ def run_bench(settings: Settings, engine: Engine, prompts: dict[str, list[list[i
             def get(c: Config, d: str = domain) -> list[Measurement]:
                 return [m for dom in (prompts if d == "all" else [d]) for m in results[(c, dom)]]
 
+            labels = [d for d in (prompts if domain == "all" else [domain]) for _ in prompts[d]]
             for config in group:
                 hf_base = get(hf_plain) if config.drafter.startswith("hf-") and hf_plain else None
-                rows.append(summarize(config, domain, get(config), get(vanilla), hf_base))
+                rows.append(summarize(config, domain, get(config), get(vanilla), hf_base, labels))
     return {"rows": rows, "per_prompt": per_prompt}

@@ -46,6 +46,11 @@ def _versus(rows: Sequence[dict[str, Any]], ours: str = "specblock", theirs: str
     return [*lines, ""]
 
 
+def _ci(bounds: list[float] | None) -> str:
+    """`` [low, high]`` of a 95% interval, or nothing for rows saved before intervals were kept."""
+    return f" [{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else ""
+
+
 def markdown(results: dict[str, Any], title: str) -> str:
     """The rows as markdown tables (one per temperature), the draft model's agreement, SpecBlock's
     rank-head confusion and the notes."""
@@ -53,14 +58,15 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines = [f"# {title}", ""]
     for t in sorted({r["temperature"] for r in rows}):
         lines += [f"## Temperature {t:g}", "",
-                  "| domain | config | tau | tok/s | speedup | HF ratio | draft share | draft ms/iter "
-                  "| draft calls | alpha | greedy identical |",
+                  "| domain | config | tau | tok/s | speedup [95% CI] | HF ratio | draft share "
+                  "| draft ms/iter | draft calls | alpha | greedy identical |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in rows if r["temperature"] == t):
             alpha = " ".join(_num(a) for a in r["alpha"]) if r["alpha"] else "-"
             same = "-" if r["greedy_identical"] is None else "yes" if r["greedy_identical"] else "**NO**"
             lines.append(f"| {r['domain']} | {_label(r)} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
-                         f"{r['speedup']:.2f}x | {_num(r.get('hf_speedup'))} | {r['draft_share']:.2f} | "
+                         f"{r['speedup']:.2f}x{_ci(r.get('speedup_ci'))} | {_num(r.get('hf_speedup'))} | "
+                         f"{r['draft_share']:.2f} | "
                          f"{_num(r.get('draft_ms'))} | {_num(r['draft_calls'])} | {alpha} | {same} |")
         lines.append("")
     lines += _versus(rows)

@@ -57,7 +57,8 @@ from experiments.provenance import save_result
 from real_engine import profile as prof
 from real_engine.decode import MAX_TREE_NODES, generate, make_drafter, prefill
 from real_engine.drafters.eagle import TreeShape, new_eagle
-from real_engine.drafters.specblock import SpecBlock, unroll
+from real_engine.drafters.specblock import SpecBlock
+from real_engine.drafters.unroll import unroll
 from real_engine.model import ModelArgs, Transformer, load_model
 from real_engine.timing import Bench, make_timer
 from real_engine.tree import DraftTree

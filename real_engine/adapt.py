@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from core.errors import InputError
 from core.names import CLOCKS
-from real_engine.drafters.specblock import SpecBlock, unroll
+from real_engine.drafters.specblock import SpecBlock
+from real_engine.drafters.unroll import unroll
 from real_engine.feedback import Feedback
 from real_engine.training.specblock import draft_kl, rank_labels, specblock_loss
 

@@ -46,7 +46,8 @@ from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
 from real_engine.drafters.medusa import MedusaDrafter, choose_tree, load_medusa, new_medusa
 from real_engine.drafters.ngram import NgramDrafter
-from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock, unroll
+from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock
+from real_engine.drafters.unroll import unroll
 from real_engine.feedback import Feedback, FeedbackBuffer, FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer

@@ -20,7 +20,8 @@ from real_engine.adapt import AdaptConfig, reference_kl, update_drafter, usable_
 from real_engine.adapter import Adapter
 from real_engine.decode import Iteration, generate
 from real_engine.drafters.rank import rank_of
-from real_engine.drafters.specblock import SpecBlock, SpecBlockConfig, SpecBlockDrafter, unroll
+from real_engine.drafters.specblock import SpecBlock, SpecBlockConfig, SpecBlockDrafter
+from real_engine.drafters.unroll import unroll
 from real_engine.feedback import FeedbackDrafter
 from real_engine.model import ModelArgs, Transformer
 from real_engine.stream_server import StreamServer, run_stream

@@ -14,8 +14,8 @@ from experiments.bench import alpha
 from experiments.cli import main
 
 KEYS = {"drafter", "shape", "verifier", "temperature", "domain", "prompts", "new_tokens", "tau",
-        "tokens_per_second", "speedup", "draft_share", "draft_ms", "accepted", "draft_calls", "alpha",
-        "greedy_identical"}
+        "tokens_per_second", "speedup", "speedup_ci", "draft_share", "draft_ms", "accepted", "draft_calls",
+        "alpha", "greedy_identical"}
 PROMPTS = {"code": ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a,",
                     "for i in range(3):\n    print(i)\nfor i in range(3):\n"],
            "prose": ["The cat sat on the mat. The dog sat on the log. The cat sat on"]}
@@ -130,6 +130,8 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
             assert all(a is None or 0 <= a <= 1 for a in r["alpha"]) and len(r["alpha"]) <= 4
         assert r["tau"] >= 1 and 0 <= r["draft_share"] < 1 and r["new_tokens"] > 0
         assert (r["draft_ms"] == 0) == (r["drafter"] in ("none", "hf-vanilla"))
+        low, high = r["speedup_ci"]  # a bootstrap interval over the prompts around the mean
+        assert low <= r["speedup"] + 1e-9 and r["speedup"] <= high + 1e-9
     assert any("eagle" in note for note in result["notes"])  # no weights: skipped with a note
     assert set(result["agreement"]) == {"code", "prose"}
     assert all(0 <= a["top1"] <= 1 and a["tokens"] > 0 for a in result["agreement"].values())

@@ -197,6 +197,46 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
     assert len(record["losses"]) == 16 and len(record["final_agreement"]) == 3 and len(agreement) == 3
     assert float(after) < float(before) - 0.1
     assert json.loads((tmp_path / "eagle" / "training.json").read_text())["drafter"]["unroll"] == 3
+    # unrolled as deep as its tree drafts by default; its reduced vocabulary and token order are saved
+    deep = train_eagle(target, data, tmp_path / "deep", config=BaselineConfig(steps=1, checkpoint_every=1),
+                       tree=TreeShape(depth=5, top_k=2, total_tokens=8), progress=False, draft_vocab=12)
+    assert deep["drafter"]["unroll"] == 5
+    loaded, _ = load_eagle(tmp_path / "deep", target)
+    order = json.loads((tmp_path / "deep" / "draft_vocab.json").read_text())["ids"]
+    assert sorted(order) == list(range(VOCAB)) and loaded.draft_ids.tolist() == order[:12]
+    assert json.loads((tmp_path / "deep" / "config.json").read_text())["draft_vocab"] == 12
+
+
+def test_a_reduced_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_path):
+    """Drafting from the ``vocab`` tokens: every drafted token and all of ``q``'s mass lie among them,
+    greedy output still equals vanilla's, and the builder's ``vocab`` option reads the folder's token
+    order (the vocabulary's size: every token)."""
+    target = tiny_target()
+    net = new_eagle(target, seed=4)
+    ids = torch.tensor([5, 7, 11, 3, 29, 30, 31, 40])
+    drafter = EagleDrafter(net, target, TreeShape(depth=3, top_k=3, total_tokens=12), ids)
+    prompt = torch.tensor([3, 9, 4, 17, 8])
+    cache = target.new_cache(64)
+    with torch.no_grad():
+        drafter.begin(prompt, prefill(target, cache, prompt[:-1]), Sampling(), torch.Generator(), 64)
+        tree = drafter.propose(3)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[ids] = False
+    assert set(tree.tokens[1:].tolist()) <= set(ids.tolist()) and tree.size == 13
+    assert float(tree.q[:, outside].abs().sum()) == 0.0
+    for prompt in ([7], [40, 40, 2, 40, 40, 2]):
+        vanilla = generate(target, prompt, max_new_tokens=20)
+        fresh = EagleDrafter(net, target, TreeShape(depth=3, top_k=2, total_tokens=6), ids)
+        assert generate(target, prompt, drafter=fresh, max_new_tokens=20).tokens == vanilla.tokens
+    save_eagle(net.with_draft_ids(ids), tmp_path, TreeShape(depth=2, top_k=2, total_tokens=4))
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": list(range(VOCAB))[::-1]}))
+    assert eagle_drafter(tmp_path, target).vocab.tolist() == ids.tolist()  # the saved default
+    assert eagle_drafter(tmp_path, target, vocab=10).vocab.tolist() == list(range(47, 37, -1))
+    assert eagle_drafter(tmp_path, target, vocab=VOCAB).vocab is None  # every token
+    with pytest.raises(InputError, match="give 1 to 48"):
+        eagle_drafter(tmp_path, target, vocab=VOCAB + 1)
+    with pytest.raises(InputError, match="distinct token ids"):
+        EagleDrafter(net, target, TreeShape(), torch.tensor([1, 1]))
 
 
 @pytest.mark.parametrize("own_head", [False, True])

@@ -26,11 +26,11 @@ from experiments.tune import load_calibration
 from policies.base import load_policy
 from real_engine import trace
 from real_engine.decode import generate, make_drafter
-from real_engine.drafters.draft_model import load_vocab
 from real_engine.drafters.eagle import load_eagle
 from real_engine.drafters.medusa import load_medusa
 from real_engine.drafters.specblock import load_specblock
 from real_engine.drafters.trained import deployed_shape
+from real_engine.drafters.vocab import load_vocab
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.training.drafter_data import open_drafter_data

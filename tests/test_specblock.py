@@ -3,6 +3,7 @@ training, checkpoints, and greedy equivalence through the decode loop. Tiny rand
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -16,9 +17,9 @@ from real_engine.drafters.specblock import (
     SpecBlockDrafter,
     load_specblock,
     save_specblock,
-    unroll,
     with_draft_vocab,
 )
+from real_engine.drafters.unroll import unroll
 from real_engine.model import ModelArgs, Output, Transformer
 from real_engine.training import specblock as ts
 from real_engine.training.drafter_data import open_drafter_data, prepare_drafter_data
@@ -79,7 +80,7 @@ def test_valid_prefix_mask_exact() -> None:
         [[1, 1, 1, 1], [1, 1, 1, 1]],
     ], dtype=torch.bool)
     starts = torch.tensor([[1], [3], [2]])
-    got = ts.valid_prefix(correct, starts)
+    got = ts.valid_prefix(correct, correct, starts)
     want = torch.tensor([
         [[1, 1, 1, 0], [1, 1, 1, 1]],  # slot 1 right through the start: block 2 counts
         [[1, 1, 1, 1], [1, 1, 0, 0]],
@@ -87,10 +88,33 @@ def test_valid_prefix_mask_exact() -> None:
     ], dtype=torch.bool)
     assert torch.equal(got, want)
     # starting block 2 after the wrong slot cuts it entirely; the mask carries through three blocks
-    assert ts.valid_prefix(correct[:1], torch.tensor([[2]]))[0, 1].tolist() == [False] * 4
+    assert ts.valid_prefix(correct[:1], correct[:1], torch.tensor([[2]]))[0, 1].tolist() == [False] * 4
     three = torch.tensor([[[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]]], dtype=torch.bool)
-    assert ts.valid_prefix(three, torch.tensor([[3, 0]]))[0].tolist() == [
+    assert ts.valid_prefix(three, three, torch.tensor([[3, 0]]))[0].tolist() == [
         [True] * 4, [True, False, False, False], [False] * 4]
+    # a side branch: slot 2 missed the argmax but drafted the target's token among its children, so a
+    # block started there learns (its own slot 3 does not: slot 2 was wrong); one never drafted does not
+    side = correct[:1].clone()
+    drafted = side | torch.tensor([[[0, 0, 1, 0], [0, 0, 0, 0]]], dtype=torch.bool)
+    assert ts.valid_prefix(side, drafted, torch.tensor([[2]]))[0].tolist() == [
+        [True, True, True, False], [True] * 4]
+    assert ts.valid_prefix(side, side, torch.tensor([[2]]))[0, 1].tolist() == [False] * 4
+
+
+def test_drafting_ranks_and_balanced_weights() -> None:
+    """Ranks in the drafting law count only its tokens (a token outside it is never drafted); class
+    weights ``frequency ** -balance`` average 1 over the labels and favour the rare classes."""
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]])
+    ids = torch.tensor([3, 1, 0, 7])
+    tokens = torch.tensor([0, 3, 7, 2])
+    full = ts.drafting_ranks(logits.expand(4, -1), tokens, None)
+    cut = ts.drafting_ranks(logits.expand(4, -1), tokens, ids)
+    assert full.tolist() == [1, 4, 8, 3] and cut.tolist() == [1, 3, 4, 13]
+    labels = torch.tensor([0] * 8 + [1, 1, 3, 2])
+    w = ts.balanced_weights(labels, 4, 0.5)
+    freq = torch.tensor([8, 2, 1, 1]) / 12
+    assert float((w * freq).sum()) == pytest.approx(1.0) and w[0] < w[1] < w[2] == w[3]
+    assert ts.balanced_weights(labels, 4, 0.0).tolist() == pytest.approx([1.0] * 4)
 
 
 # ---------------------------------------------------------------- attention masks by perturbation
@@ -147,7 +171,7 @@ def _recorded_proposal(net: SpecBlock, drafter: SpecBlockDrafter, prompt: torch.
                        ) -> tuple[list[torch.Tensor], rank.BucketTree, list[int]]:
     """Propose once, recording the slot logits of each block forward and the block-2 starts."""
     logits, seen = [], {}
-    heads, starts = net.heads, rank.BucketTree.starts
+    heads, starts = net.draft_heads, rank.BucketTree.starts
 
     def record_heads(hidden: torch.Tensor) -> object:
         out = heads(hidden)
@@ -158,7 +182,7 @@ def _recorded_proposal(net: SpecBlock, drafter: SpecBlockDrafter, prompt: torch.
         seen["tree"], seen["starts"] = self, starts(self, created, count)
         return seen["starts"]
 
-    monkeypatch.setattr(net, "heads", record_heads)
+    monkeypatch.setattr(net, "draft_heads", record_heads)
     monkeypatch.setattr(rank.BucketTree, "starts", record_starts)
     drafter.begin(prompt, target_out, Sampling(), torch.Generator(), 64)
     drafter.propose(16)
@@ -202,12 +226,12 @@ def test_accepted_tokens_become_prefix_rows(target: Transformer) -> None:
     assert drafter.propose(0).size == 1  # nothing drafted: the root waits as a prefix row
     drafter.accept([], int(x[t + 4]), Output(*(r[:, t + 3:t + 4] for r in rows)))
     recorded = []
-    heads = net.heads
-    net.heads = lambda h: recorded.append(heads(h).logits) or heads(h)
+    heads = net.draft_heads
+    net.draft_heads = lambda h: recorded.append(heads(h).logits) or heads(h)
     try:
         drafter.propose(8)
     finally:
-        del net.heads
+        del net.draft_heads
     with torch.no_grad():
         out = unroll(net, x[None], rows.features, torch.tensor([t + 4]), torch.tensor([[0]]))
     assert torch.allclose(out.blocks.logits[0, 0], recorded[0], atol=1e-5)
@@ -330,6 +354,12 @@ def test_training_reduces_the_loss_deterministically(target: Transformer, data, 
     again = ts.train_specblock(target, prepared, tmp_path / "b", tmp_path / "rb", config=config,
                                progress=False)
     assert again["losses"] == record["losses"]
+    # the token order is saved beside it; a reduced vocabulary drafts its first tokens
+    small = ts.SpecBlockTrainConfig(steps=1, starts=4, draft_vocab=12, rank_balance=0.5)
+    cut = ts.train_specblock(target, prepared, tmp_path / "c", tmp_path / "rc", progress=False, config=small)
+    order = json.loads((tmp_path / "c" / "draft_vocab.json").read_text())["ids"]
+    assert sorted(order) == list(range(VOCAB)) and cut["steps_done"] == 1
+    assert load_specblock(tmp_path / "c", target).draft_ids.tolist() == order[:12]
 
 
 def test_prefix_rows_add_their_slot_zero_losses(target: Transformer, data) -> None:
@@ -535,3 +565,4 @@ def test_training_saves_the_drafting_vocabulary_it_was_asked_for(target: Transfo
         assert saved.config.draft_vocab == kept
         if kept:
             assert torch.equal(saved.draft_ids, frequent_targets(prepared, kept, VOCAB))
+

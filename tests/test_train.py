@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.errors import InputError
-from real_engine.drafters.draft_model import load_vocab
+from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Transformer
 from real_engine.training import drafter_data
 from real_engine.training.draft_model import write_token_order

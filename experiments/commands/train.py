@@ -54,8 +54,8 @@ DEFAULT_OUT = {"target": TARGET, "draft-model": DRAFT_MODEL,
 @click.option("--batch-size", type=int, default=None, help="Windows per step (default: the recipe's).")
 @click.option("--on-policy", type=float, default=None,
               help="On-policy data: the share of the training windows that the target continues itself after "
-                   "their first 64 tokens, half greedily, half sampled (draft model and drafters; default 0: "
-                   "corpus text only).")
+                   "their first 64 tokens, half greedily, half sampled (draft model: default 0, corpus text "
+                   "only; feature drafters: default 0.5, their recipe's).")
 @click.option("--size", type=click.Choice(("16m", "5m")), default=None,
               help="The target's shape (target): 16m, the shipped one (384 x 8 layers, the default), or "
                    "5m (256 x 4 layers).")

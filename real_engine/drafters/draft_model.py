@@ -30,7 +30,7 @@ Three shapes of draft:
 - ``paths``: ``paths`` independent chains of length ``depth`` sampled from ``q`` and left unmerged
   (``DraftTree.from_paths``), one batched forward per depth, for RRS, GBV and SeqBV.
 
-With ``vocab`` (token ids, the most frequent first: ``load_vocab`` reads them from the draft model's
+With ``vocab`` (token ids, the most frequent first: ``vocab.load_vocab`` reads them from the draft model's
 folder) every shape drafts only those tokens, as FR-Spec and EAGLE-3 cut a drafter's LM head: on this
 CPU the head over the whole vocabulary is most of the draft model's arithmetic. The laws are zero
 elsewhere, so every verifier stays lossless.
@@ -54,41 +54,18 @@ import torch
 from torch import nn
 
 from core.errors import InputError
-from core.files import MAX_CONFIG_BYTES, read_json
 from core.names import DRAFT_SHAPES
 from real_engine.drafters.base import clock
 from real_engine.drafters.ngram import NgramIndex, lookup_chain
 from real_engine.drafters.trained import deployed_shape
+from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, cut_rows
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
 CHAIN_OPTIONS = ("min_confidence", "staged", "lookup")  # options that only a chain takes
-VOCAB_FILE = "draft_vocab.json"  # in the draft model's folder: {"ids": every token id, most frequent first}
 _NO_HEAD = nn.Identity()  # as the LM head of a forward: its "logits" are the final hidden states
-
-
-def load_vocab(folder: str | Path, count: int) -> torch.Tensor:
-    """The ``count`` most frequent token ids of the draft model in ``folder`` (its ``draft_vocab.json``)."""
-    path = Path(folder) / VOCAB_FILE
-    if not path.is_file():
-        raise InputError(f"no {VOCAB_FILE} in {folder}: a reduced drafting vocabulary needs the draft "
-                         "model's token frequencies (`specblock train draft-model` writes them); drop the "
-                         "vocab option")
-    try:
-        fix = "rewrite it with `specblock train draft-model`"
-        ids = read_json(path, MAX_CONFIG_BYTES, "token order", fix)["ids"]
-        ok = (isinstance(ids, list) and all(isinstance(i, int) and i >= 0 for i in ids)
-              and len(set(ids)) == len(ids))
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise InputError(f"{path} is not a token order ({{\"ids\": [distinct token ids]}}): rewrite it with "
-                         "`specblock train draft-model` or delete it")
-    if not 1 <= count <= len(ids):
-        raise InputError(f"a drafting vocabulary of {count} tokens: give 1 to {len(ids)}")
-    return torch.tensor(ids[:count])
 
 
 class DraftModelDrafter:

@@ -15,7 +15,11 @@ grows the EAGLE-2 dynamic tree (Li et al., arXiv 2406.16858): at each depth the 
 likely frontier nodes by cumulative draft probability each get their ``top_k`` most likely children,
 all frontier nodes in one forward under a tree mask over the drafter's cache; finally the
 ``total_tokens`` most likely nodes are kept (an ancestor-closed set: a child's cumulative probability
-never exceeds its parent's). Candidates are deterministic (child rule ``topk``); ``q`` holds the
+never exceeds its parent's). With ``vocab`` (token ids, the most frequent first: the
+folder's ``draft_vocab.json``, ``vocab.load_vocab``) the head runs on those rows only and every other
+token gets zero probability, as EAGLE-3 drafts; by default it drafts the net's ``draft_ids`` (saved with
+its weights; ``config.json``'s ``draft_vocab`` counts them, 0: all tokens). Candidates are deterministic
+(child rule ``topk``); ``q`` holds the
 warped draft law at each node whose children were kept (zero elsewhere) and ``confidence`` each
 node's probability under its parent's ranking law (the softmax at temperature 0, else ``q``). One
 drafter forward per depth: the queue with the root's pair, then one per expanded frontier. A chain
@@ -40,9 +44,10 @@ from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.trained import train_hint, trained_shape
+from real_engine.drafters.vocab import drafting_vocab
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
-from real_engine.packed import Linear, use_half
+from real_engine.packed import Linear, cut_rows, use_half
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
@@ -70,7 +75,7 @@ class EagleNet(nn.Module):
     """The drafter's own weights: feature map ``fc`` (3H -> H), input fusion (2H -> H), one decoder
     layer, the final norm and, optionally, its own LM head."""
 
-    def __init__(self, args: ModelArgs, own_head: bool = False) -> None:
+    def __init__(self, args: ModelArgs, own_head: bool = False, draft_vocab: int = 0) -> None:
         super().__init__()
         h = args.hidden_size
         self.args = args
@@ -82,6 +87,28 @@ class EagleNet(nn.Module):
         self.norm = RMSNorm(h, args.rms_norm_eps)
         self.lm_head = Linear(h, args.vocab_size, bias=False) if own_head else None
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+        if draft_vocab:  # the tokens drafted by default (``with_draft_ids`` sets them)
+            self.register_buffer("draft_ids", torch.arange(draft_vocab))
+
+    @property
+    def draft_vocab(self) -> int:
+        """How many tokens the net drafts by default (0: all)."""
+        ids = getattr(self, "draft_ids", None)
+        return 0 if ids is None else ids.numel()
+
+    def with_draft_ids(self, ids: torch.Tensor | None) -> EagleNet:
+        """This net drafting only ``ids`` by default (distinct token ids, the most frequent first; None:
+        every token)."""
+        v = self.args.vocab_size
+        if ids is None:
+            self._buffers.pop("draft_ids", None)
+            return self
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.ndim != 1 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= v:
+            raise InputError(f"drafting vocabulary: give distinct token ids below {v}")
+        self._buffers.pop("draft_ids", None)
+        self.register_buffer("draft_ids", ids.to(self.fuse.weight.device))
+        return self
 
     def forward(self, cond: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
                 cache: Any, mask: torch.Tensor) -> torch.Tensor:
@@ -111,13 +138,15 @@ def new_eagle(target: Transformer, own_head: bool = False, seed: int = 0) -> Eag
 
 def save_eagle(net: EagleNet, folder: str | Path, shape: TreeShape = TreeShape(),
                dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``model.safetensors`` (the drafter's own weights, in ``dtype``) and ``config.json``."""
+    """Write ``model.safetensors`` (the drafter's own weights in ``dtype``, its default drafting tokens)
+    and ``config.json`` (with the tree shape and how many tokens it drafts by default, 0: all)."""
 
     folder = Path(folder)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in net.state_dict().items()}
     atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     config = {"drafter": "eagle", "own_head": net.lm_head is not None, "tree": dataclasses.asdict(shape),
-              "layer": net.args.to_hf()}
+              "draft_vocab": net.draft_vocab, "layer": net.args.to_hf()}
     write_json(folder / "config.json", config)
     return folder
 
@@ -131,7 +160,8 @@ def load_eagle(folder: str | Path, target: Transformer) -> tuple[EagleNet, TreeS
         args = ModelArgs.from_hf(config["layer"])
         shape = TreeShape(**config["tree"])
         own_head = bool(config["own_head"])
-    except (KeyError, TypeError) as exc:
+        draft_vocab = int(config.get("draft_vocab", 0))
+    except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{folder} holds no valid EAGLE config.json ({exc}): train one with "
                          "`specblock train eagle`") from exc
     if (args.hidden_size, args.vocab_size) != (target.args.hidden_size, target.args.vocab_size):
@@ -141,7 +171,7 @@ def load_eagle(folder: str | Path, target: Transformer) -> tuple[EagleNet, TreeS
         state = load_file(str(folder / "model.safetensors"))
     except (SafetensorError, OSError) as exc:
         raise InputError(f"cannot read {folder}/model.safetensors ({exc}): re-save or retrain it") from exc
-    net = EagleNet(args, own_head)
+    net = EagleNet(args, own_head, draft_vocab)
     missing, unexpected = net.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(f"{folder}/model.safetensors does not match its config (missing {missing[:2]}, "
@@ -151,13 +181,22 @@ def load_eagle(folder: str | Path, target: Transformer) -> tuple[EagleNet, TreeS
 
 
 class EagleDrafter:
-    """Drafts an EAGLE-2 dynamic tree with an :class:`EagleNet` over ``target``'s features."""
+    """Drafts an EAGLE-2 dynamic tree with an :class:`EagleNet` over ``target``'s features, from the
+    tokens ``vocab`` only when given."""
 
-    def __init__(self, net: EagleNet, target: Transformer, shape: TreeShape = TreeShape()) -> None:
-        if net.args.hidden_size != target.args.hidden_size or net.args.vocab_size != target.args.vocab_size:
+    def __init__(self, net: EagleNet, target: Transformer, shape: TreeShape = TreeShape(),
+                 vocab: torch.Tensor | None = None) -> None:
+        v = net.args.vocab_size
+        if net.args.hidden_size != target.args.hidden_size or v != target.args.vocab_size:
             raise InputError("the EAGLE drafter's hidden size or vocabulary differs from the target's: "
                              "train a drafter for this target")
+        if vocab is not None and (vocab.ndim != 1 or vocab.numel() == 0 or int(vocab.min()) < 0
+                                  or int(vocab.max()) >= v or vocab.unique().numel() != vocab.numel()):
+            raise InputError(f"drafting vocabulary: give distinct token ids below {v}")
         self.net, self.target, self.shape = net, target, shape
+        vocab = getattr(net, "draft_ids", None) if vocab is None else vocab
+        self.vocab = None if vocab is None or vocab.numel() == v else vocab.to(target.lm_head.weight.device)
+        self._head: nn.Module = target.lm_head  # cut to ``vocab`` at each ``begin`` (follows the weights)
         self.device = target.lm_head.weight.device
         self.model_seconds = 0.0
         self._queue_cond = torch.zeros(0, 3 * net.args.hidden_size, device=self.device)
@@ -177,6 +216,8 @@ class EagleDrafter:
         self.cache = KVCache(1, 1, a.num_key_value_heads, a.head_dim, max_length + slots + 1, w.dtype,
                              w.device)
         self.sampling, self.generator = sampling, generator
+        head = self.net.lm_head if self.net.lm_head is not None else self.target.lm_head
+        self._head = head if self.vocab is None else cut_rows(head, self.vocab)
         self._queue_cond = target.features[0]
         self._queue_tokens = prompt[1:].tolist()
         self.root = int(prompt[-1])
@@ -191,7 +232,10 @@ class EagleDrafter:
             cond = self.net.fc(cond)
         embeds = self.target.model.embed_tokens(torch.tensor(tokens, device=self.device))
         hidden = self.net(cond[None], embeds[None], positions, self.cache, mask)[0]
-        logits = self.net.logits(hidden, self.target.lm_head)
+        logits = self._head(self.net.norm(hidden))
+        if self.vocab is not None:  # -inf outside the drafting vocabulary: zero probability there
+            full = logits.new_full((logits.shape[0], self.net.args.vocab_size), float("-inf"))
+            logits = full.index_copy_(1, self.vocab, logits)
         self.cache.commit()
         self.model_seconds += clock(self.device) - start
         return hidden, logits
@@ -260,21 +304,24 @@ class EagleDrafter:
 
 
 def eagle_drafter(folder: str | Path, target: Transformer, depth: int | None = None, top_k: int | None = None,
-                  total_tokens: int | None = None) -> EagleDrafter:
-    """The drafter saved in ``folder``, with its saved tree shape unless overridden."""
+                  total_tokens: int | None = None, vocab: int | None = None) -> EagleDrafter:
+    """The drafter saved in ``folder``, with its saved tree shape and drafting vocabulary unless
+    overridden (``vocab``: draft the folder's ``vocab`` most frequent tokens; the vocabulary's size: all)."""
     net, shape = load_eagle(folder, target)
     overrides = {"depth": depth, "top_k": top_k, "total_tokens": total_tokens}
     shape = dataclasses.replace(shape, **{k: v for k, v in overrides.items() if v is not None})
-    return EagleDrafter(net, target, shape)
+    return EagleDrafter(net, target, shape, drafting_vocab(folder, "eagle", net.args.vocab_size, vocab))
 
 
 def build_eagle(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
-                depth: int | None = None, width: int | None = None, budget: int | None = None
-                ) -> EagleDrafter:
+                depth: int | None = None, width: int | None = None, budget: int | None = None,
+                vocab: int | None = None) -> EagleDrafter:
     """The ``eagle`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
     ``data/models/eagle``): a dynamic tree ``depth`` deep, ``width`` the top-k (children per node and
-    frontier width), ``budget`` tokens in all; options not given keep the deployed shape (``deployed``),
-    else the saved tree shape."""
-    folder, shape = trained_shape("eagle", folder, deployed, depth=depth, width=width, budget=budget)
+    frontier width), ``budget`` tokens in all, drafting the ``vocab`` most frequent tokens; options not
+    given keep the deployed shape (``deployed``), else the saved tree shape and vocabulary."""
+    folder, shape = trained_shape("eagle", folder, deployed, depth=depth, width=width, budget=budget,
+                                  vocab=vocab)
     with train_hint("eagle"):
-        return eagle_drafter(folder, target, shape.get("depth"), shape.get("width"), shape.get("budget"))
+        return eagle_drafter(folder, target, shape.get("depth"), shape.get("width"), shape.get("budget"),
+                             shape.get("vocab"))

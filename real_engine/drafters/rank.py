@@ -56,6 +56,15 @@ def bucket_of(ranks: torch.Tensor, edges: tuple[int, ...] = EDGES) -> torch.Tens
     return torch.bucketize(ranks, torch.tensor(edges, device=ranks.device), right=False)
 
 
+def rank_belief(rank: int, probs: list[float], edges: tuple[int, ...] = EDGES) -> float:
+    """``P(the target's token ranks rank)`` from a slot's bucket probabilities ``probs``: its bucket's
+    probability over the bucket's ranks (1, 3 and 6 for the default edges; 0 past the last edge)."""
+    bucket = next((b for b, edge in enumerate(edges) if rank <= edge), len(edges))
+    if bucket == len(edges):
+        return 0.0
+    return probs[bucket] / (edges[bucket] - (edges[bucket - 1] if bucket else 0))
+
+
 class RankHead(nn.Module):
     """A two-layer MLP from (detached hidden, detached 15-number summary) to bucket logits."""
 
@@ -77,9 +86,12 @@ class BucketTree:
     ``children[bucket_k]`` tokens of its law as children of the current chain node, and the most
     likely child becomes the chain node for slot ``k + 1``; the other children are side branches.
     A bucket with 0 children marks the chain node *stopped* and ends the block. Node scores are path
-    log-probabilities under the draft (temperature 1). The next block's start positions are the
-    best-scoring leaves of the block just drafted (chain ends and side branches) that are neither
-    stopped nor at the depth cap; :meth:`build` keeps the ``budget`` best nodes.
+    log-probabilities under the draft (temperature 1). The rank head chooses the next block's starts
+    (the paper's rule): each node carries the rank head's belief that its path is the target's, the
+    product over the path of ``P(the target's token has the child's rank)``, its slot's bucket
+    probability shared evenly over the ranks of that bucket (:func:`rank_belief`); the starts are the
+    leaves of the block just drafted (chain ends and side branches) with the highest belief that are
+    neither stopped nor at the depth cap. :meth:`build` keeps the ``budget`` best nodes by score.
     """
 
     def __init__(self, root: int, max_depth: int, children: tuple[int, ...] = CHILDREN) -> None:
@@ -87,15 +99,18 @@ class BucketTree:
         self.tokens, self.parents, self.scores, self.depths = [root], [-1], [0.0], [0]
         self.origin = [-1]  # the slot whose law drafted each node (-1: the root)
         self.buckets = [-1]  # the bucket that slot predicted (-1: the root)
+        self.beliefs = [1.0]  # the rank head's belief that the path to each node is the target's
         self.expanded_by: dict[int, int] = {}  # node -> the slot whose law drafted its children
         self.stopped: set[int] = set()
 
     def extend(self, node: int, slots: list[int], buckets: list[int], top_logp: list[list[float]],
-               top_ids: list[list[int]]) -> list[int]:
+               top_ids: list[list[int]], probs: list[list[float]] | None = None) -> list[int]:
         """Run one block's slots from ``node``; ``top_logp``/``top_ids`` hold each slot's best tokens in
-        decreasing order (at least ``max(children)``). Returns the nodes created."""
+        decreasing order (at least ``max(children)``), ``probs`` each slot's bucket probabilities (default:
+        certain of its bucket). Returns the nodes created."""
         created = []
-        for slot, bucket, logps, ids in zip(slots, buckets, top_logp, top_ids, strict=True):
+        probs = probs or [[float(b == i) for i in range(len(self.children))] for b in buckets]
+        for slot, bucket, logps, ids, p in zip(slots, buckets, top_logp, top_ids, probs, strict=True):
             count = self.children[bucket]
             if self.depths[node] >= self.max_depth:
                 break
@@ -104,8 +119,9 @@ class BucketTree:
                 break
             self.expanded_by[node] = slot
             first = len(self.tokens)
-            for logp, tok in zip(logps[:count], ids[:count], strict=True):
+            for rank, (logp, tok) in enumerate(zip(logps[:count], ids[:count], strict=True), start=1):
                 created.append(len(self.tokens))
+                self.beliefs.append(self.beliefs[node] * rank_belief(rank, p))
                 self.tokens.append(tok)
                 self.parents.append(node)
                 self.scores.append(self.scores[node] + logp)
@@ -116,12 +132,12 @@ class BucketTree:
         return created
 
     def starts(self, created: list[int], count: int) -> list[int]:
-        """Up to ``count`` start nodes for the next block: the best-scoring leaves among ``created``
-        that are not stopped and not at the depth cap."""
+        """Up to ``count`` start nodes for the next block: the leaves among ``created`` that are not
+        stopped and not at the depth cap, by the rank head's belief (ties: score, then index)."""
         expanded = set(self.expanded_by)
         leaves = [n for n in created if n not in expanded and n not in self.stopped
                   and self.depths[n] < self.max_depth]
-        return sorted(leaves, key=lambda n: (-self.scores[n], n))[:count]
+        return sorted(leaves, key=lambda n: (-self.beliefs[n], -self.scores[n], n))[:count]
 
     def path(self, node: int) -> list[int]:
         """The nodes from depth 1 down to ``node``."""

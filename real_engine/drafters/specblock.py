@@ -53,6 +53,7 @@ from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.rank import CHILDREN, EDGES, BucketTree, RankHead
 from real_engine.drafters.trained import train_hint, trained_shape
+from real_engine.drafters.vocab import drafting_vocab
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
 from real_engine.packed import Linear, cut_rows, use_half
@@ -83,9 +84,14 @@ class SpecBlockConfig:
     rank_width: int = 128
     edges: tuple[int, ...] = field(default=EDGES)
     draft_vocab: int = 0  # tokens drafting may propose (``SpecBlock.draft_ids``); 0: the whole vocabulary
+    bucket_bias: tuple[float, ...] = ()  # added to the rank head's scores in drafting (calibrated); (): none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "edges", tuple(self.edges))
+        object.__setattr__(self, "bucket_bias", tuple(float(b) for b in self.bucket_bias))
+        if self.bucket_bias and len(self.bucket_bias) != len(self.edges) + 1:
+            raise InputError(f"bucket bias {self.bucket_bias}: give one offset per rank bucket "
+                             f"({len(self.edges) + 1}) or none")
         if self.num_layers < 1 or self.block_size < 1:
             raise InputError("a SpecBlock drafter needs at least 1 layer and a block size of at least 1")
         if self.vocab_size < 10:
@@ -125,21 +131,6 @@ class SpecBlockConfig:
                          head_dim=self.head_dim, model_type=self.model_type, rms_norm_eps=self.rms_norm_eps,
                          rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
                          max_position_embeddings=self.max_position_embeddings)
-
-
-class GrowingCache:
-    """Keys and values grown by concatenation: autograd-safe, for training's unrolled blocks."""
-
-    def __init__(self) -> None:
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k, v`` ([B, H, T, D]) to ``layer``'s; return all of them."""
-        if layer in self.k:
-            k, v = torch.cat((self.k[layer], k), dim=2), torch.cat((self.v[layer], v), dim=2)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
 
 
 class Heads(NamedTuple):
@@ -208,12 +199,13 @@ class SpecBlock(nn.Module):
         return self.cond(features.to(self.cond.weight.dtype))
 
     def forward(self, x: torch.Tensor, shift_from: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | GrowingCache | None = None) -> torch.Tensor:
+                cache: Any = None) -> torch.Tensor:
         """Last-layer states (before the final norm) of rows ``x`` ([B, R, H]).
 
         ``shift_from[i]`` is the row whose previous-layer state row ``i`` fuses at each layer
         transition (``i`` itself for slot 0 and prefix rows); ``positions`` ([R]) are RoPE positions;
-        ``mask`` ([R, keys] bool) says which cached keys, then which of these rows, a row attends to.
+        ``mask`` ([R, keys] bool) says which cached keys, then which of these rows, a row attends to;
+        ``cache`` is a ``KVCache`` or anything with its ``write`` (training's ``unroll.GrowingCache``).
         """
         cos, sin = rope(self.inv_freq, positions, x.dtype)
         for i, layer in enumerate(self.layers):
@@ -230,12 +222,14 @@ class SpecBlock(nn.Module):
 
     def draft_heads(self, hidden: torch.Tensor) -> Heads:
         """``heads`` over the drafting vocabulary: logits [..., draft_vocab] of the tokens ``draft_ids``
-        (all tokens when ``config.draft_vocab`` is 0); the rank head sees the law over them."""
-        if not self.config.draft_vocab:
-            return self.heads(hidden)
+        (all tokens when ``config.draft_vocab`` is 0); the rank head sees the law over them, and its
+        scores get the calibrated ``config.bucket_bias``."""
         normed = self.norm(hidden)
-        logits = self._draft_head()(normed)
-        return Heads(logits, self.rank_head(normed, logits))
+        logits = self._draft_head()(normed) if self.config.draft_vocab else self.lm_head(normed)
+        scores = self.rank_head(normed, logits)
+        if self.config.bucket_bias:
+            scores = scores + torch.tensor(self.config.bucket_bias, dtype=scores.dtype, device=scores.device)
+        return Heads(logits, scores)
 
     def _draft_head(self) -> Linear:
         """The LM head cut to the ``draft_ids`` rows, cut again whenever the head's weight changes."""
@@ -265,77 +259,10 @@ def with_draft_vocab(net: SpecBlock, ids: torch.Tensor | None) -> SpecBlock:
     return net
 
 
-def _causal_blocks(groups: int, size: int, device: torch.device) -> torch.Tensor:
+def causal_blocks(groups: int, size: int, device: torch.device) -> torch.Tensor:
     """[groups * size, groups * size] bool: causal inside each group of rows, nothing across."""
     tril = torch.ones(size, size, dtype=torch.bool, device=device).tril()
     return torch.block_diag(*[tril] * groups) if groups else tril[:0, :0]
-
-
-class Unrolled(NamedTuple):
-    """Training forward of M blocks at P start positions per sequence (see :func:`unroll`)."""
-
-    blocks: Heads  # [B, M, P, K, ...]; block 1's slot 0 is the prefix row at its start
-    positions: torch.Tensor  # [M, P, K] sequence position of each block row (it predicts position + 1)
-    prefix: torch.Tensor  # [B, T, H] last-layer states of the prefix rows (row t: slot 0 of a block at t)
-
-
-def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts: torch.Tensor,
-           start_slots: torch.Tensor) -> Unrolled:
-    """Run the drafter as inference does, on a whole training sequence at once.
-
-    ``tokens`` [B, T], ``features`` [B, T, 3 H_target] (the target's, row ``t`` after token ``t``);
-    ``starts`` [P] the positions where block 1 starts; ``start_slots`` [M - 1, P]: block ``m + 1``
-    starts at slot ``start_slots[m]`` of block ``m``, whose state conditions it, on the token that slot
-    predicts (the sequence's). One forward for the prefix rows and block 1, one per later block;
-    the heads run on block rows only.
-    """
-    b, t = tokens.shape
-    k, p, m = net.config.block_size, starts.numel(), start_slots.shape[0] + 1
-    dev = tokens.device
-    arange_t, slots = torch.arange(t, device=dev), torch.arange(k, device=dev)
-    cond = torch.cat((features.new_zeros(b, 1, features.shape[-1]), features[:, :-1]), dim=1)
-    cond = net.condition(cond)  # [B, T, H]
-    # Forward 1: T prefix rows, then slots 1..K-1 of block 1 at each start.
-    extra = p * (k - 1)
-    x = torch.cat((net.inputs(cond, tokens, torch.zeros_like(tokens)),
-                   net.inputs(cond[:, starts].repeat_interleave(k - 1, 1),
-                              tokens[:, starts].repeat_interleave(k - 1, 1),
-                              slots[1:].repeat(p).expand(b, -1))),
-                  dim=1)
-    # Row index of block 1's slot j at start i: the prefix row for j = 0.
-    rows = torch.cat((starts[:, None], t + torch.arange(extra, device=dev).view(p, k - 1)), dim=1)
-    shift_from = torch.cat((arange_t, rows[:, :-1].reshape(-1)))
-    positions = (starts[:, None] + slots).view(p, k)
-    seen = arange_t[None] <= starts[:, None]  # [P, T] the prefix each start sees
-    mask = torch.zeros(t + extra, t + extra, dtype=torch.bool, device=dev)
-    mask[:t, :t] = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-    mask[t:, :t] = seen.repeat_interleave(k - 1, 0)
-    mask[t:, t:] = _causal_blocks(p, k - 1, dev)
-    cache = GrowingCache()
-    first = net(x, shift_from, torch.cat((arange_t, positions[:, 1:].reshape(-1))), mask, cache)
-    states, block_rows, all_positions = [first[:, rows]], [rows], [positions]
-    path = torch.cat((seen, torch.zeros(p, extra, dtype=torch.bool, device=dev)), dim=1)  # [P, keys so far]
-    total = t + extra
-    for block in range(1, m):
-        s = start_slots[block - 1]
-        chosen = torch.arange(p, device=dev)
-        # This block sees the previous one's slots 0..s on top of what that one saw.
-        path[chosen[:, None], block_rows[-1]] |= slots[None] <= s[:, None]
-        base = all_positions[-1][chosen, s] + 1  # [P] position of the start token
-        tok = tokens[:, base.clamp(max=t - 1)]
-        x = net.inputs(states[-1][:, chosen, s].repeat_interleave(k, 1), tok.repeat_interleave(k, 1),
-                       slots.repeat(p).expand(b, -1))
-        own = torch.arange(p * k, device=dev).view(p, k)
-        shift_from = torch.cat((own[:, :1], own[:, :-1]), dim=1).reshape(-1)
-        positions = base[:, None] + slots
-        mask = torch.cat((path.repeat_interleave(k, 0), _causal_blocks(p, k, dev)), dim=1)
-        hidden = net(x, shift_from, positions.reshape(-1), mask, cache)
-        states.append(hidden.view(b, p, k, -1))
-        block_rows.append(total + own)
-        all_positions.append(positions)
-        path = torch.cat((path, torch.zeros(p, p * k, dtype=torch.bool, device=dev)), dim=1)
-        total += p * k
-    return Unrolled(net.heads(torch.stack(states, dim=1)), torch.stack(all_positions), first[:, :t])
 
 
 Laws = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a forward's slots: q, confidence law, log-law
@@ -404,10 +331,12 @@ class SpecBlockDrafter:
         self.model_seconds += clock(self.device) - start
         return hidden
 
-    def _heads(self, hidden: torch.Tensor) -> tuple[Laws, list[int], list[list[float]], list[list[int]]]:
+    def _heads(self, hidden: torch.Tensor) -> tuple[Laws, list[int], list[list[float]], list[list[float]],
+                                                    list[list[int]]]:
         """Laws over the drafting vocabulary (the warped ``q``, the confidence law: the plain softmax at
-        temperature 0, else ``q``, and the log-law), buckets and the candidate tokens of slot rows with
-        their log-probabilities: the best ones, or one draw from ``q`` for a sampled chain (one host sync)."""
+        temperature 0, else ``q``, and the log-law), buckets and their probabilities, and the candidate
+        tokens of slot rows with their log-probabilities: the best ones, or one draw from ``q`` for a
+        sampled chain (one host sync)."""
         start = clock(self.device)
         logits, buckets = self.net.draft_heads(hidden)
         logp = logits.float().log_softmax(-1)
@@ -419,7 +348,8 @@ class SpecBlockDrafter:
             top = logp.topk(min(max(self.children), logits.shape[-1]), dim=-1)
         own = logp.exp() if self.sampling.greedy else laws
         ids = top[1] if not self.net.config.draft_vocab else self.net.draft_ids[top[1]]
-        out = (laws, own, logp), buckets.argmax(-1).tolist(), top[0].tolist(), ids.tolist()
+        probs = buckets.float().softmax(-1)
+        out = (laws, own, logp), probs.argmax(-1).tolist(), probs.tolist(), top[0].tolist(), ids.tolist()
         self.model_seconds += clock(self.device) - start
         return out
 
@@ -460,11 +390,11 @@ class SpecBlockDrafter:
         # Every slot run in this proposal, by global slot id: its cache row and last-layer state.
         cache_rows = [root_position, *range(self._base, self._base + width - 1)]
         states = [hidden]
-        laws, buckets, logps, ids = self._heads(hidden)
+        laws, buckets, probs, logps, ids = self._heads(hidden)
         all_laws = [laws]
         tree = BucketTree(root, max_depth, self.children)
         block_slots = {0: 0}
-        created = tree.extend(0, list(range(width)), buckets, logps, ids)
+        created = tree.extend(0, list(range(width)), buckets, logps, ids, probs)
         counts = []  # start nodes of each later block that ran
         for _ in range(1, self.blocks):
             starts = tree.starts(created, self.starts)
@@ -500,7 +430,7 @@ class SpecBlockDrafter:
         for i, u in enumerate(starts):
             seen = [cache_rows[tree.origin[a]] for a in tree.path(u)]
             mask[i * k:(i + 1) * k, seen] = True
-        mask[:, length:] = _causal_blocks(s, k, dev)
+        mask[:, length:] = causal_blocks(s, k, dev)
         own = torch.arange(s * k, device=dev).view(s, k)
         shift_from = torch.cat((own[:, :1], own[:, :-1]), dim=1).reshape(-1)
         depth = torch.tensor([tree.depths[u] for u in starts], device=dev)
@@ -509,13 +439,13 @@ class SpecBlockDrafter:
         first = len(cache_rows)
         cache_rows.extend(range(length, length + s * k))
         states.append(hidden)
-        laws, buckets, logps, ids = self._heads(hidden)
+        laws, buckets, probs, logps, ids = self._heads(hidden)
         all_laws.append(laws)
         created = []
         for i, u in enumerate(starts):
             part = slice(i * k, (i + 1) * k)
             created += tree.extend(u, list(range(first + i * k, first + (i + 1) * k)), buckets[part],
-                                   logps[part], ids[part])
+                                   logps[part], ids[part], probs[part])
         return created
 
     def accept(self, path: Sequence[int], token: int, target: Output) -> None:
@@ -586,15 +516,21 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
 
 
 def build_specblock(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool,
-                    *, blocks: int | None = None, budget: int | None = None, width: int | None = None
-                    ) -> SpecBlockDrafter:
+                    *, blocks: int | None = None, budget: int | None = None, width: int | None = None,
+                    vocab: int | None = None) -> SpecBlockDrafter:
     """The ``specblock`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
     ``data/models/specblock``): ``blocks`` block forwards (M), ``budget`` drafted nodes, ``width``
-    children per node at most (1 drafts a chain that still stops where the rank head gives up); options
-    not given keep the deployed shape (``deployed``), else the trained settings."""
-    folder, shape = trained_shape("specblock", folder, deployed, blocks=blocks, budget=budget, width=width)
+    children per node at most (1 drafts a chain that still stops where the rank head gives up), drafting
+    the folder's ``vocab`` most frequent tokens (the vocabulary's size: all); options not given keep
+    the deployed shape (``deployed``), else the trained settings."""
+    folder, shape = trained_shape("specblock", folder, deployed, blocks=blocks, budget=budget, width=width,
+                                  vocab=vocab)
     options: dict[str, Any] = {k: shape[k] for k in ("blocks", "budget") if k in shape}
     if "width" in shape:
         options["children"] = tuple(min(c, shape["width"]) for c in CHILDREN)
     with train_hint("specblock"):
-        return SpecBlockDrafter(load_specblock(folder, target), **options)
+        net = load_specblock(folder, target)
+        ids = drafting_vocab(folder, "specblock", net.config.vocab_size, shape.get("vocab"))
+        if ids is not None:
+            net = with_draft_vocab(net, None if ids.numel() == net.config.vocab_size else ids)
+        return SpecBlockDrafter(net, **options)

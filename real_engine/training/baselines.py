@@ -43,8 +43,14 @@ from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.eagle import EagleNet, TreeShape, load_eagle, new_eagle, save_eagle
 from real_engine.drafters.medusa import MedusaNet, choose_tree, load_medusa, new_medusa, save_medusa
+from real_engine.drafters.vocab import write_vocab
 from real_engine.model import Transformer
-from real_engine.training.drafter_data import DrafterData, open_drafter_data, target_fingerprint
+from real_engine.training.drafter_data import (
+    DrafterData,
+    frequent_targets,
+    open_drafter_data,
+    target_fingerprint,
+)
 from real_engine.training.progress import progress_bar
 from real_engine.training.specblock import draft_kl
 
@@ -245,14 +251,18 @@ def _open(target: Transformer, data: str | Path | DrafterData) -> DrafterData:
 
 
 def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | Path, *,
-                config: BaselineConfig = BaselineConfig(), unroll: int = 4, own_head: bool = False,
+                config: BaselineConfig = BaselineConfig(), unroll: int | None = None, own_head: bool = False,
                 tree: TreeShape | None = None, checkpoint: str | Path | None = None, resume: bool = False,
                 minutes: float | None = None, progress: bool = True,
-                init: str | Path | None = None) -> dict[str, Any]:
+                init: str | Path | None = None, draft_vocab: int = 0) -> dict[str, Any]:
     """Train an EAGLE-style drafter for the frozen ``target`` on prepared ``data`` with ``unroll``
-    training-time-test steps; write it (with ``tree`` as its default tree shape) and
-    ``training.json`` to ``out``. Returns the training record. ``init`` warm-starts from a saved
-    drafter (its head choice wins over ``own_head``) with a fresh optimizer and schedule."""
+    training-time-test steps (default: as deep as ``tree`` drafts); write it (with ``tree`` as its
+    default tree shape, drafting the ``draft_vocab`` tokens the target predicts most often over the
+    data, 0: all), its token order and ``training.json`` to ``out``. Returns the training record.
+    ``init`` warm-starts from a saved drafter (its head choice wins over ``own_head``) with a fresh
+    optimizer and schedule. Training scores the whole vocabulary, as SpecBlock's does."""
+    tree = tree or TreeShape()
+    unroll = tree.depth if unroll is None else unroll
     if unroll < 1:
         raise InputError(f"unroll is {unroll}: give at least 1 training-time-test step")
     data, out = _open(target, data), Path(out)
@@ -260,12 +270,19 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
     net = new_eagle(target, own_head, config.seed) if init is None else load_eagle(init, target)[0]
     net = net.float()
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
-              "drafter": {"kind": "eagle", "unroll": unroll, "own_head": net.lm_head is not None},
+              "drafter": {"kind": "eagle", "unroll": unroll, "own_head": net.lm_head is not None,
+                          "draft_vocab": draft_vocab},
               **({} if init is None else {"init_from": str(init)})}
     record = _fit(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored), data, config, record,
                   Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
                   minutes)
-    save_eagle(net, out, tree or TreeShape())
+    v = net.args.vocab_size
+    order = frequent_targets(data, v, v)
+    net.with_draft_ids(order[:draft_vocab] if 0 < draft_vocab < v else None)
+    save_eagle(net, out, tree)
+    write_vocab(out, order, {"source": "the target's top token over the training data, then the input "
+                                       "tokens' counts (training.drafter_data.frequent_targets)",
+                             "data": asdict(data.meta)})
     write_json(out / "training.json", record)
     return record
 

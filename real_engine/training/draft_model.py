@@ -11,9 +11,8 @@ import numpy as np
 import torch
 
 from core.errors import InputError
-from core.files import write_json
 from core.paths import CORPUS_MANIFEST, TOKENIZER
-from real_engine.drafters.draft_model import VOCAB_FILE
+from real_engine.drafters.vocab import write_vocab
 from real_engine.model import Transformer, load_model
 from real_engine.training import corpus
 from real_engine.training.drafter_data import rank_tokens
@@ -57,7 +56,7 @@ def write_token_order(folder: Path, target: Transformer, windows: int = 1920, se
     """Write ``folder/draft_vocab.json``: every token id by how often ``target`` predicts it (its top
     token) over ``windows`` seeded training windows, then by its count over the training splits of all
     corpus domains, then by id. A reduced drafting vocabulary takes its most frequent tokens from this
-    order (``drafters.draft_model.load_vocab``), as SpecBlock's takes the target's top tokens."""
+    order (``drafters.vocab.load_vocab``), as SpecBlock's takes the target's top tokens."""
     v = target.args.vocab_size
     stream = training_stream()
     counts = np.bincount(stream, minlength=v)
@@ -69,8 +68,8 @@ def write_token_order(folder: Path, target: Transformer, windows: int = 1920, se
             batch = data.batch(start, min(16, windows - start))[:, :-1]
             top += torch.bincount(target(batch).logits.argmax(-1).flatten(), minlength=v)
     order = rank_tokens(top, torch.from_numpy(counts.astype(np.int64)))
-    return write_json(Path(folder) / VOCAB_FILE, {
-        "ids": order.tolist(), "windows": windows, "seq_len": seq_len, "seed": seed,
+    return write_vocab(folder, order, {
+        "windows": windows, "seq_len": seq_len, "seed": seed,
         "source": "the target's top token over seeded training windows, then token counts over the "
                   "training split of every corpus domain",
         "corpus_sha256": json.loads(CORPUS_MANIFEST.read_text())["sha256"]})

@@ -17,9 +17,11 @@ from typing import Any
 import torch
 
 from core.errors import InputError
+from core.files import write_json
 from core.names import DOMAINS
 from core.paths import DRAFTER_DATA
 from real_engine.decode import make_drafter
+from real_engine.drafters.eagle import TreeShape
 from real_engine.model import Transformer, load_model
 from real_engine.training.baselines import BaselineConfig, train_eagle, train_medusa
 from real_engine.training.drafter_data import (
@@ -28,16 +30,25 @@ from real_engine.training.drafter_data import (
     target_fingerprint,
     training_windows,
 )
+from real_engine.training.rank_calibration import calibrate_specblock
 from real_engine.training.specblock import SpecBlockTrainConfig, train_from_corpus
 from real_engine.training.windows import heldout_windows
 
+# SpecBlock and EAGLE-style train alike (issue 31): the same windows, steps, batches, schedule and warm
+# start (a fresh drafter on the target's embeddings and head), both drafting the DRAFT_VOCAB tokens the
+# target predicts most often, trained as deep as they draft: SpecBlock's M = 2 blocks of K = 4, EAGLE's
+# training-time test unrolled over its 8-deep tree, both keeping 32 nodes.
+DRAFT_VOCAB = 2048
+FEATURE_STEPS = 1500
 RECIPES: dict[str, SpecBlockTrainConfig | BaselineConfig] = {
-    "specblock": SpecBlockTrainConfig(steps=2000, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
-                             draft_vocab=2048, checkpoint_every=20),
-    "eagle": BaselineConfig(steps=1000, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
+    "specblock": SpecBlockTrainConfig(steps=FEATURE_STEPS, batch_size=4, lr=2e-3, starts=48,
+                                      prefix_weight=1.0, draft_vocab=DRAFT_VOCAB, rank_balance=0.5,
+                                      checkpoint_every=20),
+    "eagle": BaselineConfig(steps=FEATURE_STEPS, batch_size=4, lr=2e-3, warmup=0.015, checkpoint_every=20,
+                            scored=64),
     "medusa": BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
 }
-EAGLE_UNROLL = 3  # training-time-test steps
+EAGLE_TREE = TreeShape(depth=8, top_k=4, total_tokens=32)  # unrolled as deep in training
 MEDUSA_HEADS, MEDUSA_TREE = 4, 24  # heads and static-tree nodes
 
 
@@ -49,7 +60,7 @@ class DataRecipe:
     seq_len: int = 256
     top_k: int = 32
     heldout: int = 32  # Medusa's calibration windows, spread over the domains
-    on_policy: float = 0.0  # share of the training windows that the target continues itself
+    on_policy: float = 0.5  # share of the training windows that the target continues itself
 
 
 def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split: str = "train", seed: int = 0,
@@ -83,14 +94,21 @@ def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: s
     if init is not None:  # a wrong warm start fails before minutes of the target's rows are computed
         make_drafter(kind, target, folder=init, deployed=False)
     if kind == "specblock":
-        return train_from_corpus(target, out, run_dir, data_dir, sequences=recipe.sequences,
-                                 seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
-                                 resume=resume, minutes=minutes, progress=progress, init=init,
-                                 on_policy=recipe.on_policy)
+        record = train_from_corpus(target, out, run_dir, data_dir, sequences=recipe.sequences,
+                                   seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
+                                   resume=resume, minutes=minutes, progress=progress, init=init,
+                                   on_policy=recipe.on_policy)
+        if record["steps_done"] < config.steps:  # stopped by ``minutes``: calibrate once it is done
+            return record
+        heldout = prepare_data(target, recipe, Path(data_dir), "heldout", progress=progress)
+        record["rank_calibration"] = calibrate_specblock(target, out, heldout, seed=config.seed)
+        write_json(Path(out) / "training.json", record)
+        return record
     data = prepare_data(target, recipe, Path(data_dir), seed=config.seed, progress=progress)
     if kind == "eagle":
-        return train_eagle(target, data, out, config=config, unroll=EAGLE_UNROLL, checkpoint=run_dir,
-                           resume=resume, minutes=minutes, progress=progress, init=init)
+        return train_eagle(target, data, out, config=config, tree=EAGLE_TREE, checkpoint=run_dir,
+                           resume=resume, minutes=minutes, progress=progress, init=init,
+                           draft_vocab=DRAFT_VOCAB)
     heldout = prepare_data(target, recipe, Path(data_dir), "heldout", progress=progress)
     return train_medusa(target, data, heldout, out, config=config, heads=MEDUSA_HEADS, own_heads=False,
                         tree_budget=MEDUSA_TREE, checkpoint=run_dir, resume=resume, minutes=minutes,

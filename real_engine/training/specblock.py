@@ -3,7 +3,7 @@
 A step takes a batch of sequences and, per sequence, ``starts`` random positions ``t`` where block 1
 starts (conditioned on the target's features at ``t - 1``, on token ``t``), then ``blocks - 1``
 later blocks, each from a random slot of the previous one (with that slot's own state, on the token
-the slot predicts): :func:`~real_engine.drafters.specblock.unroll`, as inference runs it. Block 1's
+the slot predicts): :func:`~real_engine.drafters.unroll.unroll`, as inference runs it. Block 1's
 slot 0 is the prefix row at ``t`` (always valid). Every position's prefix row is run (the blocks
 attend to them), and each is the slot 0 of a block that could start there, so with
 ``prefix_weight > 0`` all of them are scored too: the first drafted token, the one every tree
@@ -12,12 +12,19 @@ hangs on, then learns from every position of the batch rather than from the samp
 - **Draft loss:** at a row predicting position ``i + 1``, the KL divergence from the target's law at
   ``i`` to the draft law, on the target's top-k support renormalized (the data stores only the top
   k): ``sum_j p_j (log p_j - log q_j)``.
+- **One notion of a correct slot:** the target's token at a row is its argmax (the token greedy
+  verification accepts); a slot is correct where its argmax in the drafting law (over the reduced
+  vocabulary when the drafter has one) is that token and the sequence carries it, so that the rows
+  after it stand for the context the teacher saw.
 - **Valid-prefix mask** (:func:`valid_prefix`): a block row counts only where every earlier slot of
-  its block, and every slot on its path in earlier blocks up to the start slot, had its argmax equal
-  to the sequence's token there (the context the row stands for is then the one the teacher saw).
-- **Rank loss:** cross-entropy of the rank head against the bucket of the target's token (its
-  argmax, the token greedy verification accepts) in the draft law (:func:`rank_labels`), under the
-  same mask; the rank head reads detached inputs, so this loss never moves the drafter.
+  its block was correct and the path into the block was valid up to its start slot, where the target's
+  token was drafted at all (rank at most the widest bucket's 10): a later block learns from starts on
+  side branches as inference makes them, not only from the argmax chain.
+- **Rank loss:** cross-entropy of the rank head against the bucket of the target's token in the draft
+  law (:func:`rank_labels`), under the same mask, with class weights ``frequency ** -rank_balance``
+  (bucket 2 is rare), on both laws drafting may read: the full vocabulary and the drafting one, each
+  summarized as drafting summarizes it (:func:`rank_loss`). The rank head reads detached inputs, so
+  this loss never moves the drafter.
 
 AdamW, a cosine schedule with a linear warm-up over the first 1.5% of steps, gradient clipping,
 fixed seeds (batch order and block starts are functions of the seed and the step, so a resumed run
@@ -30,7 +37,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,9 +53,10 @@ from real_engine.drafters.specblock import (
     SpecBlockConfig,
     load_specblock,
     save_specblock,
-    unroll,
     with_draft_vocab,
 )
+from real_engine.drafters.unroll import Unrolled, unroll
+from real_engine.drafters.vocab import write_vocab
 from real_engine.model import Transformer
 from real_engine.training.drafter_data import (
     DrafterData,
@@ -73,6 +81,7 @@ class SpecBlockTrainConfig:
     blocks: int = 2  # M, blocks unrolled per start
     starts: int = 32  # block-1 start positions per sequence and step
     rank_weight: float = 1.0
+    rank_balance: float = 0.0  # rank classes weighted by frequency ** -rank_balance (``balanced_weights``)
     prefix_weight: float = 0.0  # weight of the draft and rank losses on every prefix row (slot 0)
     draft_vocab: int = 0  # the saved drafter drafts the target's this many most frequent top tokens (0: all)
     # (a target vocabulary no larger than draft_vocab is drafted whole)
@@ -84,9 +93,9 @@ class SpecBlockTrainConfig:
         if min(self.steps, self.batch_size, self.blocks, self.starts, self.checkpoint_every) < 1:
             raise InputError("steps, batch size, blocks, starts and checkpoint interval must all be >= 1")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0
-                and self.prefix_weight >= 0 and self.draft_vocab >= 0):
+                and self.prefix_weight >= 0 and self.draft_vocab >= 0 and 0 <= self.rank_balance <= 1):
             raise InputError("need lr > 0, 0 <= warmup < 1, weight_decay >= 0, grad_clip > 0, "
-                             "prefix_weight >= 0 and draft_vocab >= 0")
+                             "prefix_weight >= 0, draft_vocab >= 0 and 0 <= rank_balance <= 1")
 
 
 def learning_rate(step: int, config: SpecBlockTrainConfig) -> float:
@@ -98,12 +107,15 @@ def learning_rate(step: int, config: SpecBlockTrainConfig) -> float:
     return config.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def valid_prefix(correct: torch.Tensor, start_slots: torch.Tensor) -> torch.Tensor:
-    """Which block rows count: ``correct`` [..., M, K] (argmax right at each row), ``start_slots``
-    [..., M - 1] (block ``m + 1`` starts at that slot of block ``m``) -> [..., M, K] bool.
+def valid_prefix(correct: torch.Tensor, drafted: torch.Tensor, start_slots: torch.Tensor) -> torch.Tensor:
+    """Which block rows count: ``correct`` [..., M, K] (the row's argmax is the target's token),
+    ``drafted`` [..., M, K] (the target's token is among the row's drafted children, a side branch when
+    not its argmax), ``start_slots`` [..., M - 1] (block ``m + 1`` starts at that slot of block ``m``,
+    on the target's token there) -> [..., M, K] bool.
 
     Row ``(m, k)`` is valid iff rows ``(m, 0..k-1)`` are correct and the path into block ``m`` was
-    valid and correct through its start slot (slot 0 of block 1 is always valid).
+    valid through its start slot, where the target's token was drafted (slot 0 of block 1 is always
+    valid): later blocks learn from side-branch starts as inference makes them.
     """
     m = correct.shape[-2]
     ok = torch.cat((torch.ones_like(correct[..., :1]), correct[..., :-1]), dim=-1).cumprod(-1).bool()
@@ -113,7 +125,7 @@ def valid_prefix(correct: torch.Tensor, start_slots: torch.Tensor) -> torch.Tens
         valid = carry[..., None] & ok[..., block, :]
         out.append(valid)
         if block < m - 1:
-            through = valid & correct[..., block, :]
+            through = valid & drafted[..., block, :]
             carry = through.gather(-1, start_slots[..., block, None]).squeeze(-1)
     return torch.stack(out, dim=-2)
 
@@ -130,44 +142,114 @@ def draft_kl(logits: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Tens
     return (p_log.exp() * (p_log - q_log)).sum(-1)
 
 
-def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Tensor,
-                   start_slots: torch.Tensor, rank_weight: float = 1.0, prefix_weight: float = 0.0
-                   ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The training loss of one batch and its parts: draft KL, rank CE, per-(block, slot) accuracy, and
-    the rank head's confusion counts (row: the label's bucket, column: the predicted one).
-    ``prefix_weight`` adds both losses, so weighted, over every prefix row as a slot 0."""
-    tokens, logp, ids = batch["tokens"], batch["topk_logp"], batch["topk_ids"]
+def drafting_ranks(logits: torch.Tensor, tokens: torch.Tensor, draft_ids: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """Rank of ``tokens`` in the law drafting sees: over ``draft_ids`` only when given (a token outside
+    them is never drafted: rank ``V + 1``)."""
+    if draft_ids is None:
+        return rank_of(logits, tokens)
+    where = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=logits.device)
+    where[draft_ids] = torch.arange(draft_ids.numel(), device=logits.device)
+    inside = where[tokens]
+    ranks = rank_of(logits[..., draft_ids], inside.clamp(min=0))
+    return torch.where(inside >= 0, ranks, logits.shape[-1] + 1)
+
+
+def balanced_weights(labels: torch.Tensor, buckets: int, balance: float) -> torch.Tensor:
+    """Class weights ``frequency ** -balance`` over ``labels`` (0: none), scaled so that their mean over
+    the labels is 1: rare buckets (branch wide, give up) count for more than their share."""
+    freq = torch.bincount(labels, minlength=buckets).float().clamp(min=1) / max(labels.numel(), 1)
+    weights = freq ** -balance
+    return weights / (weights * freq).sum().clamp(min=1e-12)
+
+
+def rank_loss(net: SpecBlock, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
+              draft_ids: torch.Tensor | None, balance: float = 0.0) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
+    """The rank head's class-weighted cross-entropy on rows (``hidden`` [N, H], full ``logits`` [N, V],
+    the target's tokens [N]), averaged over the laws drafting may read: the full vocabulary and, with
+    ``draft_ids``, the drafting vocabulary (the summary and the label from the law it reads, as
+    drafting computes them). Returns the loss, and the labels and scores of the last view."""
+    normed = net.norm(hidden)
+    views = [(logits, rank_labels(logits, tokens, net.config.edges))]
+    if draft_ids is not None:
+        views.append((logits[..., draft_ids], bucket_of(drafting_ranks(logits, tokens, draft_ids),
+                                                        net.config.edges)))
+    losses = []
+    for law, labels in views:
+        scores = net.rank_head(normed, law).float()
+        weights = balanced_weights(labels, scores.shape[-1], balance)
+        losses.append(F.cross_entropy(scores, labels, weight=weights) if labels.numel() else scores.sum() * 0)
+    return torch.stack(losses).mean(), labels, scores
+
+
+class BlockRows(NamedTuple):
+    """The rows of an unroll that training scores (see :func:`block_rows`)."""
+
+    out: Unrolled
+    flat: torch.Tensor  # [B, M * P * K] the sequence position of each block row (it predicts the next)
+    best: torch.Tensor  # [B, M, P, K] the target's token at each row (its argmax)
+    correct: torch.Tensor  # [B, M, P, K] the row's drafting argmax is that token, and the sequence's
+    valid: torch.Tensor  # [B, M, P, K] the valid-prefix mask
+
+
+def block_rows(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Tensor,
+               start_slots: torch.Tensor, draft_ids: torch.Tensor | None = None) -> BlockRows:
+    """Unroll ``net`` on ``batch`` and mark its rows (see :func:`specblock_loss`)."""
+    tokens, ids = batch["tokens"], batch["topk_ids"]
     b, t = tokens.shape
-    edges = net.config.edges
     out = unroll(net, tokens, batch["features"], starts, start_slots)
     pos = out.positions.expand(b, -1, -1, -1)  # [B, M, P, K]
     in_range = pos < t - 1
     flat = pos.clamp(max=t - 2).flatten(1)
-    logits = out.blocks.logits
-    correct = (logits.argmax(-1) == tokens.gather(1, flat + 1).view_as(pos)) & in_range
-    valid = valid_prefix(correct.transpose(1, 2), start_slots.T.expand(b, -1, -1)).transpose(1, 2) & in_range
+    best = ids[..., 0].long().gather(1, flat).view_as(pos)
+    carried = tokens.gather(1, flat + 1).view_as(pos) == best
+    ranks = drafting_ranks(out.blocks.logits.detach(), best, draft_ids)
+    correct = (ranks == 1) & carried & in_range
+    drafted = (ranks <= net.config.edges[-1]) & carried & in_range
+    valid = valid_prefix(correct.transpose(1, 2), drafted.transpose(1, 2),
+                         start_slots.T.expand(b, -1, -1)).transpose(1, 2) & in_range
+    return BlockRows(out, flat, best, correct, valid)
+
+
+def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Tensor,
+                   start_slots: torch.Tensor, rank_weight: float = 1.0, prefix_weight: float = 0.0,
+                   draft_ids: torch.Tensor | None = None, balance: float = 0.0
+                   ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The training loss of one batch and its parts: draft KL, rank CE, per-(block, slot) accuracy, and
+    the rank head's confusion counts (row: the label's bucket, column: the predicted one) in the law
+    drafting reads (over ``draft_ids`` when given). ``prefix_weight`` adds both losses, so weighted,
+    over every prefix row as a slot 0; ``balance`` weights the rank classes (``balanced_weights``).
+
+    A slot is *correct* where its argmax, in the drafting law, is the target's token (its argmax, the
+    token greedy verification accepts) and the sequence carries that token (so the context of the
+    rows after it is the one the teacher saw); the rank label is that token's rank bucket.
+    """
+    logp, ids = batch["topk_logp"], batch["topk_ids"]
+    edges = net.config.edges
+    out, flat, best, correct, valid = block_rows(net, batch, starts, start_slots, draft_ids)
+    pos, logits = valid.shape, out.blocks.logits
     k = ids.shape[-1]
-    row_logp = logp.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos.shape, k)[valid]
-    row_ids = ids.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos.shape, k)[valid]
+    row_logp = logp.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos, k)[valid]
+    row_ids = ids.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos, k)[valid]
     kl_all = draft_kl(logits[valid], row_logp, row_ids)
-    labels = rank_labels(logits[valid], row_ids[:, 0], edges)
-    rank_all = F.cross_entropy(out.blocks.buckets[valid].float(), labels, reduction="none")
-    loss = kl_all.mean() + rank_weight * rank_all.mean()
+    rank, labels, scores = rank_loss(net, out.states[valid], logits[valid].detach(), best[valid],
+                                     draft_ids, balance)
+    loss = kl_all.mean() + rank_weight * rank
     if prefix_weight:
         heads = net.heads(out.prefix[:, :-1])
         kl_prefix = draft_kl(heads.logits, logp[:, :-1], ids[:, :-1])
-        rank_prefix = F.cross_entropy(heads.buckets.flatten(0, 1).float(),
-                                      rank_labels(heads.logits, ids[:, :-1, 0], edges).flatten())
+        rank_prefix = rank_loss(net, out.prefix[:, :-1].flatten(0, 1), heads.logits.detach().flatten(0, 1),
+                                ids[:, :-1, 0].long().flatten(), draft_ids, balance)[0]
         loss = loss + prefix_weight * (kl_prefix.mean() + rank_weight * rank_prefix)
     with torch.no_grad():
         hits = (correct & valid).sum((0, 2)).float()
         tried = valid.sum((0, 2)).float()
         buckets = len(edges) + 1
-        pairs = labels * buckets + out.blocks.buckets[valid].argmax(-1)
-        confusion = torch.bincount(pairs, minlength=buckets * buckets).view(buckets, buckets)
-        metrics = {"loss": float(loss), "kl": float(kl_all.mean()), "rank": float(rank_all.mean()),
+        confusion = torch.bincount(labels * buckets + scores.argmax(-1), minlength=buckets * buckets)
+        metrics = {"loss": float(loss), "kl": float(kl_all.mean()), "rank": float(rank),
                    "accuracy": (hits / tried.clamp(min=1)).tolist(), "valid": tried.tolist(),
-                   "confusion": confusion.tolist()}
+                   "confusion": confusion.view(buckets, buckets).tolist()}
     return loss, metrics
 
 
@@ -240,7 +322,9 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
             _load_optimizer_state(optimizer, net, load_file(str(ckpt / "optimizer.safetensors")))
         except (SafetensorError, OSError) as exc:
             raise InputError(f"cannot read the optimizer state in {ckpt} ({exc}): train afresh") from exc
-    k = net.config.block_size
+    k, v = net.config.block_size, net.config.vocab_size
+    order = frequent_targets(data, v, v)  # every token, the most frequent first
+    draft_ids = order[:config.draft_vocab] if 0 < config.draft_vocab < v else None
     t = data.meta.seq_len
     starts = min(config.starts, t - 1)
     batches = data.batches(config.batch_size, config.seed, first)
@@ -258,7 +342,7 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config)
             loss, metrics = specblock_loss(net, batch, positions, slots, config.rank_weight,
-                                           config.prefix_weight)
+                                           config.prefix_weight, draft_ids, config.rank_balance)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -273,9 +357,12 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     record["final"] = metrics
     record["steps_done"] = len(record["losses"])
     record["seconds_this_run"] = time.perf_counter() - began
-    if 0 < config.draft_vocab < net.config.vocab_size:  # a vocabulary no larger is drafted whole
-        with_draft_vocab(net, frequent_targets(data, config.draft_vocab, net.config.vocab_size))
+    if draft_ids is not None:  # a vocabulary no larger is drafted whole
+        with_draft_vocab(net, draft_ids)
     save_specblock(net.eval(), out)
+    write_vocab(out, order, {"source": "the target's top token over the training data, then the input "
+                                       "tokens' counts (training.drafter_data.frequent_targets)",
+                             "data": asdict(data.meta)})
     write_json(out / "training.json", record)
     return record
 
