@@ -19,7 +19,9 @@ and per (T, vocabulary, shape) SpecBlock's speedup and drafting time relative to
 with 95% bootstrap intervals over the prompts (resampled within each domain, paired across settings).
 At T = 0 every output must equal vanilla's. The acceptance rate by chain position ``alpha`` (the
 paper's definition: the drafter's greedy chain, 8 deep, block boundary after position 4) comes from
-T = 0 chains that never stop early.
+T = 0 chains that never stop early. What each rank bucket's branching buys: SpecBlock at ``depth8`` with
+one bucket's children cut to 1 (or never giving up), tau and speedup beside the full rule; and the rank
+head's confusion matrix on held-out windows, from its training record (``training.rank_calibration``).
 
 **Projection to the paper's GPU (simulated).** Each setting's recorded acceptance and tree (tau, nodes
 verified per iteration, SpecBlock's blocks and starts, EAGLE's depth) priced on the paper-derived A100
@@ -47,14 +49,15 @@ import torch
 
 from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, resolve_profile
-from core.files import write_text
+from core.files import MAX_RECORD_BYTES, read_json, write_text
 from core.names import DOMAINS
-from core.paths import MODELS, PAPER_PROFILE, RESULTS, TARGET
+from core.paths import MODELS, PAPER_PROFILE, REPO, RESULTS, TARGET
 from experiments.bench import Recorder, alpha
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle
+from real_engine.drafters.rank import CHILDREN
 from real_engine.drafters.specblock import SpecBlockDrafter, load_specblock, with_draft_vocab
 from real_engine.drafters.trained import deployed_shape
 from real_engine.drafters.vocab import drafting_vocab
@@ -70,6 +73,9 @@ BUDGET = 32  # nodes kept by both drafters
 BLOCK = 4  # SpecBlock's block size K: its blocks and EAGLE's depths
 VERIFIER = {0.0: "greedy", 1.0: "rrs"}
 DRAFTERS = ("specblock", "eagle")
+BUCKETS = {"every bucket": CHILDREN, "ranks 2-4 not branched": (1, 1, 10, 0),
+           "ranks 5-10 not branched": (1, 4, 1, 0), "never give up": (1, 4, 10, 1)}
+"""SpecBlock's children per predicted bucket (ranks 1, 2-4, 5-10, give up) in the branching ablation."""
 SHAPES = {"depth4": ({"blocks": 1, "budget": BUDGET}, {"depth": BLOCK, "width": 4, "budget": BUDGET}),
           "depth8": ({"blocks": 2, "budget": BUDGET}, {"depth": 2 * BLOCK, "width": 4, "budget": BUDGET})}
 """Each equal-depth shape: SpecBlock's options, EAGLE-style's."""
@@ -124,6 +130,23 @@ def greedy_chain(name: str, target: Transformer, folder: Path) -> Recorder:
         return recorded(SpecBlockDrafter(net, blocks=2, starts=1, budget=2 * BLOCK, children=(1, 1, 1, 1)))
     net, _ = load_eagle(folder / name, target)
     return recorded(EagleDrafter(net, target, TreeShape(2 * BLOCK, 1, 2 * BLOCK), ids))
+
+
+def ablation(children: tuple[int, ...], target: Transformer, folder: Path) -> Recorder:
+    """SpecBlock at ``depth8`` on the reduced vocabulary with ``children`` per predicted bucket."""
+    net = load_specblock(folder / "specblock", target)
+    ids = drafting_vocab(folder / "specblock", "specblock", target.args.vocab_size, DRAFT_VOCAB)
+    net = with_draft_vocab(net, None if ids.numel() == target.args.vocab_size else ids)
+    return recorded(SpecBlockDrafter(net, blocks=2, budget=BUDGET, children=children))
+
+
+def rank_head_record(folder: Path) -> dict[str, Any] | None:
+    """The rank head's calibration record (offsets, confusion on held-out windows) in its training.json."""
+    path = folder / "specblock" / "training.json"
+    if not path.is_file():
+        return None
+    record = read_json(path, MAX_RECORD_BYTES, "training record", "retrain the drafter")
+    return record.get("rank_calibration") if isinstance(record, dict) else None
 
 
 def decode(target: Transformer, drafter: Recorder | None, temperature: float, prompt: Sequence[int],
@@ -230,9 +253,10 @@ def paper_on_profile(profile: CostProfile) -> dict[str, float]:
     return out
 
 
-def markdown(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], chains: dict[str, Any],
-             paper: dict[str, Any], command_line: str, prompts: int, tokens: int) -> str:
+def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: int) -> str:
     """The results tables."""
+    rows, pairs, chains, paper = (results[k] for k in ("settings", "relative", "chains", "paper"))
+
     def ci(low_high: list[float], digits: int = 2) -> str:
         return f"[{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]"
 
@@ -276,6 +300,27 @@ def markdown(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], chains: di
         cells = [("-" if v is None else f"{v:.3f}") + (" \\|" if i == BLOCK else "")
                  for i, v in enumerate(values["alpha"], 1)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "## What each bucket's branching buys (SpecBlock, depth8, reduced vocabulary, T = 0)", "",
+              "| children per bucket (ranks 1, 2-4, 5-10, give up) | tau | nodes/iter | speedup [95% CI] |",
+              "|---|---|---|---|"]
+    for name, b in results["branching"].items():
+        lines.append(f"| {name} {tuple(b['children'])} | {b['tau']:.3f} | {b['nodes']:.1f} | "
+                     f"{b['speedup']:.3f} {ci(b['speedup_ci'], 3)} |")
+    rank = results["rank_head"]
+    if rank:
+        names = ("rank 1", "ranks 2-4", "ranks 5-10", "give up")
+        lines += ["", "## The rank head on held-out windows (its training record, calibrated offsets "
+                  f"{', '.join(f'{b:g}' for b in rank['bucket_bias'])})", "",
+                  "| label \\ predicted | " + " | ".join(names) + " | precision | recall | F1 |",
+                  "|---|" + "---|" * (len(names) + 3)]
+        report = rank["with"]
+        for i, name in enumerate(names):
+            counts = " | ".join(str(c) for c in report["confusion"][i])
+            lines.append(f"| {name} | {counts} | {report['precision'][i]:.3f} | {report['recall'][i]:.3f} | "
+                         f"{report['f1'][i]:.3f} |")
+        lines.append(f"\nMacro F1 {report['macro_f1']:.3f} with the offsets, "
+                     f"{rank['without']['macro_f1']:.3f} without; {rank['rows']['report']} valid rows of "
+                     f"{rank['windows']['report']} windows.")
     return "\n".join(lines) + "\n"
 
 
@@ -300,18 +345,19 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
                 for d in DRAFTERS]
     drafters = {s: build(s, target, drafters_dir) for s in settings}
     chains = {n: greedy_chain(n, target, drafters_dir) for n in DRAFTERS}
+    buckets = {name: ablation(children, target, drafters_dir) for name, children in BUCKETS.items()}
     vanilla = {t: Setting(None, t) for t in VERIFIER}
     first = held[0].tokens
-    for s, d in [*drafters.items(), *((Setting(n, 0.0, "reduced", "chain8"), c) for n, c in chains.items())]:
-        decode(target, d, s.temperature, first, 4, SEED)  # warm-up
+    for d in [*drafters.values(), *chains.values(), *buckets.values()]:
+        decode(target, d, 0.0, first, 4, SEED)  # warm-up
     runs: dict[Any, list[dict[str, Any]]] = {}
     for j, prompt in enumerate(held):
         for t in VERIFIER:
             runs.setdefault(vanilla[t], []).append(decode(target, None, t, prompt.tokens, tokens, SEED + j))
             for s in (s for s in settings if s.temperature == t):
                 runs.setdefault(s, []).append(decode(target, drafters[s], t, prompt.tokens, tokens, SEED + j))
-        for name, chain in chains.items():
-            runs.setdefault(name, []).append(decode(target, chain, 0.0, prompt.tokens, tokens, SEED + j))
+        for name, d in [*chains.items(), *buckets.items()]:
+            runs.setdefault(name, []).append(decode(target, d, 0.0, prompt.tokens, tokens, SEED + j))
     index = resamples([p.domain for p in held], REPLICATES, SEED)
     show, profile = table(as_json), resolve_profile(None)
     rows, pairs, speeds = [], [], {}
@@ -333,15 +379,21 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
                                       [d for r in runs[n] for d in r["depths"]]),
                        **summarize(runs[n], runs[vanilla[0.0]], index)} for n in DRAFTERS}
     command_line = f"specblock benchmark drafter_pair --prompts {prompts} --tokens {tokens}"
-    config = {"prompts_per_domain": prompts, "tokens": tokens, "drafters_dir": str(drafters_dir),
+    inside = drafters_dir.resolve().is_relative_to(REPO)
+    config = {"prompts_per_domain": prompts, "tokens": tokens,
+              "drafters_dir": str(drafters_dir.resolve().relative_to(REPO)) if inside else str(drafters_dir),
               "context_tokens": CONTEXT_TOKENS, "budget": BUDGET, "draft_vocab": DRAFT_VOCAB,
               "shapes": {k: dict(zip(DRAFTERS, v, strict=True)) for k, v in SHAPES.items()},
               "deployed": {n: deployed_shape(n, drafters_dir / n) for n in DRAFTERS},
               "verifiers": {str(t): v for t, v in VERIFIER.items()}, "threads": 1, "replicates": REPLICATES}
     paper = {"ratios": PAPER_RATIOS, "figures": PAPER, "on_profile": paper_on_profile(profile),
-             "profile": str(PAPER_PROFILE)}
-    results = {"settings": rows, "relative": pairs, "chains": chain_alpha, "paper": paper}
+             "profile": PAPER_PROFILE.name}
+    branching = {name: {**summarize(runs[name], runs[vanilla[0.0]], index), "children": list(BUCKETS[name]),
+                        "nodes": sum(r["nodes"] for r in runs[name])
+                        / sum(r["iterations"] for r in runs[name])} for name in BUCKETS}
+    results = {"settings": rows, "relative": pairs, "chains": chain_alpha, "paper": paper,
+               "branching": branching, "rank_head": rank_head_record(drafters_dir)}
     saved = save_result("drafter_pair", results, config, SEED, out)
     md = out / "drafter_pair.md"
-    write_text(md, markdown(rows, pairs, chain_alpha, paper, command_line, len(held), tokens))
+    write_text(md, markdown(results, command_line, len(held), tokens))
     finish(as_json, results, saved, md)

@@ -56,6 +56,10 @@ def test_the_benchmark_runs_both_drafters_at_both_vocabularies(tmp_path: Path, c
     assert len(pairs) == 12 and all(p["draft_time_ratio"] > 0 for p in pairs)
     chains = data["rows"]["chains"]
     assert set(chains) == set(dp.DRAFTERS) and all(len(c["alpha"]) <= 2 * dp.BLOCK for c in chains.values())
+    branching = data["rows"]["branching"]
+    assert set(branching) == set(dp.BUCKETS) and all(b["tau"] >= 1 for b in branching.values())
+    assert all(1 <= b["nodes"] <= dp.BUDGET + 1 for b in branching.values())
+    assert data["rows"]["rank_head"] is None  # the shipped drafter's record has no calibration
     assert (tmp_path / "drafter_pair.md").read_text().startswith("# SpecBlock against EAGLE-style")
 
 
