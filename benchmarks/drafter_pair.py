@@ -1,7 +1,7 @@
 """SpecBlock against EAGLE-style on equal terms: the same training, vocabulary, depth and node budget.
 
-Both drafters come from one folder (``--drafters-dir``, default the shipped ``data/models``), trained
-alike by ``training.recipes`` (the same windows, steps, schedule and warm start, each as deep as it
+Both drafters come from one folder (``--drafters-dir``, default ``data/models/fair``), trained alike by
+``training.recipes`` (the same windows, steps, schedule and warm start, each as deep as it
 drafts). On held-out prompts (``--prompts`` per domain, the evaluation half of each prompt set), each
 prompt decodes with vanilla and then with every setting in turn, so the machine's drift hits all
 alike (one warm-up generation per setting first). Settings, at T = 0 (greedy verification) and T = 1
@@ -51,7 +51,7 @@ from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, resolve_profile
 from core.files import MAX_RECORD_BYTES, read_json, write_text
 from core.names import DOMAINS
-from core.paths import MODELS, PAPER_PROFILE, REPO, RESULTS, TARGET
+from core.paths import PAIR_MODELS, PAPER_PROFILE, REPO, RESULTS, TARGET
 from experiments.bench import Recorder, alpha
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
@@ -329,8 +329,8 @@ def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: i
               help="Held-out prompts per domain.")
 @click.option("--tokens", type=click.IntRange(2, 512), default=64, show_default=True,
               help="New tokens per generation.")
-@click.option("--drafters-dir", type=click.Path(file_okay=False, path_type=Path), default=MODELS,
-              show_default="data/models", help="Folder holding specblock/ and eagle/, trained alike.")
+@click.option("--drafters-dir", type=click.Path(file_okay=False, path_type=Path), default=PAIR_MODELS,
+              show_default="data/models/fair", help="Folder holding specblock/ and eagle/, trained alike.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Folder for drafter_pair.json and .md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
@@ -378,10 +378,11 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
     chain_alpha = {n: {"alpha": alpha([a for r in runs[n] for a in r["accepted"]],
                                       [d for r in runs[n] for d in r["depths"]]),
                        **summarize(runs[n], runs[vanilla[0.0]], index)} for n in DRAFTERS}
-    command_line = f"specblock benchmark drafter_pair --prompts {prompts} --tokens {tokens}"
     inside = drafters_dir.resolve().is_relative_to(REPO)
-    config = {"prompts_per_domain": prompts, "tokens": tokens,
-              "drafters_dir": str(drafters_dir.resolve().relative_to(REPO)) if inside else str(drafters_dir),
+    folder = str(drafters_dir.resolve().relative_to(REPO)) if inside else str(drafters_dir)
+    command_line = (f"specblock benchmark drafter_pair --prompts {prompts} --tokens {tokens}"
+                    + ("" if drafters_dir.resolve() == PAIR_MODELS else f" --drafters-dir {folder}"))
+    config = {"prompts_per_domain": prompts, "tokens": tokens, "drafters_dir": folder,
               "context_tokens": CONTEXT_TOKENS, "budget": BUDGET, "draft_vocab": DRAFT_VOCAB,
               "shapes": {k: dict(zip(DRAFTERS, v, strict=True)) for k, v in SHAPES.items()},
               "deployed": {n: deployed_shape(n, drafters_dir / n) for n in DRAFTERS},

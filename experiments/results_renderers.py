@@ -378,7 +378,7 @@ def _batch_throughput_body(record: Record) -> Lines:
 def _drafter_pair_command(name: str, config: Record) -> str:
     return (f"{benchmark('drafter_pair')}{flag('--prompts', config['prompts_per_domain'], 16)}"
             f"{flag('--tokens', config['tokens'], 64)}"
-            f"{flag('--drafters-dir', config['drafters_dir'], 'data/models')}")
+            f"{flag('--drafters-dir', config['drafters_dir'], 'data/models/fair')}")
 
 
 def _drafter_pair_body(record: Record) -> Lines:

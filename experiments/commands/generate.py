@@ -186,9 +186,9 @@ class _Stream:
 @click.option("--min-confidence", type=click.FloatRange(0, 1), default=None, show_default="0",
               help="Draft model's chain: draft a further token only while the draft's top probability is "
                    "at least this (assisted generation's assistant_confidence_threshold).")
-@click.option("--draft-vocab", type=int, default=None, show_default="all",
-              help="Draft model: draft only this many of its most frequent tokens (draft_vocab.json in "
-                   "its folder).")
+@click.option("--draft-vocab", type=int, default=None, show_default="the drafter's own",
+              help=f"Draft only this many of the most frequent tokens (draft_vocab.json in the drafter's "
+                   f"folder; the vocabulary's size: all): {_taking('vocab')}.")
 @click.option("--staged", type=int, default=None, show_default="off",
               help="Draft model's chain: guess ahead by n-gram lookup, running the guesses in the same "
                    "forward, and end the chain at the first wrong guess once this many forwards ran.")

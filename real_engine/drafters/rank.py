@@ -94,8 +94,9 @@ class BucketTree:
     neither stopped nor at the depth cap. :meth:`build` keeps the ``budget`` best nodes by score.
     """
 
-    def __init__(self, root: int, max_depth: int, children: tuple[int, ...] = CHILDREN) -> None:
-        self.max_depth, self.children = max_depth, children
+    def __init__(self, root: int, max_depth: int, children: tuple[int, ...] = CHILDREN,
+                 edges: tuple[int, ...] = EDGES) -> None:
+        self.max_depth, self.children, self.edges = max_depth, children, edges
         self.tokens, self.parents, self.scores, self.depths = [root], [-1], [0.0], [0]
         self.origin = [-1]  # the slot whose law drafted each node (-1: the root)
         self.buckets = [-1]  # the bucket that slot predicted (-1: the root)
@@ -121,7 +122,7 @@ class BucketTree:
             first = len(self.tokens)
             for rank, (logp, tok) in enumerate(zip(logps[:count], ids[:count], strict=True), start=1):
                 created.append(len(self.tokens))
-                self.beliefs.append(self.beliefs[node] * rank_belief(rank, p))
+                self.beliefs.append(self.beliefs[node] * rank_belief(rank, p, self.edges))
                 self.tokens.append(tok)
                 self.parents.append(node)
                 self.scores.append(self.scores[node] + logp)

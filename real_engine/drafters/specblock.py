@@ -392,7 +392,7 @@ class SpecBlockDrafter:
         states = [hidden]
         laws, buckets, probs, logps, ids = self._heads(hidden)
         all_laws = [laws]
-        tree = BucketTree(root, max_depth, self.children)
+        tree = BucketTree(root, max_depth, self.children, net.config.edges)
         block_slots = {0: 0}
         created = tree.extend(0, list(range(width)), buckets, logps, ids, probs)
         counts = []  # start nodes of each later block that ran
