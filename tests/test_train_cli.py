@@ -86,8 +86,13 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
     result = json.loads(stdout)
     assert result["out"] == str(out) and result["train"]["steps"] == 2 and result["data"]["sequences"] == 8
     assert (tmp_path / "run" / "state.json").exists()
-    cached = {p.name.endswith("-heldout") for p in data.iterdir()}  # Medusa calibrates on held-out rows
-    assert cached == ({False, True} if kind == "medusa" else {False})
+    # Medusa calibrates its tree, SpecBlock its rank head's bucket offsets, on held-out rows
+    cached = {p.name.endswith("-heldout") for p in data.iterdir()}
+    assert cached == ({False} if kind == "eagle" else {False, True})
+    if kind == "specblock":
+        calibration = result["rank_calibration"]
+        assert len(calibration["bucket_bias"]) == 4 and calibration["rows"]["report"] > 0
+        assert json.loads((out / "config.json").read_text())["bucket_bias"] == calibration["bucket_bias"]
     target = load_model(target_dir)
     prompt = [5, 9, 2, 5, 9]
     expected = generate(target, prompt, max_new_tokens=10).tokens
