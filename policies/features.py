@@ -30,6 +30,17 @@ Adaptation observation (``adapt_features``), ``len(ADAPT_FEATURES) + n_domains``
     | 4      | tau_trend            | short-horizon EWMA of tau minus long-horizon EWMA        | -inf| inf |
     | 5      | queries_since_update | queries served since the last training event             | 0   | inf |
     | 6 ..   | share_<d>            | share of domain d among recent queries (sum 1, or all 0) | 0   | 1   |
+
+Serving observation (``serve_features``), ``3 + batch_cap * SERVE_SLOT_DIM`` entries: the batch's
+``running`` requests, the ``waiting`` ones (arrived, not admitted) and the ``batch_cap``, then per batch
+slot ``SERVE_SLOT_DIM = 3 + LENGTH_CAP`` entries (all 0 for an empty slot):
+
+    | index in a slot | meaning                                                       | min | max |
+    |-----------------|---------------------------------------------------------------|-----|-----|
+    | 0               | active (1: a request runs in the slot)                        | 0   | 1   |
+    | 1               | context length of its request                                 | 0   | inf |
+    | 2               | tokens its request has still to generate                      | 0   | inf |
+    | 3 .. 18         | c_1..c_16 of its pending draft, as in the length observation  | 0   | 1   |
 """
 
 from __future__ import annotations
@@ -174,3 +185,47 @@ def check_adapt_obs(obs: np.ndarray) -> np.ndarray:
         raise InputError(f"adaptation observation must be 1-D with at least {len(ADAPT_FEATURES)} entries, "
                          f"got shape {arr.shape}: build it with policies.features.adapt_features")
     return arr
+
+
+SERVE_GLOBAL: tuple[str, ...] = ("running", "waiting", "batch_cap")
+"""The batch-wide fields that open a serving observation."""
+SERVE_SLOT_DIM: int = 3 + LENGTH_CAP
+SERVE_SLOT_SLICES = MappingProxyType({
+    "active": slice(0, 1), "context_length": slice(1, 2), "remaining": slice(2, 3),
+    "confidences": slice(3, SERVE_SLOT_DIM),
+})
+"""Named fields of one slot's row in a serving observation (``serve_slots``)."""
+
+
+def serve_features(running: int, waiting: int, slots: np.ndarray) -> np.ndarray:
+    """The serving observation: ``running``, ``waiting``, the batch cap (``slots``' rows), then ``slots``
+    ([batch_cap, SERVE_SLOT_DIM]: per slot active, context length, remaining tokens, c_1..c_cap)."""
+    rows = np.asarray(slots, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[1] != SERVE_SLOT_DIM or rows.shape[0] < 1:
+        raise InputError(f"slots must be [batch_cap, {SERVE_SLOT_DIM}], got shape {rows.shape}: one row per "
+                         "batch slot")
+    confidences = rows[:, SERVE_SLOT_SLICES["confidences"]]
+    if not np.all(np.isfinite(rows)) or np.any(rows < 0) or np.any(confidences > 1):
+        raise InputError("slots hold negative, infinite or confidence values above 1: pass finite values")
+    head = [_count("running", running), _count("waiting", waiting), rows.shape[0]]
+    return np.concatenate((np.asarray(head, dtype=np.float64), rows.reshape(-1)))
+
+
+def serve_slots(obs: np.ndarray) -> np.ndarray:
+    """The ``[batch_cap, SERVE_SLOT_DIM]`` slot rows of a serving observation."""
+    arr = np.asarray(obs, dtype=np.float64)
+    cap = int(arr[len(SERVE_GLOBAL) - 1]) if arr.ndim == 1 and arr.size > len(SERVE_GLOBAL) else -1
+    if cap < 1 or arr.size != len(SERVE_GLOBAL) + cap * SERVE_SLOT_DIM:
+        raise InputError(f"a serving observation of shape {arr.shape} is not 3 + batch_cap x "
+                         f"{SERVE_SLOT_DIM} entries: build it with policies.features.serve_features")
+    return arr[len(SERVE_GLOBAL):].reshape(cap, SERVE_SLOT_DIM)
+
+
+def serve_bounds(batch_cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of the serving observation for ``batch_cap`` slots, for a Gymnasium ``Box``."""
+    cap = _count("batch_cap", batch_cap)
+    high = np.full((cap, SERVE_SLOT_DIM), np.inf)
+    high[:, SERVE_SLOT_SLICES["active"]] = 1.0
+    high[:, SERVE_SLOT_SLICES["confidences"]] = 1.0
+    head = np.array([np.inf, np.inf, np.inf])
+    return np.zeros(len(SERVE_GLOBAL) + cap * SERVE_SLOT_DIM), np.concatenate((head, high.reshape(-1)))

@@ -19,7 +19,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from core.cost_profile import DraftShape
-from policies.features import LENGTH_CAP, adapt_bounds, length_bounds
+from policies.features import LENGTH_CAP, adapt_bounds, length_bounds, serve_bounds
 from simulator.adapt_stream import AdaptStreamBatch
 from simulator.adaptation import AdaptationDynamics
 from simulator.envs import (
@@ -31,6 +31,7 @@ from simulator.envs import (
     ResetResult,
     SpecLengthBatch,
 )
+from simulator.serve import DEFAULT_BATCH, DEFAULT_OUTPUT, DEFAULT_RATE, DEFAULT_REQUESTS, ServeBatch
 
 VectorStepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -142,3 +143,57 @@ class AdaptStreamVectorEnv(VectorEnv):
     def revert(self, mask: np.ndarray | None = None) -> None:
         """Restore the last good drafter of the slots in ``mask`` (all when None)."""
         self.batch.revert(np.ones(self.num_envs, dtype=bool) if mask is None else mask)
+
+
+class SpecServeVectorEnv(VectorEnv):
+    """``num_envs`` SpecServe servers stepped together; see ``simulator.serve.SpecServeEnv``. ``infos``
+    holds per server ``tokens``, ``seconds``, ``iteration_seconds``, ``draft_seconds``, ``running``,
+    ``accepted`` and ``completed`` (requests completed at the step); latencies are the single env's."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, num_envs: int = 1, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
+                 drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
+                 max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
+                 output_tokens: Sequence[int] = DEFAULT_OUTPUT,
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None) -> None:
+        self.num_envs = num_envs
+        self.render_mode = render_mode
+        self.batch = ServeBatch(num_envs, profile, acceptance, drafter, rate, requests, max_batch,
+                                prompt_tokens, output_tokens, domain_weights)
+        self.single_action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        low, high = serve_bounds(self.batch.cap)
+        self.single_observation_space = spaces.Box(low, high, dtype=np.float64)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.prev_done = np.zeros(num_envs, dtype=bool)
+        self._running = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
+        """Draw a new episode in every server."""
+        super().reset(seed=seed)
+        self.batch.start(self.np_random, np.ones(self.num_envs, dtype=bool))
+        self.batch.draft(self.np_random)
+        self.prev_done[:] = False
+        self._running = True
+        return self.batch.observations(), {}
+
+    def step(self, actions: np.ndarray) -> VectorStepResult:
+        """One iteration of every server; servers that ended on the previous step start anew."""
+        assert self.action_space.contains(np.asarray(actions, dtype=np.int64)), f"{actions!r} invalid"
+        assert self._running, "Call reset before using step method."
+        out = self.batch.verify(np.asarray(actions, dtype=np.int64))
+        keys = ("tokens", "seconds", "iteration_seconds", "draft_seconds", "running", "accepted")
+        info = {key: out[key] for key in keys}
+        info["completed"] = np.array([f.size for f in out["finished"]])
+        restart = self.prev_done
+        if restart.any():
+            self.batch.start(self.np_random, restart)
+            for values in info.values():
+                values[restart] = 0
+        self.batch.draft(self.np_random)
+        self.prev_done = out["done"] & ~restart
+        seconds = info["seconds"]
+        reward = np.divide(info["tokens"], seconds, out=np.zeros(self.num_envs), where=seconds > 0)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        return self.batch.observations(), reward, self.prev_done.copy(), truncated, info

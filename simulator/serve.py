@@ -1,0 +1,311 @@
+"""``specblock/SpecServe-v0``: speculative decoding under continuous batching, as ``real_engine.batch``
+serves it, with a speculation length per running request.
+
+The core (:class:`ServeBatch`) runs N independent servers at once (numpy arrays over servers and batch
+slots); the single environment is the core with N = 1, the vector form (``simulator.vector_envs``) the
+same core with N servers. A server's requests arrive by a Poisson process (``rate`` per second) with
+prompt and output lengths uniform in their ranges, or given; a request joins a free slot of the batch
+(at most ``max_batch``) once it has arrived, after its prefill (``CostProfile.prefill_cost``), and
+leaves when its output is complete. One step is one iteration of the batched engine: each running
+request drafts the length the action gives it, one target forward verifies every request's draft, and
+each emits its accepted tokens and one more.
+
+**Iteration cost.** Drafting is per request (the batched engine drafts each request's tree in turn):
+the profile's chain drafting time for its length. The target's forward is the profile's batched verify
+(``samples.batch_verify``: requests, nodes per request, context per request; ragged drafts at the mean
+nodes and context). A profile without batched samples (the shipped A100 and CPU profiles) charges one
+verify forward over every request's nodes at their summed context: on the paper-derived A100 profile,
+linear in both, that is weights read once, every node computed and every request's cache read.
+Acceptance per request comes from an acceptance model (trace replay or the parametric one), drawn
+per iteration for the request's domain, as in ``SpecLength-v0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from core.cost_profile import CostProfile, resolve_profile
+from core.errors import InputError
+from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, SERVE_SLOT_SLICES, serve_bounds
+from simulator.acceptance import check_domains
+from simulator.envs import DEFAULT_PROMPT, AcceptanceArg, ProfileArg, ResetResult, StepResult
+from simulator.replay import resolve_acceptance
+
+DEFAULT_RATE = 2.0  # requests per second
+DEFAULT_REQUESTS = 32  # arrivals per episode
+DEFAULT_BATCH = 8
+DEFAULT_OUTPUT = (64, 256)
+
+
+def batch_verify_seconds(profile: CostProfile, requests: np.ndarray, nodes: np.ndarray,
+                         context: np.ndarray) -> np.ndarray:
+    """One batched verify forward of ``requests`` requests of ``nodes`` nodes at ``context`` tokens each
+    (0 with no request): the profile's batched samples, else one forward over all of them (module doc)."""
+    requests = np.asarray(requests, dtype=np.float64)
+    busy = requests > 0
+    out = np.zeros(requests.shape)
+    if not busy.any():
+        return out
+    r, n, c = requests[busy], np.asarray(nodes, dtype=np.float64)[busy], np.asarray(context, float)[busy]
+    if "batch_verify" in profile.fits:
+        out[busy] = profile.batch_verify_seconds(r, n, c)
+    else:
+        out[busy] = profile.verify_seconds(r * n, r * c)
+    return out
+
+
+def lengths(value: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
+    """A length range ``(low, high)`` or an array of lengths to draw from, as the array of its values."""
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.size < 1 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 1:
+        raise InputError(f"{name} = {value!r}: give (low, high) with 1 <= low <= high, or lengths >= 1")
+    if arr.size == 2 and isinstance(value, tuple):
+        if arr[0] > arr[1]:
+            raise InputError(f"{name} = {value!r}: give (low, high) with low <= high")
+        return np.arange(arr[0], arr[1] + 1)
+    return arr
+
+
+class ServeBatch:
+    """N servers at once: the state and dynamics both SpecServe environments run."""
+
+    def __init__(self, num: int, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
+                 drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
+                 max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
+                 output_tokens: Sequence[int] = DEFAULT_OUTPUT,
+                 domain_weights: Mapping[str, float] | None = None) -> None:
+        if not (np.isfinite(rate) and rate > 0):
+            raise InputError(f"rate = {rate!r}: give a positive arrival rate (requests per second)")
+        if isinstance(requests, bool) or int(requests) != requests or requests < 1:
+            raise InputError(f"requests = {requests!r}: give a whole number of arrivals >= 1")
+        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+            raise InputError(f"max_batch = {max_batch!r}: give a batch cap >= 1")
+        self.profile = resolve_profile(profile)
+        self.model = resolve_acceptance(acceptance)
+        if self.model.cap != LENGTH_CAP:
+            raise InputError(f"the acceptance model offers {self.model.cap} positions, serving {LENGTH_CAP}: "
+                             f"build it with cap={LENGTH_CAP}")
+        self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP)
+        self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
+        self.prompts = lengths(prompt_tokens, "prompt_tokens")
+        self.outputs = lengths(output_tokens, "output_tokens")
+        self.rate, self.requests, self.cap, self.num = float(rate), int(requests), int(max_batch), num
+        shape, queue = (num, self.cap), (num, self.requests)
+        self.arrival, self.prompt = np.zeros(queue), np.zeros(queue, dtype=np.int64)
+        self.output, self.domain = np.zeros(queue, dtype=np.int64), np.zeros(queue, dtype=np.int64)
+        self.first, self.finish = np.full(queue, np.nan), np.full(queue, np.nan)
+        self.admitted = np.zeros(num, dtype=np.int64)  # requests admitted so far (FIFO)
+        self.clock, self.done = np.zeros(num), np.zeros(num, dtype=np.int64)
+        self.slot_request = np.full(shape, -1, dtype=np.int64)  # request index in each slot (-1: empty)
+        self.context, self.remaining = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        self.confidences = np.zeros((*shape, LENGTH_CAP))
+        self.drafted = np.zeros(shape, dtype=np.int64)  # positions each pending draft offers
+        self.accepted_by = np.zeros((*shape, LENGTH_CAP + 1), dtype=np.int64)  # accepted for each length
+
+    @property
+    def active(self) -> np.ndarray:
+        """(N, max_batch) bool: slots holding a running request."""
+        return self.slot_request >= 0
+
+    def start(self, rng: np.random.Generator, mask: np.ndarray) -> np.ndarray:
+        """A new episode in every server of ``mask``: draw its arrivals, admit the first; returns the
+        seconds each server spent prefilling them."""
+        k = int(mask.sum())
+        gaps = rng.exponential(1.0 / self.rate, size=(k, self.requests))
+        self.arrival[mask] = np.cumsum(gaps, axis=1)
+        self.prompt[mask] = rng.choice(self.prompts, size=(k, self.requests))
+        self.output[mask] = rng.choice(self.outputs, size=(k, self.requests))
+        domain = np.searchsorted(self.cdf, rng.random((k, self.requests)), side="right")
+        self.domain[mask] = np.minimum(domain, self.cdf.size - 1)
+        self.first[mask], self.finish[mask] = np.nan, np.nan
+        self.admitted[mask], self.done[mask], self.clock[mask] = 0, 0, 0.0
+        self.slot_request[mask], self.context[mask], self.remaining[mask] = -1, 0, 0
+        return self.admit(mask)
+
+    def admit(self, mask: np.ndarray) -> np.ndarray:
+        """Fill the free slots of each server in ``mask`` with the requests that have arrived (an idle
+        server waits for its next arrival); each joins after its prefill. Returns the prefill seconds."""
+        spent = np.zeros(self.num)
+        for e in np.flatnonzero(mask):  # a loop over servers, few admissions per step
+            if not self.active[e].any() and self.admitted[e] < self.requests:
+                self.clock[e] = max(self.clock[e], self.arrival[e, self.admitted[e]])
+            for slot in np.flatnonzero(~self.active[e]):
+                r = self.admitted[e]
+                if r >= self.requests or self.arrival[e, r] > self.clock[e]:
+                    break
+                seconds = float(self.profile.prefill_cost(self.prompt[e, r]))
+                self.clock[e] += seconds
+                spent[e] += seconds
+                self.slot_request[e, slot], self.admitted[e] = r, r + 1
+                self.context[e, slot], self.remaining[e, slot] = self.prompt[e, r], self.output[e, r]
+        return spent
+
+    def draft(self, rng: np.random.Generator) -> None:
+        """Draw every running request's next drafted iteration (its confidences and acceptance)."""
+        self.confidences[:], self.drafted[:], self.accepted_by[:] = 0.0, 0, 0
+        where = np.nonzero(self.active)
+        if not where[0].size:
+            return
+        draws = self.model.sample(rng, self.domain[where[0], self.slot_request[where]])
+        self.confidences[where], self.drafted[where] = draws.confidences, draws.drafted
+        for n in range(LENGTH_CAP + 1):
+            self.accepted_by[(*where, np.full(where[0].size, n))] = draws.accepted(
+                np.minimum(n, draws.drafted))
+
+    def verify(self, action: np.ndarray) -> dict[str, np.ndarray]:
+        """One iteration of every server with requests: each request verifies ``action`` positions of its
+        draft ((N, max_batch) ints; empty slots ignore theirs). Then finished requests leave and arrived
+        ones join. Returns per server: tokens, seconds (iteration and joiners' prefill), and counts."""
+        active = self.active
+        n = np.where(active, np.minimum(np.clip(action, 0, LENGTH_CAP), self.drafted), 0)  # a chain drafts n
+        accepted = np.take_along_axis(self.accepted_by, n[..., None], axis=2)[..., 0]
+        running = active.sum(1)
+        safe = np.maximum(running, 1)
+        nodes = np.where(active, n + 1, 0).sum(1) / safe
+        context = np.where(active, self.context, 0).sum(1) / safe
+        drafting = np.where(active, self.draft_cost[n], 0.0).sum(1)
+        iteration = drafting + batch_verify_seconds(self.profile, running, nodes, context)
+        tokens = np.where(active, np.minimum(accepted + 1, self.remaining), 0)
+        self.clock += iteration
+        servers, slots = np.nonzero(active)
+        requests = self.slot_request[servers, slots]
+        fresh = np.isnan(self.first[servers, requests])
+        self.first[servers[fresh], requests[fresh]] = self.clock[servers[fresh]]
+        self.context += tokens
+        self.remaining -= tokens
+        ended = active & (self.remaining <= 0)
+        e, s = np.nonzero(ended)
+        self.finish[e, self.slot_request[e, s]] = self.clock[e]
+        finished = [self.slot_request[i][ended[i]].copy() for i in range(self.num)]
+        self.slot_request[ended] = -1
+        self.done += ended.sum(1)
+        prefill = self.admit(running > 0)
+        return {"tokens": tokens.sum(1), "seconds": iteration + prefill, "iteration_seconds": iteration,
+                "draft_seconds": drafting, "running": running,
+                "accepted": np.where(active, accepted, 0).sum(1), "finished": finished,
+                "done": self.done >= self.requests}
+
+    def waiting(self) -> np.ndarray:
+        """(N,) requests that have arrived and wait for a slot."""
+        arrived = (self.arrival <= self.clock[:, None]).sum(1)
+        return np.maximum(arrived - self.admitted, 0)
+
+    def observations(self) -> np.ndarray:
+        """(N, 3 + max_batch * SERVE_SLOT_DIM): each row ``serve_features`` of its server."""
+        slots = np.zeros((self.num, self.cap, SERVE_SLOT_DIM))
+        active = self.active
+        slots[..., SERVE_SLOT_SLICES["active"]] = active[..., None]
+        slots[..., SERVE_SLOT_SLICES["context_length"]] = np.where(active, self.context, 0)[..., None]
+        slots[..., SERVE_SLOT_SLICES["remaining"]] = np.where(active, self.remaining, 0)[..., None]
+        slots[..., SERVE_SLOT_SLICES["confidences"]] = self.confidences
+        head = np.stack((active.sum(1), self.waiting(), np.full(self.num, self.cap)), axis=1)
+        return np.concatenate((head.astype(np.float64), slots.reshape(self.num, -1)), axis=1)
+
+    def latencies(self, server: int, requests: np.ndarray) -> tuple[list[float], list[float]]:
+        """TTFT (arrival to first token) and TPOT (first to last token over the further tokens) of
+        ``requests`` of ``server``, in seconds."""
+        ttft = self.first[server, requests] - self.arrival[server, requests]
+        tpot = (self.finish[server, requests] - self.first[server, requests]) / np.maximum(
+            self.output[server, requests] - 1, 1)
+        return ttft.tolist(), tpot.tolist()
+
+
+class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
+    """
+    ## Description
+
+    Speculative decoding under continuous batching: how many draft positions each running request
+    verifies at the next iteration of a batched engine. An episode serves ``requests`` arrivals of a
+    Poisson process; a step is one iteration of the batch (module doc: costs, arrivals, admission).
+
+    ## Action Space
+
+    ``MultiDiscrete([LENGTH_CAP + 1] * max_batch)``: per batch slot, the positions its request verifies
+    (0: a plain decoding step for it); empty slots' entries are ignored.
+
+    ## Observation Space
+
+    ``policies.features.serve_features``: running and waiting requests, the batch cap, then per slot
+    whether it runs a request, its context length, its remaining tokens and its pending draft's
+    confidences c_1..c_16 (``SERVE_SLOT_SLICES``).
+
+    ## Rewards
+
+    The iteration's tokens per second: tokens emitted by every request over the step's seconds (the
+    iteration and the prefill of the requests that joined after it).
+
+    ## Starting State
+
+    The episode's arrivals, prompt and output lengths and domains are drawn; the clock starts at the
+    first arrival with the requests that have arrived admitted.
+
+    ## Episode End
+
+    Termination when every request has completed. No truncation.
+
+    ## Arguments
+
+    ``profile`` (None: the paper-derived A100 profile), ``acceptance`` (None: the default parametric
+    model), ``drafter`` (its chain drafting cost), ``rate`` (arrivals per second), ``requests`` (per
+    episode), ``max_batch``, ``prompt_tokens`` and ``output_tokens`` ((low, high) or an array of lengths to
+    draw from, e.g. a prompt set's), ``domain_weights``.
+
+    ``info`` after each step: ``tokens``, ``seconds``, ``iteration_seconds``, ``draft_seconds``,
+    ``running`` (requests in the iteration), ``accepted`` (draft tokens accepted over them), ``ttft`` and
+    ``tpot`` (seconds, of the requests that completed at this step) and ``clock``.
+
+    ## Examples
+
+    ```python
+    >>> import gymnasium as gym
+    >>> import simulator
+    >>> env = gym.make("specblock/SpecServe-v0", rate=4.0, max_batch=4)
+    >>> obs, info = env.reset(seed=0)
+    >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+
+    ```
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
+                 drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
+                 max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
+                 output_tokens: Sequence[int] = DEFAULT_OUTPUT,
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None) -> None:
+        self.batch = ServeBatch(1, profile, acceptance, drafter, rate, requests, max_batch, prompt_tokens,
+                                output_tokens, domain_weights)
+        self.render_mode = render_mode
+        self.action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
+        low, high = serve_bounds(self.batch.cap)
+        self.observation_space = spaces.Box(low, high, dtype=np.float64)
+        self._running = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
+        """Draw a new episode's arrivals and admit the first requests (seeded by ``seed`` when given)."""
+        super().reset(seed=seed)
+        self.batch.start(self.np_random, np.ones(1, dtype=bool))
+        self.batch.draft(self.np_random)
+        self._running = True
+        return self.batch.observations()[0], {}
+
+    def step(self, action: np.ndarray) -> StepResult:
+        """One iteration of the batch with each slot's speculation length ``action``."""
+        assert self.action_space.contains(np.asarray(action, dtype=np.int64)), f"{action!r} invalid"
+        assert self._running, "Call reset before using step method."
+        out = self.batch.verify(np.asarray(action, dtype=np.int64)[None])
+        self.batch.draft(self.np_random)
+        terminated = bool(out["done"][0])
+        self._running = not terminated
+        ttft, tpot = self.batch.latencies(0, out["finished"][0])
+        keys = ("tokens", "seconds", "iteration_seconds", "draft_seconds", "running", "accepted")
+        info = {key: out[key][0].item() for key in keys}
+        info.update(ttft=ttft, tpot=tpot, clock=float(self.batch.clock[0]))
+        reward = info["tokens"] / info["seconds"] if info["seconds"] > 0 else 0.0
+        return self.batch.observations()[0], float(reward), terminated, False, info
+

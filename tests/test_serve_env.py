@@ -1,0 +1,111 @@
+"""``specblock/SpecServe-v0``: speculative decoding under continuous batching, single and vector forms."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import simulator  # noqa: F401  (registers the environments)
+from core.cost_profile import resolve_profile
+from core.errors import InputError
+from policies.features import LENGTH_CAP, serve_features, serve_slots
+from simulator.serve import ServeBatch, SpecServeEnv, batch_verify_seconds
+
+SMALL = {"rate": 8.0, "requests": 6, "max_batch": 3, "prompt_tokens": (16, 64), "output_tokens": (8, 24)}
+
+
+def serve(env: gym.Env, length: int, seed: int = 0) -> list[dict]:
+    """One episode with every request verifying ``length`` positions; the infos of its steps."""
+    obs, _ = env.reset(seed=seed)
+    infos, done = [], False
+    while not done:
+        obs, reward, done, truncated, info = env.step(np.full(SMALL["max_batch"], length))
+        assert not truncated and reward >= 0 and obs.shape == env.observation_space.shape
+        infos.append(info)
+    return infos
+
+
+def test_the_checkers_of_gymnasium_and_stable_baselines3_pass() -> None:
+    check_env(SpecServeEnv(**SMALL), skip_render_check=True)
+    sb3_check_env(SpecServeEnv(**SMALL), warn=False)
+
+
+@pytest.mark.parametrize("length", [0, 3, LENGTH_CAP])
+def test_every_request_completes_with_its_tokens(length: int) -> None:
+    """Tokens emitted add up to the requests' outputs; the batch never exceeds its cap; every request
+    gets a first token after it arrived and a positive time per output token."""
+    env = SpecServeEnv(**SMALL)
+    infos = serve(env, length)
+    batch = env.batch
+    assert sum(i["tokens"] for i in infos) == int(batch.output[0].sum())
+    assert max(i["running"] for i in infos) <= SMALL["max_batch"]
+    ttft = [t for i in infos for t in i["ttft"]]
+    tpot = [t for i in infos for t in i["tpot"]]
+    assert len(ttft) == len(tpot) == SMALL["requests"] and min(ttft) > 0 and min(tpot) > 0
+    assert np.all(batch.first[0] >= batch.arrival[0]) and np.all(batch.finish[0] >= batch.first[0])
+    if length == 0:  # plain decoding: one token per request and iteration
+        assert all(i["tokens"] == i["running"] and i["accepted"] == 0 for i in infos)
+
+
+def test_an_iteration_costs_drafting_and_one_batched_verify() -> None:
+    """Seconds of a step: each request's chain drafting plus the batched verify at the mean nodes and
+    context (a profile without batched samples: one forward over all nodes at the summed context)."""
+    env = SpecServeEnv(**SMALL)
+    env.reset(seed=3)
+    batch, profile = env.batch, resolve_profile(None)
+    active = batch.active[0]
+    action = np.array([2, 5, 1])
+    n = np.minimum(action, batch.drafted[0])[active]
+    contexts = batch.context[0][active]
+    expected = batch.draft_cost[n].sum() + profile.verify_seconds((n + 1).sum(), contexts.sum())
+    _, _, _, _, info = env.step(action)
+    assert info["iteration_seconds"] == pytest.approx(float(expected))
+    assert batch_verify_seconds(profile, np.array([0]), np.array([1.0]), np.array([10.0]))[0] == 0.0
+
+
+def test_the_observation_is_the_shared_serving_features() -> None:
+    env = SpecServeEnv(**SMALL)
+    obs, _ = env.reset(seed=1)
+    slots = serve_slots(obs)
+    assert slots.shape == (SMALL["max_batch"], 3 + LENGTH_CAP)
+    assert np.array_equal(obs, serve_features(int(obs[0]), int(obs[1]), slots))
+    assert obs[0] == env.batch.active[0].sum() and np.all(slots[~env.batch.active[0]] == 0)
+    with pytest.raises(InputError, match="serve_features"):
+        serve_slots(obs[:-1])
+
+
+def test_the_vector_form_with_one_server_draws_as_the_single_env() -> None:
+    single = SpecServeEnv(**SMALL)
+    vector = gym.make_vec("specblock/SpecServe-v0", num_envs=1, vectorization_mode="vector_entry_point", **SMALL)
+    a, _ = single.reset(seed=5)
+    b, _ = vector.reset(seed=5)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        action = rng.integers(0, LENGTH_CAP + 1, SMALL["max_batch"])
+        a, ra, da, _, ia = single.step(action)
+        b, rb, db, _, ib = vector.step(action[None])
+        assert np.array_equal(a, b[0]) and ra == pytest.approx(rb[0]) and da == db[0]
+        assert ia["tokens"] == ib["tokens"][0] and ia["seconds"] == pytest.approx(ib["seconds"][0])
+        if da:
+            break
+
+
+def test_speculation_raises_throughput_on_the_paper_profile() -> None:
+    """On the same arrivals, verifying 4 positions per request gives more tokens per second than plain
+    decoding (the paper's A100 verify step is memory-bound at these batch sizes)."""
+    plain = serve(SpecServeEnv(**SMALL), 0, seed=2)
+    spec = serve(SpecServeEnv(**SMALL), 4, seed=2)
+    rate = [sum(i["tokens"] for i in run) / sum(i["seconds"] for i in run) for run in (plain, spec)]
+    assert rate[1] > rate[0]
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"rate": 0.0}, "rate"), ({"requests": 0}, "requests"), ({"max_batch": 0}, "max_batch"),
+    ({"prompt_tokens": (10, 5)}, "prompt_tokens"), ({"output_tokens": (0, 5)}, "output_tokens"),
+])
+def test_bad_settings_are_input_errors(kwargs: dict, needle: str) -> None:
+    with pytest.raises(InputError, match=needle):
+        ServeBatch(1, **{**SMALL, **kwargs})
