@@ -79,7 +79,8 @@ def test_the_observation_is_the_shared_serving_features() -> None:
 
 def test_the_vector_form_with_one_server_draws_as_the_single_env() -> None:
     single = SpecServeEnv(**SMALL)
-    vector = gym.make_vec("specblock/SpecServe-v0", num_envs=1, vectorization_mode="vector_entry_point", **SMALL)
+    vector = gym.make_vec("specblock/SpecServe-v0", num_envs=1, vectorization_mode="vector_entry_point",
+                          **SMALL)
     a, _ = single.reset(seed=5)
     b, _ = vector.reset(seed=5)
     rng = np.random.default_rng(0)
