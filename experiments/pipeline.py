@@ -46,11 +46,11 @@ from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hol
 from experiments.pipeline_report import write_report
 from experiments.ray_session import check_address
 from experiments.tune import load_calibration, make_setting, tune_policies
-from policies import POLICY_KINDS, load_policy, make_policy, policy_from_dict, policy_to_dict
+from policies import POLICY_KINDS, load_policy, make_policy, policy_from_dict, policy_role, policy_to_dict
 from real_engine import profile as prof
 from real_engine.decode import make_drafter
 from real_engine.model import load_model
-from real_engine.speculate import LengthControlled, is_length_policy
+from real_engine.speculate import LengthControlled
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts, record
 from real_engine.training.drafter_data import target_fingerprint
@@ -301,7 +301,7 @@ def _policies(run: Run) -> dict[str, Any]:
     out = _baselines(run)
     for path in sorted((run.out / "policies").glob("*.json")):
         policy = load_policy(path, seed=run.plan.seed)
-        if is_length_policy(policy):
+        if policy_role(policy) == "length":
             out[path.stem] = policy
     return out
 

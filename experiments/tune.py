@@ -49,13 +49,14 @@ from core.paths import TUNE_RUNS
 from experiments.defaults import default_drafter, default_profile, shipped_traces
 from experiments.folders import check_writable, hold
 from experiments.ray_session import check_address, start_ray  # quiets Ray: ray is imported later, locally
+from policies import check_role
 from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
 from simulator.acceptance import AcceptanceModel
 from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.parametric import PAPER_DOMAINS, paper_acceptance
 from simulator.replay import TraceReplay
-from simulator.rollout import Outcome, is_adaptation, run_adapt, run_length
+from simulator.rollout import Outcome, run_adapt, run_length
 from simulator.traces import load_traces
 from simulator.vector_envs import SpecLengthVectorEnv
 
@@ -64,6 +65,8 @@ TASKS: Mapping[str, tuple[str, ...]] = {
     "adapt": ("cost_aware_bandit", "epsilon_greedy"),
 }
 """Each task and the policy kinds it tunes by default."""
+TASK_ROLES = {"length": "length", "adapt": "adaptation"}
+"""The role (``policies.policy_role``) of the kinds each task tunes."""
 DEFAULT_QUERIES = {"length": 256, "adapt": 2000}
 DEFAULT_CHUNKS = {"length": 4, "adapt": 2}
 SEARCHES = ("random", "grid")
@@ -184,10 +187,7 @@ def check_kinds(task: str, kinds: Sequence[str]) -> tuple[str, ...]:
     for kind in kinds:
         if kind not in POLICY_KINDS:
             raise InputError(f"unknown policy kind {kind!r}: use one of {', '.join(sorted(POLICY_KINDS))}")
-        if is_adaptation(make_policy(kind)) != (task == "adapt"):
-            other = "adapt" if task == "length" else "length"
-            raise InputError(f"policy kind {kind!r} belongs to the {other} study, not {task}: "
-                             f"tune it with `specblock tune {other}`")
+        check_role(make_policy(kind), TASK_ROLES[task], f"specblock tune {task}")
     return kinds
 
 

@@ -31,9 +31,11 @@ Adaptation observation (``adapt_features``), ``len(ADAPT_FEATURES) + n_domains``
     | 5      | queries_since_update | queries served since the last training event             | 0   | inf |
     | 6 ..   | share_<d>            | share of domain d among recent queries (sum 1, or all 0) | 0   | 1   |
 
-Serving observation (``serve_features``), ``3 + batch_cap * SERVE_SLOT_DIM`` entries: the batch's
-``running`` requests, the ``waiting`` ones (arrived, not admitted) and the ``batch_cap``, then per batch
-slot ``SERVE_SLOT_DIM = 3 + LENGTH_CAP`` entries (all 0 for an empty slot):
+Serving observation (``serve_features``), ``6 + batch_cap * SERVE_SLOT_DIM`` entries: the batch's
+``running`` requests, the ``waiting`` ones (arrived, not admitted), the ``batch_cap``, and what the next
+iteration costs: ``base_seconds`` (the batched verify with no draft), ``node_seconds`` (what one more
+verified node of one request adds to it, at this batch) and ``draft_seconds`` (drafting per position per
+request); then per batch slot ``SERVE_SLOT_DIM = 3 + LENGTH_CAP`` entries (all 0 for an empty slot):
 
     | index in a slot | meaning                                                       | min | max |
     |-----------------|---------------------------------------------------------------|-----|-----|
@@ -187,8 +189,10 @@ def check_adapt_obs(obs: np.ndarray) -> np.ndarray:
     return arr
 
 
-SERVE_GLOBAL: tuple[str, ...] = ("running", "waiting", "batch_cap")
+SERVE_GLOBAL: tuple[str, ...] = ("running", "waiting", "batch_cap", "base_seconds", "node_seconds",
+                                  "draft_seconds")
 """The batch-wide fields that open a serving observation."""
+SERVE_INDEX = MappingProxyType({name: i for i, name in enumerate(SERVE_GLOBAL)})
 SERVE_SLOT_DIM: int = 3 + LENGTH_CAP
 SERVE_SLOT_SLICES = MappingProxyType({
     "active": slice(0, 1), "context_length": slice(1, 2), "remaining": slice(2, 3),
@@ -197,9 +201,11 @@ SERVE_SLOT_SLICES = MappingProxyType({
 """Named fields of one slot's row in a serving observation (``serve_slots``)."""
 
 
-def serve_features(running: int, waiting: int, slots: np.ndarray) -> np.ndarray:
-    """The serving observation: ``running``, ``waiting``, the batch cap (``slots``' rows), then ``slots``
-    ([batch_cap, SERVE_SLOT_DIM]: per slot active, context length, remaining tokens, c_1..c_cap)."""
+def serve_features(running: int, waiting: int, costs: tuple[float, float, float], slots: np.ndarray
+                   ) -> np.ndarray:
+    """The serving observation: ``running``, ``waiting``, the batch cap (``slots``' rows), ``costs``
+    (base, node and draft seconds), then ``slots`` ([batch_cap, SERVE_SLOT_DIM]: per slot active,
+    context length, remaining tokens, c_1..c_cap)."""
     rows = np.asarray(slots, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != SERVE_SLOT_DIM or rows.shape[0] < 1:
         raise InputError(f"slots must be [batch_cap, {SERVE_SLOT_DIM}], got shape {rows.shape}: one row per "
@@ -207,16 +213,19 @@ def serve_features(running: int, waiting: int, slots: np.ndarray) -> np.ndarray:
     confidences = rows[:, SERVE_SLOT_SLICES["confidences"]]
     if not np.all(np.isfinite(rows)) or np.any(rows < 0) or np.any(confidences > 1):
         raise InputError("slots hold negative, infinite or confidence values above 1: pass finite values")
-    head = [_count("running", running), _count("waiting", waiting), rows.shape[0]]
+    base, node, draft = (_scalar(name, value, 0.0, np.inf) for name, value in zip(
+        SERVE_GLOBAL[3:], costs, strict=True))
+    head = [_count("running", running), _count("waiting", waiting), rows.shape[0], base, node, draft]
     return np.concatenate((np.asarray(head, dtype=np.float64), rows.reshape(-1)))
 
 
 def serve_slots(obs: np.ndarray) -> np.ndarray:
     """The ``[batch_cap, SERVE_SLOT_DIM]`` slot rows of a serving observation."""
     arr = np.asarray(obs, dtype=np.float64)
-    cap = int(arr[len(SERVE_GLOBAL) - 1]) if arr.ndim == 1 and arr.size > len(SERVE_GLOBAL) else -1
-    if cap < 1 or arr.size != len(SERVE_GLOBAL) + cap * SERVE_SLOT_DIM:
-        raise InputError(f"a serving observation of shape {arr.shape} is not 3 + batch_cap x "
+    head = len(SERVE_GLOBAL)
+    cap = int(arr[SERVE_INDEX["batch_cap"]]) if arr.ndim == 1 and arr.size > head else -1
+    if cap < 1 or arr.size != head + cap * SERVE_SLOT_DIM:
+        raise InputError(f"a serving observation of shape {arr.shape} is not {head} + batch_cap x "
                          f"{SERVE_SLOT_DIM} entries: build it with policies.features.serve_features")
     return arr[len(SERVE_GLOBAL):].reshape(cap, SERVE_SLOT_DIM)
 
@@ -227,5 +236,5 @@ def serve_bounds(batch_cap: int) -> tuple[np.ndarray, np.ndarray]:
     high = np.full((cap, SERVE_SLOT_DIM), np.inf)
     high[:, SERVE_SLOT_SLICES["active"]] = 1.0
     high[:, SERVE_SLOT_SLICES["confidences"]] = 1.0
-    head = np.array([np.inf, np.inf, np.inf])
+    head = np.full(len(SERVE_GLOBAL), np.inf)
     return np.zeros(len(SERVE_GLOBAL) + cap * SERVE_SLOT_DIM), np.concatenate((head, high.reshape(-1)))

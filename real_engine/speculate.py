@@ -23,7 +23,7 @@ import torch
 
 from core.cost_profile import CostProfile
 from core.errors import InputError
-from policies import length as length_policies
+from policies import check_role
 from policies.base import Policy
 from policies.features import LENGTH_CAP, length_features, tree_confidences
 from real_engine.drafters.base import Drafter, clock
@@ -90,11 +90,6 @@ def subtree(tree: DraftTree, nodes: Sequence[int]) -> tuple[DraftTree, list[int]
     return DraftTree(tree.tokens[rows], new_parents, pick(tree.q), tree.child_rule, **extra), keep
 
 
-def is_length_policy(policy: Policy) -> bool:
-    """Whether ``policy`` chooses speculation lengths (else it decides drafter updates)."""
-    return type(policy).__module__ == length_policies.__name__
-
-
 class LengthControlled:
     """A drafter whose proposals a length policy trims before verification (see the module doc).
 
@@ -103,11 +98,7 @@ class LengthControlled:
     """
 
     def __init__(self, drafter: Drafter, policy: Policy, profile: CostProfile, kind: str) -> None:
-        if not is_length_policy(policy):
-            raise InputError(
-                f"policy kind {policy.kind!r} decides drafter updates, not speculation length: "
-                "deploy it on a query stream (`specblock bench --policy` or the pipeline)"
-            )
+        check_role(policy, "length", "the length-controlled drafter")
         # T(0..cap) over the context grid, built once (fails early, with the fix, if the profile lacks
         # the drafter); each iteration reads its context's row.
         self.steps_table = profile.step_table(kind, LENGTH_CAP)

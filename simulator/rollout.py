@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from policies import adaptation
 from policies.base import Policy, policy_from_dict, policy_to_dict
 from policies.features import LENGTH_CAP, LENGTH_SLICES
 from simulator.adapt_stream import AdaptStreamEnv
@@ -48,11 +47,6 @@ class Outcome:
     def latency_seconds(self) -> float:
         """Mean seconds per query."""
         return self.seconds / self.queries
-
-
-def is_adaptation(policy: Policy) -> bool:
-    """Whether ``policy`` decides drafter updates (else it decides speculation lengths)."""
-    return type(policy).__module__ == adaptation.__name__
 
 
 def _copy(policy: Policy, seed: int) -> Policy:

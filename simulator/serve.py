@@ -203,8 +203,21 @@ class ServeBatch:
         slots[..., SERVE_SLOT_SLICES["context_length"]] = np.where(active, self.context, 0)[..., None]
         slots[..., SERVE_SLOT_SLICES["remaining"]] = np.where(active, self.remaining, 0)[..., None]
         slots[..., SERVE_SLOT_SLICES["confidences"]] = self.confidences
-        head = np.stack((active.sum(1), self.waiting(), np.full(self.num, self.cap)), axis=1)
+        head = np.stack((active.sum(1), self.waiting(), np.full(self.num, self.cap), *self.costs()), axis=1)
         return np.concatenate((head.astype(np.float64), slots.reshape(self.num, -1)), axis=1)
+
+    def costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(N,) each: the next iteration's batched verify with no draft, what one more verified node of
+        one request adds to it, and drafting per position per request (``serve_features``)."""
+        active = self.active
+        running = active.sum(1)
+        safe = np.maximum(running, 1)
+        context = np.where(active, self.context, 0).sum(1) / safe
+        base = batch_verify_seconds(self.profile, running, np.ones(self.num), context)
+        more = batch_verify_seconds(self.profile, running, np.full(self.num, 2.0), context)
+        node = np.where(running > 0, (more - base) / safe, 0.0)
+        draft = np.where(running > 0, self.draft_cost[LENGTH_CAP] / LENGTH_CAP, 0.0)
+        return base, np.maximum(node, 0.0), draft
 
     def latencies(self, server: int, requests: np.ndarray) -> tuple[list[float], list[float]]:
         """TTFT (arrival to first token) and TPOT (first to last token over the further tokens) of
@@ -230,9 +243,10 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Observation Space
 
-    ``policies.features.serve_features``: running and waiting requests, the batch cap, then per slot
-    whether it runs a request, its context length, its remaining tokens and its pending draft's
-    confidences c_1..c_16 (``SERVE_SLOT_SLICES``).
+    ``policies.features.serve_features``: running and waiting requests, the batch cap, the next
+    iteration's costs (base, per node, per drafted position), then per slot whether it runs a request,
+    its context length, its remaining tokens and its pending draft's confidences c_1..c_16
+    (``SERVE_SLOT_SLICES``).
 
     ## Rewards
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from policies import POLICY_FILE_VERSION, POLICY_KINDS, InputError, load_policy, make_policy, save_policy
-from policies.features import adapt_features, length_features
+from policies.features import SERVE_SLOT_DIM, adapt_features, length_features, serve_features
 
 # Non-default parameters for every kind, so a round trip proves each one is written and read back.
 NON_DEFAULT = {
@@ -25,8 +25,13 @@ NON_DEFAULT = {
     "cost_aware_bandit": {"warmup": 5, "cold_start_events": 4, "epsilon_start": 0.5, "epsilon_end": 0.05,
                           "cooldown": 3, "s_min": 7.0, "gain_alpha": 0.25, "throughput_alpha": 0.1,
                           "saturation": 0.9, "window": 6, "revert_windows": 2},
+    "batch-table": {"l1": 6, "l4": 2, "l8": 0},
+    "goodput": {"max_length": 5},
+    "libraspec-batch": {"max_length": 6, "margin": 1.2},
+    "threshold-batch": {"threshold": 0.35, "max_length": 5},
 }
 LENGTH_KINDS = {"fixed", "threshold", "heuristic", "libraspec", "libraspec_exhaustive"}
+SERVING_KINDS = {"batch-table", "goodput", "libraspec-batch", "threshold-batch"}
 
 
 def test_every_registered_kind_is_covered():
@@ -46,9 +51,13 @@ def test_round_trip(kind, tmp_path):
     assert type(loaded) is type(policy) and loaded.params == policy.params
     if kind in LENGTH_KINDS:
         obs = length_features(np.array([0.9, 0.7, 0.6, 0.2]), 10, np.linspace(1.0, 1.8, 17))
+    elif kind in SERVING_KINDS:
+        slots = np.zeros((2, SERVE_SLOT_DIM))
+        slots[0, :7] = (1, 40, 20, 0.9, 0.8, 0.7, 0.6)
+        obs = serve_features(1, 0, (0.03, 0.001, 0.001), slots)
     else:
         obs = adapt_features(1.0, 1.0, 9.0, 3.0, 0.0, 0, np.array([1.0]))
-    assert loaded.act(obs) == make_policy(kind, NON_DEFAULT[kind], seed=0).act(obs)
+    assert np.array_equal(loaded.act(obs), make_policy(kind, NON_DEFAULT[kind], seed=0).act(obs))
 
 
 def test_numpy_parameters_are_stored_as_plain_json(tmp_path):

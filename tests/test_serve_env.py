@@ -71,7 +71,9 @@ def test_the_observation_is_the_shared_serving_features() -> None:
     obs, _ = env.reset(seed=1)
     slots = serve_slots(obs)
     assert slots.shape == (SMALL["max_batch"], 3 + LENGTH_CAP)
-    assert np.array_equal(obs, serve_features(int(obs[0]), int(obs[1]), slots))
+    costs = tuple(obs[3:6])
+    assert np.array_equal(obs, serve_features(int(obs[0]), int(obs[1]), costs, slots))
+    assert costs[0] > 0 and costs[1] > 0 and costs[2] > 0
     assert obs[0] == env.batch.active[0].sum() and np.all(slots[~env.batch.active[0]] == 0)
     with pytest.raises(InputError, match="serve_features"):
         serve_slots(obs[:-1])

@@ -51,18 +51,12 @@ def _temperatures(value: str) -> tuple[float, ...]:
 
 
 def _policies(paths: tuple[Path, ...]) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """(name, content) of each length policy file; InputError for a bad file or an adaptation policy."""
-    from policies import load_policy, policy_to_dict  # numpy, torch: not for --help
-    from real_engine.speculate import is_length_policy
+    """(name, content) of each length policy file; InputError for a bad file or another role's policy."""
+    from policies import check_role, load_policy, policy_to_dict  # numpy, torch: not for --help
 
     out = {}
     for path in paths:
-        policy = load_policy(path)
-        if not is_length_policy(policy):
-            raise InputError(f"--policy {path}: kind {policy.kind!r} decides drafter updates across a "
-                             "stream: "
-                             "deploy it with `specblock pipeline`, or give a length policy")
-        out[path.stem] = policy_to_dict(policy)
+        out[path.stem] = policy_to_dict(check_role(load_policy(path), "length", f"--policy {path}"))
     return tuple(out.items())
 
 

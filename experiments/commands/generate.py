@@ -70,13 +70,9 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 
 def _check_policy(path: Path, drafter: str, paths: int | None) -> Any:
     """The length policy in ``path``; InputError when it cannot steer this generation."""
-    from policies import load_policy  # numpy, torch: not for --help
-    from real_engine.speculate import is_length_policy
+    from policies import check_role, load_policy  # numpy, torch: not for --help
 
-    policy = load_policy(path)
-    if not is_length_policy(policy):
-        raise InputError(f"--policy {path}: kind {policy.kind!r} decides drafter updates across a stream of "
-                         "queries: deploy it with `specblock pipeline`, or give a length policy")
+    policy = check_role(load_policy(path), "length", f"--policy {path}")
     if drafter == VANILLA:
         raise InputError("--policy chooses how much of each draft to verify: give a --drafter")
     if (paths or 1) > 1:

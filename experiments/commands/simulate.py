@@ -233,11 +233,12 @@ def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
 def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[Path, ...],
               queries: int, seed: int) -> dict[str, Any]:
     from core.cost_profile import load_profile  # numpy and the simulator: not for --help
+    from policies import USES, policy_role
     from policies.base import load_policy, make_policy
     from simulator.adapt_stream import AdaptStreamEnv, default_phases
     from simulator.parametric import default_acceptance
     from simulator.replay import TraceReplay
-    from simulator.rollout import is_adaptation, run_adapt, run_length
+    from simulator.rollout import run_adapt, run_length
     from simulator.traces import load_traces
     from simulator.vector_envs import SpecLengthVectorEnv
 
@@ -252,7 +253,11 @@ def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[
         named += [(f"fixed-{n}", make_policy("fixed", {"length": n})) for n in BASELINES]
     rows = []
     for name, policy in named:
-        if is_adaptation(policy):
+        role = policy_role(policy)
+        if role == "serving":
+            raise InputError(f"--policy {name}: {USES[role]}; `specblock simulate` runs length and "
+                             "adaptation policies")
+        if role == "adaptation":
             env = AdaptStreamEnv(profile, model, drafter, phases=default_phases(model.domains, queries))
             outcome, where = run_adapt(policy, env, seed), "AdaptStream"
         else:

@@ -1,0 +1,176 @@
+"""Speculation-length policies under load: a length for every running request of a batch, from the
+serving observation (``policies.features.serve_features``), the same in ``SpecServe-v0`` and the live
+batched engine.
+
+A request's expected tokens from verifying ``k`` draft positions are ``1 + sum_j prod_{l <= j} c_l``
+(the bonus token, then each position reached), from its draft's confidences; the next iteration costs
+``base_seconds + sum_i k_i (node_seconds + draft_seconds)`` (the observation's cost fields: the batched
+verify with no draft, one more verified node at this batch, drafting per position). The kinds:
+
+- ``batch-table``: vLLM's per-batch-size table: one length for every request, read from the batch's
+  size (``l1`` .. ``l8``; larger batches use ``l8``).
+- ``goodput``: SmartSpec's choice of one length for the whole batch: the ``k`` up to ``max_length`` that
+  maximizes expected tokens per second of the iteration.
+- ``libraspec-batch``: LibraSpec per request with the batch's marginal cost: add positions one at a time
+  to the request whose next position is likeliest accepted while that raises the iteration's expected
+  tokens per second by more than the factor ``margin`` (optimal for the ratio with these costs: every
+  request's expected tokens are concave in its length).
+- ``threshold-batch``: per request, the positions whose path confidence is at least ``threshold``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+
+from policies.base import Params, register
+from policies.features import LENGTH_CAP, SERVE_INDEX, SERVE_SLOT_SLICES, serve_slots
+
+TABLE_SIZES = 8  # batch sizes the table names; larger batches use the last entry
+
+
+def request_view(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(active slots, path confidences [slots, cap], base seconds, seconds per verified position)."""
+    slots = serve_slots(obs)
+    active = slots[:, SERVE_SLOT_SLICES["active"]][:, 0] > 0
+    paths = np.cumprod(slots[:, SERVE_SLOT_SLICES["confidences"]], axis=1)
+    step = float(obs[SERVE_INDEX["node_seconds"]] + obs[SERVE_INDEX["draft_seconds"]])
+    return active, paths, float(obs[SERVE_INDEX["base_seconds"]]), step
+
+
+def expected_rate(paths: np.ndarray, lengths: np.ndarray, base: float, step: float) -> float:
+    """Expected tokens per second of an iteration in which each request verifies ``lengths`` positions."""
+    reach = np.arange(LENGTH_CAP)[None, :] < lengths[:, None]
+    tokens = lengths.size + float((paths * reach).sum())
+    seconds = base + step * float(lengths.sum())
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+class ServingPolicy:
+    """What the serving policies share: no learned state; ``act`` gives one length per batch slot."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, params: Params, seed: int | None = None) -> None:
+        self.params = params
+
+    def reset(self, seed: int | None = None) -> None:
+        """Nothing to forget."""
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, reward: float, info: Mapping[str, float]) -> None:
+        """Nothing to learn."""
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Lengths per batch slot (0 for empty slots)."""
+        active, paths, base, step = request_view(obs)
+        out = np.zeros(active.size, dtype=np.int64)
+        if active.any():
+            out[active] = self.lengths(paths[active], base, step)
+        return out
+
+    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+        """The running requests' lengths."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class TableParams(Params):
+    """Lengths by batch size 1..8."""
+
+    l1: int = 4
+    l2: int = 4
+    l3: int = 3
+    l4: int = 3
+    l5: int = 2
+    l6: int = 2
+    l7: int = 2
+    l8: int = 1
+    RANGES: ClassVar[Mapping[str, tuple]] = {f"l{i}": (0, LENGTH_CAP, True)
+                                             for i in range(1, TABLE_SIZES + 1)}
+
+
+@register
+class BatchTable(ServingPolicy):
+    """vLLM-style: one length for the whole batch, by its size."""
+
+    kind = "batch-table"
+    params_type = TableParams
+
+    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+        table = dataclasses.astuple(self.params)
+        return np.full(paths.shape[0], table[min(paths.shape[0], TABLE_SIZES) - 1])
+
+
+@dataclasses.dataclass(frozen=True)
+class GoodputParams(Params):
+    """The longest length the batch may take."""
+
+    max_length: int = 8
+    RANGES: ClassVar[Mapping[str, tuple]] = {"max_length": (0, LENGTH_CAP, True)}
+
+
+@register
+class Goodput(ServingPolicy):
+    """SmartSpec-style: the one batch-wide length with the highest expected tokens per second."""
+
+    kind = "goodput"
+    params_type = GoodputParams
+
+    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+        rates = [expected_rate(paths, np.full(paths.shape[0], k), base, step)
+                 for k in range(self.params.max_length + 1)]
+        return np.full(paths.shape[0], int(np.argmax(rates)))
+
+
+@dataclasses.dataclass(frozen=True)
+class MarginalParams(Params):
+    """The longest length a request may take, and how much a position must raise the rate."""
+
+    max_length: int = 8
+    margin: float = 1.0
+    RANGES: ClassVar[Mapping[str, tuple]] = {"max_length": (0, LENGTH_CAP, True), "margin": (0.5, 2.0)}
+
+
+@register
+class LibraSpecBatch(ServingPolicy):
+    """LibraSpec per request with the batch's marginal cost (module doc)."""
+
+    kind = "libraspec-batch"
+    params_type = MarginalParams
+
+    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+        count = paths.shape[0]
+        k = np.zeros(count, dtype=np.int64)
+        tokens, seconds = float(count), base
+        cap = self.params.max_length
+        while True:
+            gains = np.where(k < cap, paths[np.arange(count), np.minimum(k, LENGTH_CAP - 1)], -1.0)
+            best = int(np.argmax(gains))
+            worth = gains[best] * seconds > self.params.margin * tokens * step  # raises tokens/s enough
+            if gains[best] <= 0 or seconds <= 0 or not worth:
+                return k
+            k[best] += 1
+            tokens, seconds = tokens + gains[best], seconds + step
+
+
+@dataclasses.dataclass(frozen=True)
+class ThresholdParams(Params):
+    """The path confidence a position needs, and the longest length."""
+
+    threshold: float = 0.5
+    max_length: int = 8
+    RANGES: ClassVar[Mapping[str, tuple]] = {"threshold": (0.0, 1.0), "max_length": (0, LENGTH_CAP, True)}
+
+
+@register
+class ThresholdBatch(ServingPolicy):
+    """Per request: the leading positions whose path confidence is at least ``threshold``."""
+
+    kind = "threshold-batch"
+    params_type = ThresholdParams
+
+    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+        return np.minimum((paths >= self.params.threshold).sum(1), self.params.max_length)

@@ -1,0 +1,69 @@
+"""The serving policies: a speculation length per running request from the serving observation."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from core.errors import InputError
+from policies import load_policy, make_policy, save_policy
+from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, serve_features
+from policies.serving import expected_rate, request_view
+from simulator.serve import SpecServeEnv
+
+
+def observation(confidences: list[list[float]], cap: int = 4, costs=(0.03, 0.0005, 0.0004)) -> np.ndarray:
+    """A serving observation with one running request per confidence row, the other slots empty."""
+    slots = np.zeros((cap, SERVE_SLOT_DIM))
+    for i, row in enumerate(confidences):
+        slots[i, :3] = (1, 100 + i, 50)
+        slots[i, 3:3 + len(row)] = row
+    return serve_features(len(confidences), 0, costs, slots)
+
+
+def test_the_table_reads_the_batch_size() -> None:
+    policy = make_policy("batch-table", {"l1": 7, "l2": 5, "l8": 1})
+    assert policy.act(observation([[0.9]])).tolist() == [7, 0, 0, 0]
+    assert policy.act(observation([[0.9], [0.1]])).tolist() == [5, 5, 0, 0]
+    with pytest.raises(InputError, match="l3"):
+        make_policy("batch-table", {"l3": LENGTH_CAP + 1})
+
+
+def test_goodput_and_the_marginal_rule_are_the_best_choices_by_enumeration() -> None:
+    """Goodput's length is the best one batch-wide length; LibraSpec per request (margin 1) reaches the
+    best expected rate over every per-request choice, found by enumeration on two requests."""
+    obs = observation([[0.95, 0.9, 0.85, 0.6, 0.3, 0.2], [0.5, 0.4, 0.2, 0.1, 0.1, 0.1]])
+    active, paths, base, step = request_view(obs)
+    paths = paths[active]
+    goodput = make_policy("goodput", {"max_length": 6}).act(obs)[:2]
+    best_one = max(range(7), key=lambda k: expected_rate(paths, np.full(2, k), base, step))
+    assert goodput.tolist() == [best_one] * 2
+    marginal = make_policy("libraspec-batch", {"max_length": 6, "margin": 1.0}).act(obs)[:2]
+    best = max(expected_rate(paths, np.array(k), base, step) for k in itertools.product(range(7), repeat=2))
+    assert expected_rate(paths, marginal, base, step) == pytest.approx(best)
+    assert marginal[0] > marginal[1]  # the surer request speculates further
+
+
+def test_the_threshold_keeps_the_confident_positions() -> None:
+    obs = observation([[0.9, 0.8, 0.5, 0.9], [0.4]])
+    strict = make_policy("threshold-batch", {"threshold": 0.5, "max_length": 8})
+    loose = make_policy("threshold-batch", {"threshold": 0.3, "max_length": 1})
+    assert strict.act(obs).tolist() == [2, 0, 0, 0] and loose.act(obs).tolist() == [1, 1, 0, 0]
+
+
+@pytest.mark.parametrize("kind", ["batch-table", "goodput", "libraspec-batch", "threshold-batch"])
+def test_each_policy_serves_an_episode_and_round_trips_its_file(kind: str, tmp_path) -> None:
+    policy = make_policy(kind)
+    env = SpecServeEnv(rate=8.0, requests=5, max_batch=3, prompt_tokens=(16, 32), output_tokens=(8, 16))
+    obs, _ = env.reset(seed=0)
+    done, tokens = False, 0
+    while not done:
+        action = policy.act(obs)
+        assert env.action_space.contains(action)
+        obs, _, done, _, info = env.step(action)
+        tokens += info["tokens"]
+    assert tokens == int(env.batch.output[0].sum())
+    again = load_policy(save_policy(policy, tmp_path / f"{kind}.json"))
+    assert again.kind == kind and again.params == policy.params
