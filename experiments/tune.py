@@ -1,12 +1,13 @@
 """Ray Tune studies: search each policy kind's parameters on the simulator and export the best policy.
 
 A study tunes one task (``length``: speculation-length policies on SpecLength; ``adapt``: adaptation
-policies on AdaptStream streams with a domain shift) as one Ray Tune experiment whose trials are the
-configurations of every policy kind, drawn from search spaces derived from each kind's parameter
-``RANGES`` (``configurations``). The objective is simulated tokens/s. Every trial serves the same
-simulated work: chunk k of every trial runs with seed ``seed + k`` (common random numbers), so trials
-differ only by their policy. A trial reports its cumulative tokens/s after each chunk, which is what
-the ASHA scheduler stops early on.
+policies on AdaptStream streams with a domain shift; ``serve``: serving policies on SpecServe episodes of
+``queries`` Poisson arrivals at ``rate`` per second, ``max_batch`` at once) as one Ray Tune experiment
+whose trials are the configurations of every policy kind, drawn from search spaces derived from each
+kind's parameter ``RANGES`` (``configurations``). The objective is simulated tokens/s. Every trial serves
+the same simulated work: chunk k of every trial runs with seed ``seed + k`` (common random numbers), so
+trials differ only by their policy. A trial reports its cumulative tokens/s after each chunk, which is
+what the ASHA scheduler stops early on.
 
 ``length`` chunks split ``queries`` queries into ``chunks`` batches; ``adapt`` chunks are
 ``chunks`` independent streams of ``queries`` queries each (a stream cannot be cut without changing
@@ -56,19 +57,21 @@ from simulator.acceptance import AcceptanceModel
 from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.parametric import PAPER_DOMAINS, paper_acceptance
 from simulator.replay import TraceReplay
-from simulator.rollout import Outcome, run_adapt, run_length
+from simulator.rollout import Outcome, run_adapt, run_length, run_serve
+from simulator.serve import DEFAULT_BATCH, DEFAULT_RATE, SpecServeEnv, check_serving
 from simulator.traces import load_traces
 from simulator.vector_envs import SpecLengthVectorEnv
 
 TASKS: Mapping[str, tuple[str, ...]] = {
     "length": ("libraspec", "threshold", "heuristic", "fixed"),
     "adapt": ("cost_aware_bandit", "epsilon_greedy"),
+    "serve": ("libraspec-batch", "batch-table", "goodput", "threshold-batch"),
 }
 """Each task and the policy kinds it tunes by default."""
-TASK_ROLES = {"length": "length", "adapt": "adaptation"}
+TASK_ROLES = {"length": "length", "adapt": "adaptation", "serve": "serving"}
 """The role (``policies.policy_role``) of the kinds each task tunes."""
-DEFAULT_QUERIES = {"length": 256, "adapt": 2000}
-DEFAULT_CHUNKS = {"length": 4, "adapt": 2}
+DEFAULT_QUERIES = {"length": 256, "adapt": 2000, "serve": 64}
+DEFAULT_CHUNKS = {"length": 4, "adapt": 2, "serve": 2}
 SEARCHES = ("random", "grid")
 SCHEDULERS = ("fifo", "asha")
 MAX_GRID = 4096
@@ -115,6 +118,10 @@ class Setting:
     seed: int = 0
     calibration: str | None = None
     """A calibration file (``policies.calibration``) for the kinds that read confidences, or None."""
+    rate: float = DEFAULT_RATE
+    """serve: requests per second."""
+    max_batch: int = DEFAULT_BATCH
+    """serve: the batch cap."""
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready form (for results and resume checks)."""
@@ -124,11 +131,15 @@ class Setting:
 def make_setting(task: str, profile: str | Path | None = None, traces: str | Path | None = None,
                  queries: int | None = None, chunks: int | None = None, seed: int = 0,
                  traffic: Traffic | None = None, drafter: str | None = None,
-                 calibration: str | Path | None = None) -> Setting:
+                 calibration: str | Path | None = None, rate: float = DEFAULT_RATE,
+                 max_batch: int = DEFAULT_BATCH) -> Setting:
     """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
     them (``experiments.defaults``); a ``traffic`` replaces the shipped traces; ``calibration`` (a file)
-    comes with every length policy that reads confidences."""
+    comes with every length policy that reads confidences; ``rate`` and ``max_batch`` shape the serve
+    study's traffic (``queries`` requests per episode, ``chunks`` episodes)."""
     _check_task(task)
+    if task == "serve":
+        rate, _, max_batch = check_serving(rate, 1, max_batch)
     queries = DEFAULT_QUERIES[task] if queries is None else queries
     chunks = DEFAULT_CHUNKS[task] if chunks is None else chunks
     for name, value, low in (("queries", queries, 1), ("chunks", chunks, 1), ("seed", seed, 0)):
@@ -156,7 +167,7 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
         load_calibration(calibration)  # a bad file fails here, not in every trial
         calibration = str(Path(calibration).resolve())
     return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed,
-                   calibration)
+                   calibration, float(rate), int(max_batch))
 
 
 @functools.lru_cache(maxsize=8)
@@ -209,6 +220,11 @@ def simulate_chunks(setting: Setting, kind: str, params: Mapping[str, Any]) -> I
         for k, size in enumerate(np.diff(np.linspace(0, setting.queries, setting.chunks + 1).astype(int))):
             env = SpecLengthVectorEnv(int(size), profile, model, setting.drafter)
             yield run_length(policy, env, setting.seed + k)
+    elif setting.task == "serve":
+        for k in range(setting.chunks):
+            env = SpecServeEnv(profile, model, setting.drafter, setting.rate, setting.queries,
+                               setting.max_batch)
+            yield run_serve(policy, env, setting.seed + k)
     else:
         phases = default_phases(model.domains, setting.queries)
         for k in range(setting.chunks):

@@ -131,7 +131,8 @@ class MarginalParams(Params):
 
     max_length: int = 8
     margin: float = 1.0
-    RANGES: ClassVar[Mapping[str, tuple]] = {"max_length": (0, LENGTH_CAP, True), "margin": (0.5, 2.0)}
+    RANGES: ClassVar[Mapping[str, tuple]] = {"max_length": (0, LENGTH_CAP, True),
+                                             "margin": (0.5, 2.0, False)}
 
 
 @register
@@ -162,7 +163,8 @@ class ThresholdParams(Params):
 
     threshold: float = 0.5
     max_length: int = 8
-    RANGES: ClassVar[Mapping[str, tuple]] = {"threshold": (0.0, 1.0), "max_length": (0, LENGTH_CAP, True)}
+    RANGES: ClassVar[Mapping[str, tuple]] = {"threshold": (0.0, 1.0, False),
+                                             "max_length": (0, LENGTH_CAP, True)}
 
 
 @register

@@ -5,7 +5,8 @@ queries dropped as they end; each query is served by its own fresh copy of the p
 parameters, not learned state), or, for a stateless policy with ``choose_batch`` (fixed, threshold,
 LibraSpec), by one numpy call that chooses the same actions for every slot at once. Adaptation
 policies run one ``AdaptStreamEnv`` stream and follow the engine's loop (``policies.adaptation``):
-act, serve, observe, revert when the policy asks, checkpoint when it says the drafter is good.
+act, serve, observe, revert when the policy asks, checkpoint when it says the drafter is good. Serving
+policies run one ``SpecServeEnv`` episode: a length per running request at every batched iteration.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from policies.base import Policy, policy_from_dict, policy_to_dict
 from policies.features import LENGTH_CAP, LENGTH_SLICES
 from simulator.adapt_stream import AdaptStreamEnv
+from simulator.serve import SpecServeEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 
 
@@ -163,3 +165,17 @@ def run_adapt(policy: Policy, env: AdaptStreamEnv, seed: int) -> Outcome:
         iterations += query_tokens / info["tau"]
         obs = next_obs
     return Outcome(queries, tokens, seconds, iterations)
+
+
+def run_serve(policy: Policy, env: SpecServeEnv, seed: int) -> Outcome:
+    """Serve one episode of ``env`` with a fresh copy of a serving ``policy``: its requests, tokens, busy
+    seconds (iterations and prefills) and batched target forwards."""
+    obs, _ = env.reset(seed=seed)
+    own = _copy(policy, seed)
+    tokens = seconds = iterations = drafting = 0.0
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(own.act(obs))
+        tokens, seconds = tokens + info["tokens"], seconds + info["seconds"]
+        iterations, drafting = iterations + 1, drafting + info["draft_seconds"]
+    return Outcome(env.batch.requests, tokens, seconds, iterations, drafting)

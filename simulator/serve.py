@@ -71,6 +71,16 @@ def lengths(value: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
     return arr
 
 
+def check_serving(rate: float, requests: int, max_batch: int) -> tuple[float, int, int]:
+    """Validated (arrival rate, requests per episode, batch cap)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (np.isfinite(rate) and rate > 0):
+        raise InputError(f"rate = {rate!r}: give a positive arrival rate (requests per second)")
+    for name, value in (("requests", requests), ("max_batch", max_batch)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InputError(f"{name} = {value!r}: give a whole number >= 1")
+    return float(rate), int(requests), int(max_batch)
+
+
 class ServeBatch:
     """N servers at once: the state and dynamics both SpecServe environments run."""
 
@@ -79,12 +89,7 @@ class ServeBatch:
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
                  domain_weights: Mapping[str, float] | None = None) -> None:
-        if not (np.isfinite(rate) and rate > 0):
-            raise InputError(f"rate = {rate!r}: give a positive arrival rate (requests per second)")
-        if isinstance(requests, bool) or int(requests) != requests or requests < 1:
-            raise InputError(f"requests = {requests!r}: give a whole number of arrivals >= 1")
-        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
-            raise InputError(f"max_batch = {max_batch!r}: give a batch cap >= 1")
+        self.rate, self.requests, self.cap = check_serving(rate, requests, max_batch)
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if self.model.cap != LENGTH_CAP:
@@ -94,7 +99,7 @@ class ServeBatch:
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         self.prompts = lengths(prompt_tokens, "prompt_tokens")
         self.outputs = lengths(output_tokens, "output_tokens")
-        self.rate, self.requests, self.cap, self.num = float(rate), int(requests), int(max_batch), num
+        self.num = num
         shape, queue = (num, self.cap), (num, self.requests)
         self.arrival, self.prompt = np.zeros(queue), np.zeros(queue, dtype=np.int64)
         self.output, self.domain = np.zeros(queue, dtype=np.int64), np.zeros(queue, dtype=np.int64)

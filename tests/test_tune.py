@@ -115,6 +115,10 @@ def test_configurations_start_at_the_defaults_and_respect_the_ranges():
     ["length", "--policy-kind", "never"],
     ["adapt", "--search", "grid", "--policy-kind", "cost_aware_bandit"],
     ["length", "--queries", "2", "--chunks", "3"],
+    ["length", "--rate", "3"],
+    ["serve", "--policy-kind", "libraspec"],
+    ["serve", "--rate", "0"],
+    ["serve", "--max-batch", "0"],
 ])
 def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]):
     code, out, err = run(argv, capsys)
@@ -133,3 +137,21 @@ def test_cli_json(ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert set(data["best"]) == {"kind", "params", "tokens_per_second"}
     assert data["best"]["kind"] == "epsilon_greedy" and data["trials_per_minute"] > 0
     assert load_policy(Path(data["out"]) / "best_policy.json").kind == "epsilon_greedy"
+
+
+def test_cli_serve_tunes_serving_policies_on_specserve(ray_session: None, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]):
+    """`specblock tune serve`: trials serve SpecServe episodes; the exported best is a serving policy, and
+    the objective is the episodes' tokens/s as ``evaluate`` computes it."""
+    code, out, err = run(["serve", "--policy-kind", "batch-table,libraspec-batch", "--samples", "2",
+                          "--queries", "8", "--chunks", "1", "--rate", "6", "--max-batch", "3", "--profile",
+                          str(PAPER_PROFILE), "--out", str(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["kind"] == "serve" and data["trials"] == 4
+    assert data["setting"]["rate"] == 6.0 and data["setting"]["max_batch"] == 3
+    best = load_policy(Path(data["out"]) / "best_policy.json")
+    assert best.kind in ("batch-table", "libraspec-batch")
+    setting = make_setting("serve", PAPER_PROFILE, queries=8, chunks=1, rate=6.0, max_batch=3)
+    again = evaluate(setting, best.kind, dataclasses.asdict(best.params))
+    assert again.tokens_per_second == pytest.approx(data["best"]["tokens_per_second"])

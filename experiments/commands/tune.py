@@ -1,10 +1,11 @@
-"""`specblock tune length|adapt`: tune the policies on the simulator with Ray Tune; export the best.
+"""`specblock tune length|adapt|serve`: tune the policies on the simulator with Ray Tune; export the best.
 
 ``length`` tunes speculation-length policies on SpecLength queries, ``adapt`` adaptation policies on
-AdaptStream streams with a domain shift (``experiments.tune`` describes the objective, the common
-random numbers and the out folder). Local Ray on 2 CPUs by default; ``--address`` joins a running
-cluster (checked, and joined within 30 s, before any work). ``--resume`` continues an interrupted study
-in the same ``--out`` from its trial records; one process at a time may write a study folder.
+AdaptStream streams with a domain shift, ``serve`` the lengths of a batch's requests on SpecServe
+episodes (``experiments.tune`` describes the objective, the common random numbers and the out folder).
+Local Ray on 2 CPUs by default; ``--address`` joins a running cluster (checked, and joined within 30 s,
+before any work). ``--resume`` continues an interrupted study in the same ``--out`` from its trial
+records; one process at a time may write a study folder.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import click
 from core.paths import TUNE_RUNS
 from experiments.cli import SEED
 
-TASKS = ("length", "adapt")
+TASKS = ("length", "adapt", "serve")
 
 
 def _table(task: str, report: dict[str, Any]) -> None:
@@ -42,22 +43,26 @@ def _table(task: str, report: dict[str, Any]) -> None:
 
 
 @click.command("tune")
-@click.argument("task", metavar="length|adapt", type=click.Choice(TASKS))
+@click.argument("task", metavar="length|adapt|serve", type=click.Choice(TASKS))
 @click.option("--samples", type=int, default=16, show_default=True,
               help="Configurations per policy kind (random: the defaults, then random draws; "
                    "grid: values per parameter); at most 4096.")
 @click.option("--policy-kind", "kinds", multiple=True,
               help="Policy kind to tune (repeatable or comma-separated) [default: length -> libraspec, "
-                   "threshold, heuristic, fixed; adapt -> cost_aware_bandit, epsilon_greedy].")
+                   "threshold, heuristic, fixed; adapt -> cost_aware_bandit, epsilon_greedy; serve -> "
+                   "libraspec-batch, batch-table, goodput, threshold-batch].")
 @click.option("--search", type=click.Choice(("random", "grid")), default="random", show_default=True,
               help="How configurations are drawn from each kind's parameter ranges.")
 @click.option("--scheduler", type=click.Choice(("fifo", "asha")), default="fifo", show_default=True,
               help="asha stops poor trials after a chunk of queries.")
 @click.option("--queries", type=int, default=None,
-              help="length: queries per trial [256]; adapt: queries per stream [2000].")
+              help="length: queries per trial [256]; adapt: queries per stream [2000]; serve: requests per "
+                   "episode [64].")
 @click.option("--chunks", type=int, default=None,
-              help="length: batches the queries are served in [4]; adapt: streams per trial [2]. "
-                   "One report per chunk.")
+              help="length: batches the queries are served in [4]; adapt: streams per trial [2]; serve: "
+                   "episodes per trial [2]. One report per chunk.")
+@click.option("--rate", type=float, default=None, help="serve: requests arriving per second [2].")
+@click.option("--max-batch", type=int, default=None, help="serve: requests decoded together at most [8].")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the simulated work (the same in every trial) and of the random search.")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path),
@@ -78,14 +83,20 @@ def _table(task: str, report: dict[str, Any]) -> None:
               help="Continue the study already in --out: run the trials it has no record of.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def command(task: str, samples: int, kinds: tuple[str, ...], search: str, scheduler: str, queries: int | None,
-            chunks: int | None, seed: int, profile_path: Path | None, traces_path: Path | None,
-            calibration_path: Path | None, address: str | None, out: Path | None, resume: bool,
-            as_json: bool) -> None:
-    """Tune speculation-length or adaptation policies with Ray Tune; write the results and best policy."""
+            chunks: int | None, rate: float | None, max_batch: int | None, seed: int,
+            profile_path: Path | None, traces_path: Path | None, calibration_path: Path | None,
+            address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
+    """Tune speculation-length, adaptation or serving policies with Ray Tune; write the results and best
+    policy."""
+    from core.errors import InputError
     from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
 
+    if task != "serve" and (rate, max_batch) != (None, None):
+        raise InputError("--rate and --max-batch shape the serve study's traffic: drop them for "
+                         f"`specblock tune {task}`")
+    traffic = {k: v for k, v in (("rate", rate), ("max_batch", max_batch)) if v is not None}
     setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
-                           calibration=calibration_path)
+                           calibration=calibration_path, **traffic)
     names = check_kinds(task, [k.strip() for group in kinds for k in group.split(",") if k.strip()])
     out = out or TUNE_RUNS / task
     try:
