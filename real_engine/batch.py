@@ -8,13 +8,17 @@ request then verifies its own rows, keeps its accepted path in its cache and tel
 verifier stays lossless per request. Requests join between iterations after a prefill of their own and
 leave when done; a request the engine cannot serve (empty prompt, too long for the context, unknown
 verifier, a drafter another running request already uses) ends with an error and never disturbs the
-others. Drafters propose one request at a time (none batches its forwards yet).
+others. Drafters propose one request at a time (none batches its forwards yet). With ``steer`` (a
+serving policy, ``speculate.ServeSteering``) every request's draft is trimmed before the forward to the
+length the policy gives it, its most confident nodes (``speculate.ranked_nodes``), as a length policy
+trims one query's: lossless, since trimming reads only the draft's laws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +27,7 @@ from real_engine.decode import GREEDY, MAX_TREE_NODES, check_request, cut_at_eos
 from real_engine.drafters.base import Drafter, clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
+from real_engine.speculate import ranked_nodes, subtree
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 from real_engine.warp import Sampling
@@ -112,6 +117,19 @@ class _Running:
     sampler: TorchSampler
     root: int
     tree: DraftTree | None = None
+    original: list[int] | None = None  # the drafter's numbering of a trimmed tree's nodes
+
+
+class Slot(NamedTuple):
+    """What a serving policy sees of one running request at an iteration."""
+
+    paths: list[float]  # its drafted nodes' path confidences, most confident first
+    context: int  # tokens in its cache
+    remaining: int  # tokens it has still to generate
+
+
+Steer = Callable[[Sequence[Slot], int], Sequence[int]]
+"""(the running requests, the waiting ones) -> how many of each draft's nodes to verify."""
 
 
 class BatchEngine:
@@ -121,10 +139,10 @@ class BatchEngine:
     (each prefilled alone), then runs one iteration for every running request; ``results`` holds each
     request's ``Result`` (finished or not)."""
 
-    def __init__(self, model: Transformer, max_batch: int = 8) -> None:
+    def __init__(self, model: Transformer, max_batch: int = 8, steer: Steer | None = None) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise InputError(f"max_batch = {max_batch!r} is invalid: give a positive integer")
-        self.model, self.max_batch = model, max_batch
+        self.model, self.max_batch, self.steer = model, max_batch, steer
         self.device = model.lm_head.weight.device
         self.results: dict[int, Result] = {}
         self.waiting: list[tuple[int, Request]] = []
@@ -203,6 +221,8 @@ class BatchEngine:
         states = list(self.running.items())
         if not states:
             return finished
+        if self.steer is not None:
+            self._trim([s for _, s in states])
         trees = [s.tree if s.tree is not None and s.tree.size > 1 else None for _, s in states]
         tokens = [t.tokens.to(self.device) if t is not None else torch.tensor([s.root], device=self.device)
                   for t, (_, s) in zip(trees, states, strict=True)]
@@ -224,6 +244,18 @@ class BatchEngine:
                 finished.append(rid)
         return finished
 
+    def _trim(self, states: Sequence[_Running]) -> None:
+        """Trim every request's draft to the length ``steer`` gives it."""
+        ranked = [ranked_nodes(s.tree, s.request.sampling.greedy) if s.tree is not None and s.tree.size > 1
+                  else ([], []) for s in states]
+        slots = [Slot(list(products), s.cache.length, s.request.max_new_tokens - len(s.result.tokens))
+                 for (_, products), s in zip(ranked, states, strict=True)]
+        lengths = self.steer(slots, len(self.waiting))
+        for (order, _), state, n in zip(ranked, states, lengths, strict=True):
+            state.original = None
+            if state.tree is not None and state.tree.size > 1:
+                state.tree, state.original = subtree(state.tree, order[:max(int(n), 0)])
+
     def _advance(self, state: _Running, tree: DraftTree | None, out: Output, now: float) -> bool:
         """Verify one request's rows, keep its path, tell its drafter; whether the request is done."""
         request, result = state.request, state.result
@@ -240,6 +272,7 @@ class BatchEngine:
         stop = stop or len(result.tokens) >= request.max_new_tokens
         if request.drafter is not None and not stop:
             index = torch.tensor([0, *path], device=self.device)
-            request.drafter.accept(path, token, Output(*(x[:, index] for x in out)))
+            own = path if state.original is None else [state.original[i] for i in path]
+            request.drafter.accept(own, token, Output(*(x[:, index] for x in out)))
         state.root = token
         return stop

@@ -17,15 +17,17 @@ sampled chains, RRS on trimmed top-k trees; greedy on any tree).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from core.cost_profile import CostProfile
 from core.errors import InputError
+from core.serve_costs import iteration_costs
 from policies import check_role
 from policies.base import Policy
-from policies.features import LENGTH_CAP, length_features, tree_confidences
+from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, length_features, serve_features, tree_confidences
 from real_engine.drafters.base import Drafter, clock
 from real_engine.model import Output
 from real_engine.tree import DraftTree
@@ -162,3 +164,30 @@ class LengthControlled:
             self.obs, self.n, -seconds, {"accepted": len(path), "drafted": self.n, "seconds": seconds}
         )
         self.context += len(path) + 1
+
+
+class ServeSteering:
+    """A serving policy steering ``real_engine.batch.BatchEngine`` (its ``steer``): at each iteration it
+    sees the serving observation, built as ``SpecServe-v0`` builds it (``policies.features.serve_features``
+    with the cost fields of ``profile``: ``core.serve_costs``, drafter ``kind``'s chain drafting), and
+    gives each running request its length. ``decisions`` records (running requests, lengths chosen)."""
+
+    def __init__(self, policy: Policy, profile: CostProfile, kind: str, max_batch: int) -> None:
+        self.policy = check_role(policy, "serving", "the batched engine's steering")
+        self.profile, self.max_batch = profile, max_batch
+        self.draft_row = profile.draft_row(kind, LENGTH_CAP)
+        self.decisions: list[tuple[int, list[int]]] = []
+
+    def __call__(self, slots: Sequence[Any], waiting: int) -> list[int]:
+        """The length of each of ``slots`` (``batch.Slot``) with ``waiting`` requests queued."""
+        rows = np.zeros((self.max_batch, SERVE_SLOT_DIM))
+        for i, slot in enumerate(slots):
+            conf = tree_confidences(np.asarray(slot.paths[:LENGTH_CAP], dtype=np.float64))
+            rows[i, :3] = (1.0, slot.context, slot.remaining)
+            rows[i, 3:3 + conf.size] = conf
+        context = float(np.mean([slot.context for slot in slots]))
+        base, node, draft = iteration_costs(self.profile, self.draft_row, len(slots), context)
+        obs = serve_features(len(slots), waiting, (float(base[0]), float(node[0]), float(draft[0])), rows)
+        lengths = [int(n) for n in np.asarray(self.policy.act(obs))[:len(slots)]]
+        self.decisions.append((len(slots), lengths))
+        return lengths

@@ -10,13 +10,9 @@ leaves when its output is complete. One step is one iteration of the batched eng
 request drafts the length the action gives it, one target forward verifies every request's draft, and
 each emits its accepted tokens and one more.
 
-**Iteration cost.** Drafting is per request (the batched engine drafts each request's tree in turn):
-the profile's chain drafting time for its length. The target's forward is the profile's batched verify
-(``samples.batch_verify``: requests, nodes per request, context per request; ragged drafts at the mean
-nodes and context). A profile without batched samples (the shipped A100 and CPU profiles) charges one
-verify forward over every request's nodes at their summed context: on the paper-derived A100 profile,
-linear in both, that is weights read once, every node computed and every request's cache read.
-Acceptance per request comes from an acceptance model (trace replay or the parametric one), drawn
+**Iteration cost** (``core.serve_costs``, as the live engine's serving policies see it): each request's
+chain drafting time for its length, and one batched verify forward. Acceptance per request comes from
+an acceptance model (trace replay or the parametric one), drawn
 per iteration for the request's domain, as in ``SpecLength-v0``.
 """
 
@@ -29,8 +25,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from core.cost_profile import CostProfile, resolve_profile
+from core.cost_profile import resolve_profile
 from core.errors import InputError
+from core.serve_costs import batch_verify_seconds, iteration_costs
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, SERVE_SLOT_SLICES, serve_bounds
 from simulator.acceptance import check_domains
 from simulator.envs import DEFAULT_PROMPT, AcceptanceArg, ProfileArg, ResetResult, StepResult
@@ -40,23 +37,6 @@ DEFAULT_RATE = 2.0  # requests per second
 DEFAULT_REQUESTS = 32  # arrivals per episode
 DEFAULT_BATCH = 8
 DEFAULT_OUTPUT = (64, 256)
-
-
-def batch_verify_seconds(profile: CostProfile, requests: np.ndarray, nodes: np.ndarray,
-                         context: np.ndarray) -> np.ndarray:
-    """One batched verify forward of ``requests`` requests of ``nodes`` nodes at ``context`` tokens each
-    (0 with no request): the profile's batched samples, else one forward over all of them (module doc)."""
-    requests = np.asarray(requests, dtype=np.float64)
-    busy = requests > 0
-    out = np.zeros(requests.shape)
-    if not busy.any():
-        return out
-    r, n, c = requests[busy], np.asarray(nodes, dtype=np.float64)[busy], np.asarray(context, float)[busy]
-    if "batch_verify" in profile.fits:
-        out[busy] = profile.batch_verify_seconds(r, n, c)
-    else:
-        out[busy] = profile.verify_seconds(r * n, r * c)
-    return out
 
 
 def lengths(value: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
@@ -212,17 +192,12 @@ class ServeBatch:
         return np.concatenate((head.astype(np.float64), slots.reshape(self.num, -1)), axis=1)
 
     def costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(N,) each: the next iteration's batched verify with no draft, what one more verified node of
-        one request adds to it, and drafting per position per request (``serve_features``)."""
+        """(N,) each: the next iteration's cost fields of the serving observation (base, per node, per
+        drafted position; ``core.serve_costs.iteration_costs``)."""
         active = self.active
         running = active.sum(1)
-        safe = np.maximum(running, 1)
-        context = np.where(active, self.context, 0).sum(1) / safe
-        base = batch_verify_seconds(self.profile, running, np.ones(self.num), context)
-        more = batch_verify_seconds(self.profile, running, np.full(self.num, 2.0), context)
-        node = np.where(running > 0, (more - base) / safe, 0.0)
-        draft = np.where(running > 0, self.draft_cost[LENGTH_CAP] / LENGTH_CAP, 0.0)
-        return base, np.maximum(node, 0.0), draft
+        context = np.where(active, self.context, 0).sum(1) / np.maximum(running, 1)
+        return iteration_costs(self.profile, self.draft_cost, running, context)
 
     def latencies(self, server: int, requests: np.ndarray) -> tuple[list[float], list[float]]:
         """TTFT (arrival to first token) and TPOT (first to last token over the further tokens) of

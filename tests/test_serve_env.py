@@ -11,8 +11,9 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import simulator  # noqa: F401  (registers the environments)
 from core.cost_profile import resolve_profile
 from core.errors import InputError
+from core.serve_costs import batch_verify_seconds
 from policies.features import LENGTH_CAP, serve_features, serve_slots
-from simulator.serve import ServeBatch, SpecServeEnv, batch_verify_seconds
+from simulator.serve import ServeBatch, SpecServeEnv
 
 SMALL = {"rate": 8.0, "requests": 6, "max_batch": 3, "prompt_tokens": (16, 64), "output_tokens": (8, 24)}
 
