@@ -12,8 +12,9 @@ each emits its accepted tokens and one more.
 
 **Iteration cost** (``core.serve_costs``, as the live engine's serving policies see it): each request's
 chain drafting time for its length, and one batched verify forward. Acceptance per request comes from
-an acceptance model (trace replay or the parametric one), drawn
-per iteration for the request's domain, as in ``SpecLength-v0``.
+an acceptance model (trace replay or the parametric one), drawn per iteration for the request's domain,
+as in ``SpecLength-v0``. Prompt and output lengths are a ``(low, high)`` tuple (uniform) or a numpy
+array of lengths to draw from (a prompt set's, say).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ DEFAULT_OUTPUT = (64, 256)
 
 
 def lengths(value: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
-    """A length range ``(low, high)`` or an array of lengths to draw from, as the array of its values."""
+    """A ``(low, high)`` tuple or an array of lengths to draw from, as the array of the lengths."""
     arr = np.asarray(value)
     if arr.ndim != 1 or arr.size < 1 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 1:
         raise InputError(f"{name} = {value!r}: give (low, high) with 1 <= low <= high, or lengths >= 1")
