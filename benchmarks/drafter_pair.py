@@ -51,7 +51,7 @@ from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, resolve_profile
 from core.files import MAX_RECORD_BYTES, read_json, write_text
 from core.names import DOMAINS
-from core.paths import PAIR_MODELS, PAPER_PROFILE, REPO, RESULTS, TARGET
+from core.paths import PAIR_MODELS, PAPER_PROFILE, RESULTS, TARGET, repo_relative
 from experiments.bench import Recorder, alpha
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
@@ -378,8 +378,7 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
     chain_alpha = {n: {"alpha": alpha([a for r in runs[n] for a in r["accepted"]],
                                       [d for r in runs[n] for d in r["depths"]]),
                        **summarize(runs[n], runs[vanilla[0.0]], index)} for n in DRAFTERS}
-    inside = drafters_dir.resolve().is_relative_to(REPO)
-    folder = str(drafters_dir.resolve().relative_to(REPO)) if inside else str(drafters_dir)
+    folder = repo_relative(drafters_dir)
     command_line = (f"specblock benchmark drafter_pair --prompts {prompts} --tokens {tokens}"
                     + ("" if drafters_dir.resolve() == PAIR_MODELS else f" --drafters-dir {folder}"))
     config = {"prompts_per_domain": prompts, "tokens": tokens, "drafters_dir": folder,

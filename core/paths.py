@@ -45,3 +45,11 @@ TOKEN_CACHE = RUNS / "tokens"
 DRAFTER_DATA = RUNS / "drafter-data"
 """The target's rows the feature drafters train on (EAGLE-style, Medusa-style)."""
 SPECBLOCK_DATA = RUNS / "specblock-data"
+
+
+def repo_relative(path: Path) -> str:
+    """``path`` as results and pages name it: relative to the repository where it lies inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)

@@ -286,7 +286,9 @@ def _shapes_command(name: str, config: Record) -> str:
     return (f"specblock shapes --drafters {listed(config['drafters'])}"
             f" --domains {listed(config['domains'])} --prompts {config['prompts']}"
             f" --rounds {config['rounds']} --max-new-tokens {config['max_new_tokens']}"
-            f"{flag('--threads', config['threads'], 1)}{flag('--tag', name, 'shapes')}")
+            f"{flag('--drafters-dir', config.get('drafters_dir', 'data/models'), 'data/models')}"
+            f"{flag('--threads', config['threads'], 1)}{flag('--tag', name, 'shapes')}"
+            f"{' --apply' if config.get('apply') else ''}")
 
 
 def _shapes_body(record: Record) -> Lines:

@@ -28,6 +28,7 @@ import torch
 from core.errors import InputError
 from core.files import write_text
 from core.names import drafter_spec
+from core.paths import repo_relative
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.trained import trained_available, write_shape
@@ -156,7 +157,8 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
         result = sweep(target, prompts, folders, max_new_tokens=max_new_tokens, rounds=rounds,
                        progress=progress, draft=draft)
     config = {"model": str(model_dir), "drafters": list(names), "domains": list(domains), "prompts": count,
-              "max_new_tokens": max_new_tokens, "rounds": rounds, "threads": torch.get_num_threads()}
+              "max_new_tokens": max_new_tokens, "rounds": rounds, "threads": torch.get_num_threads(),
+              "drafters_dir": repo_relative(drafters_dir), "apply": apply}
     path = save_result(tag, result, config, seed, out)
     write_text(out / f"{tag}.md", markdown(result, config))
     if apply:
