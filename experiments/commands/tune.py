@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from core.errors import InputError
 from core.paths import TUNE_RUNS
 from experiments.cli import SEED
 
@@ -88,7 +89,6 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
             address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
     """Tune speculation-length, adaptation or serving policies with Ray Tune; write the results and best
     policy."""
-    from core.errors import InputError
     from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
 
     if task != "serve" and (rate, max_batch) != (None, None):
