@@ -20,6 +20,7 @@ array of lengths to draw from (a prompt set's, say).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -52,6 +53,31 @@ def lengths(value: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
     return arr
 
 
+@dataclass(frozen=True)
+class Arrivals:
+    """A recorded arrival process (trace-driven serving): each request's arrival second, prompt and output
+    lengths and domain index, in arrival order."""
+
+    seconds: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    domain: np.ndarray
+
+    def __post_init__(self) -> None:
+        arrays = [np.asarray(getattr(self, f)) for f in ("seconds", "prompt", "output", "domain")]
+        size = arrays[0].size
+        if any(a.ndim != 1 or a.size != size for a in arrays) or size < 1:
+            raise InputError("arrivals: give seconds, prompt, output and domain as 1-D arrays of one "
+                             "length >= 1")
+        seconds, prompt, output, domain = arrays
+        if not (np.all(np.isfinite(seconds)) and seconds[0] >= 0 and np.all(np.diff(seconds) >= 0)):
+            raise InputError("arrivals: seconds must be finite, non-negative and in arrival order")
+        if min(prompt.min(), output.min()) < 1 or domain.min() < 0:
+            raise InputError("arrivals: prompt and output lengths must be >= 1 and domains indices >= 0")
+        for name, value in zip(("seconds", "prompt", "output", "domain"), arrays, strict=True):
+            object.__setattr__(self, name, value.astype(np.float64 if name == "seconds" else np.int64))
+
+
 def check_serving(rate: float, requests: int, max_batch: int) -> tuple[float, int, int]:
     """Validated (arrival rate, requests per episode, batch cap)."""
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (np.isfinite(rate) and rate > 0):
@@ -69,8 +95,10 @@ class ServeBatch:
                  drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
-                 domain_weights: Mapping[str, float] | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None, arrivals: Arrivals | None = None) -> None:
+        requests = requests if arrivals is None else arrivals.seconds.size
         self.rate, self.requests, self.cap = check_serving(rate, requests, max_batch)
+        self.arrivals = arrivals
         self.profile = resolve_profile(profile)
         self.model = resolve_acceptance(acceptance)
         if self.model.cap != LENGTH_CAP:
@@ -78,6 +106,9 @@ class ServeBatch:
                              f"build it with cap={LENGTH_CAP}")
         self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP)
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
+        if arrivals is not None and arrivals.domain.max() >= len(self.model.domains):
+            raise InputError(f"arrivals name domain {arrivals.domain.max()}, the acceptance model has "
+                             f"{len(self.model.domains)} ({', '.join(self.model.domains)})")
         self.prompts = lengths(prompt_tokens, "prompt_tokens")
         self.outputs = lengths(output_tokens, "output_tokens")
         self.num = num
@@ -102,12 +133,17 @@ class ServeBatch:
         """A new episode in every server of ``mask``: draw its arrivals, admit the first; returns the
         seconds each server spent prefilling them."""
         k = int(mask.sum())
-        gaps = rng.exponential(1.0 / self.rate, size=(k, self.requests))
-        self.arrival[mask] = np.cumsum(gaps, axis=1)
-        self.prompt[mask] = rng.choice(self.prompts, size=(k, self.requests))
-        self.output[mask] = rng.choice(self.outputs, size=(k, self.requests))
-        domain = np.searchsorted(self.cdf, rng.random((k, self.requests)), side="right")
-        self.domain[mask] = np.minimum(domain, self.cdf.size - 1)
+        if self.arrivals is not None:  # trace-driven: every episode serves the recorded arrivals
+            a = self.arrivals
+            self.arrival[mask], self.prompt[mask], self.output[mask], self.domain[mask] = (
+                a.seconds, a.prompt, a.output, a.domain)
+        else:
+            gaps = rng.exponential(1.0 / self.rate, size=(k, self.requests))
+            self.arrival[mask] = np.cumsum(gaps, axis=1)
+            self.prompt[mask] = rng.choice(self.prompts, size=(k, self.requests))
+            self.output[mask] = rng.choice(self.outputs, size=(k, self.requests))
+            domain = np.searchsorted(self.cdf, rng.random((k, self.requests)), side="right")
+            self.domain[mask] = np.minimum(domain, self.cdf.size - 1)
         self.first[mask], self.finish[mask] = np.nan, np.nan
         self.admitted[mask], self.done[mask], self.clock[mask] = 0, 0, 0.0
         self.slot_request[mask], self.context[mask], self.remaining[mask] = -1, 0, 0
@@ -248,7 +284,8 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
     ``profile`` (None: the paper-derived A100 profile), ``acceptance`` (None: the default parametric
     model), ``drafter`` (its chain drafting cost), ``rate`` (arrivals per second), ``requests`` (per
     episode), ``max_batch``, ``prompt_tokens`` and ``output_tokens`` ((low, high) or an array of lengths to
-    draw from, e.g. a prompt set's), ``domain_weights``.
+    draw from, e.g. a prompt set's), ``domain_weights``, ``arrivals`` (an :class:`Arrivals` trace that
+    every episode replays instead of drawing its requests; ``rate`` and ``requests`` are then unused).
 
     ``info`` after each step: ``tokens``, ``seconds``, ``iteration_seconds``, ``draft_seconds``,
     ``running`` (requests in the iteration), ``accepted`` (draft tokens accepted over them), ``ttft`` and
@@ -272,9 +309,10 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
                  drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
-                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
+                 arrivals: Arrivals | None = None) -> None:
         self.batch = ServeBatch(1, profile, acceptance, drafter, rate, requests, max_batch, prompt_tokens,
-                                output_tokens, domain_weights)
+                                output_tokens, domain_weights, arrivals)
         self.render_mode = render_mode
         self.action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
         low, high = serve_bounds(self.batch.cap)

@@ -31,7 +31,14 @@ from simulator.envs import (
     ResetResult,
     SpecLengthBatch,
 )
-from simulator.serve import DEFAULT_BATCH, DEFAULT_OUTPUT, DEFAULT_RATE, DEFAULT_REQUESTS, ServeBatch
+from simulator.serve import (
+    DEFAULT_BATCH,
+    DEFAULT_OUTPUT,
+    DEFAULT_RATE,
+    DEFAULT_REQUESTS,
+    Arrivals,
+    ServeBatch,
+)
 
 VectorStepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -156,11 +163,12 @@ class SpecServeVectorEnv(VectorEnv):
                  drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
-                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
+                 arrivals: Arrivals | None = None) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = ServeBatch(num_envs, profile, acceptance, drafter, rate, requests, max_batch,
-                                prompt_tokens, output_tokens, domain_weights)
+                                prompt_tokens, output_tokens, domain_weights, arrivals)
         self.single_action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
         self.action_space = batch_space(self.single_action_space, num_envs)
         low, high = serve_bounds(self.batch.cap)

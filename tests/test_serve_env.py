@@ -13,7 +13,7 @@ from core.cost_profile import resolve_profile
 from core.errors import InputError
 from core.serve_costs import batch_verify_seconds
 from policies.features import LENGTH_CAP, serve_features, serve_slots
-from simulator.serve import ServeBatch, SpecServeEnv
+from simulator.serve import Arrivals, ServeBatch, SpecServeEnv
 
 SMALL = {"rate": 8.0, "requests": 6, "max_batch": 3, "prompt_tokens": (16, 64), "output_tokens": (8, 24)}
 
@@ -113,3 +113,20 @@ def test_speculation_raises_throughput_on_the_paper_profile() -> None:
 def test_bad_settings_are_input_errors(kwargs: dict, needle: str) -> None:
     with pytest.raises(InputError, match=needle):
         ServeBatch(1, **{**SMALL, **kwargs})
+
+
+def test_a_recorded_arrival_trace_is_replayed() -> None:
+    """Trace-driven serving: the episode serves exactly the recorded requests, each admitted no earlier
+    than it arrived, in order; a malformed trace is refused."""
+    trace = Arrivals(np.array([0.0, 0.01, 0.5, 0.5]), np.array([20, 40, 30, 10]), np.array([5, 9, 3, 7]),
+                     np.array([0, 1, 0, 1]))
+    env = SpecServeEnv(max_batch=SMALL["max_batch"], arrivals=trace)
+    infos = serve(env, 2)
+    batch = env.batch
+    assert batch.requests == 4 and np.array_equal(batch.arrival[0], trace.seconds)
+    assert sum(i["tokens"] for i in infos) == int(trace.output.sum())
+    assert np.all(batch.first[0] >= trace.seconds) and np.all(np.diff(batch.first[0]) >= 0)
+    with pytest.raises(InputError, match="arrival order"):
+        Arrivals(np.array([1.0, 0.5]), np.array([3, 3]), np.array([2, 2]), np.array([0, 0]))
+    with pytest.raises(InputError, match="acceptance model has"):
+        SpecServeEnv(arrivals=Arrivals(np.array([0.0]), np.array([3]), np.array([2]), np.array([99])))
