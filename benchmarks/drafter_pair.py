@@ -271,7 +271,7 @@ def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: i
              "drafter calls/iter | output = vanilla | A100 speedup, simulated [95% CI] |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        same = "yes" if r["greedy_identical"] else "no" if r["temperature"] == 0 else "-"
+        same = "-" if r["greedy_identical"] is None else "yes" if r["greedy_identical"] else "no"
         lines.append(f"| {r['temperature']:g} | {r['vocab']} | {r['shape']} | {r['drafter']} | "
                      f"{r['speedup']:.3f} {ci(r['speedup_ci'], 3)} | {r['tau']:.2f} | {r['draft_ms']:.2f} "
                      f"{ci(r['draft_ms_ci'])} | {r['draft_calls']:.2f} | {same} | {r['a100_speedup']:.2f} "
@@ -365,6 +365,8 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
         a100, speeds[s] = projection(s.drafter, runs[s], index, profile)
         row = {"drafter": s.drafter, "temperature": s.temperature, "vocab": s.vocab, "shape": s.shape,
                **summarize(runs[s], runs[vanilla[s.temperature]], index), **a100}
+        if s.temperature:  # sampled runs draw other tokens than vanilla's: nothing to compare
+            row["greedy_identical"] = None
         rows.append(row)
         show(f"{s.label:34s} speedup {row['speedup']:.3f} tau {row['tau']:.2f} "
              f"draft {row['draft_ms']:.2f} ms  A100 (simulated) {row['a100_speedup']:.2f}")
