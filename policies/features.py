@@ -230,6 +230,19 @@ def serve_slots(obs: np.ndarray) -> np.ndarray:
     return arr[len(SERVE_GLOBAL):].reshape(cap, SERVE_SLOT_DIM)
 
 
+def serve_probe(obs: np.ndarray, slot: int, confidences: np.ndarray) -> np.ndarray:
+    """``obs`` as a chain drafting under a serving policy shows it before drafting one more position of
+    request ``slot``: that request's ``confidences`` so far and a certain next one, every other request's
+    draft empty (so the rule reads no draft but its own, whichever order the requests draft in)."""
+    probe = np.array(obs, dtype=np.float64)
+    rows = serve_slots(probe)
+    rows[:, SERVE_SLOT_SLICES["confidences"]] = 0.0
+    k = len(confidences)
+    rows[slot, SERVE_SLOT_SLICES["confidences"].start:SERVE_SLOT_SLICES["confidences"].start + k + 1] = [
+        *confidences, 1.0]
+    return probe
+
+
 def serve_bounds(batch_cap: int) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) of the serving observation for ``batch_cap`` slots, for a Gymnasium ``Box``."""
     cap = _count("batch_cap", batch_cap)

@@ -21,13 +21,13 @@ verify with no draft, one more verified node at this batch, drafting per positio
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Params, register
-from policies.features import LENGTH_CAP, SERVE_INDEX, SERVE_SLOT_SLICES, serve_slots
+from policies.base import Params, Policy, register
+from policies.features import LENGTH_CAP, SERVE_INDEX, SERVE_SLOT_SLICES, serve_probe, serve_slots
 
 TABLE_SIZES = 8  # batch sizes the table names; larger batches use the last entry
 
@@ -47,6 +47,17 @@ def expected_rate(paths: np.ndarray, lengths: np.ndarray, base: float, step: flo
     tokens = lengths.size + float((paths * reach).sum())
     seconds = base + step * float(lengths.sum())
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def keeps_drafting(policy: Policy, obs: np.ndarray, slot: int, confidences: Sequence[float]) -> bool:
+    """Whether request ``slot``'s chain drafts one more position under a serving ``policy``: whether the
+    policy, shown that request's ``confidences`` so far and a certain next one with every other draft
+    empty (``serve_probe``), would verify more than it has. The one rule of the live engine
+    (``real_engine.speculate.ServeSteering``) and of the simulator (``simulator.rollout.serve_drafts``)."""
+    k = len(confidences)
+    if k >= LENGTH_CAP:
+        return False
+    return int(np.asarray(policy.act(serve_probe(obs, slot, np.asarray(confidences))))[slot]) > k
 
 
 class ServingPolicy:

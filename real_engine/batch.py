@@ -9,16 +9,18 @@ verifier stays lossless per request. Requests join between iterations after a pr
 leave when done; a request the engine cannot serve (empty prompt, too long for the context, unknown
 verifier, a drafter another running request already uses) ends with an error and never disturbs the
 others. Drafters propose one request at a time (none batches its forwards yet). With ``steer`` (a
-serving policy, ``speculate.ServeSteering``) every request's draft is trimmed before the forward to the
-length the policy gives it, its most confident nodes (``speculate.ranked_nodes``), as a length policy
-trims one query's: lossless, since trimming reads only the draft's laws.
+serving policy, ``speculate.ServeSteering``) a chain drafts while the policy would verify more of it,
+then every request's draft is trimmed before the forward to the length the policy gives it, its most
+confident nodes (``speculate.ranked_nodes``), as a length policy trims one query's: lossless, since
+both read only the draft's laws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -128,8 +130,17 @@ class Slot(NamedTuple):
     remaining: int  # tokens it has still to generate
 
 
-Steer = Callable[[Sequence[Slot], int], Sequence[int]]
-"""(the running requests, the waiting ones) -> how many of each draft's nodes to verify."""
+class Steer(Protocol):
+    """A serving policy's hold on the engine (``speculate.ServeSteering``)."""
+
+    def plan(self, slots: Sequence[Slot], waiting: int) -> None:
+        """Before drafting: the running requests (no drafts yet) and how many wait."""
+
+    def keep(self, index: int, confidences: Sequence[float]) -> bool:
+        """Whether request ``index``'s chain drafts one more position after ``confidences``."""
+
+    def __call__(self, slots: Sequence[Slot], waiting: int) -> Sequence[int]:
+        """After drafting: how many of each draft's nodes to verify."""
 
 
 class BatchEngine:
@@ -209,10 +220,17 @@ class BatchEngine:
     @torch.inference_mode()
     def _iterate(self) -> list[int]:
         finished = []
-        for rid, state in list(self.running.items()):
+        if self.steer is not None:
+            self.steer.plan([Slot([], s.cache.length, s.request.max_new_tokens - len(s.result.tokens))
+                             for s in self.running.values()], len(self.waiting))
+        for index, (rid, state) in enumerate(list(self.running.items())):
             remaining = state.request.max_new_tokens - len(state.result.tokens)
-            drafter = state.request.drafter
-            state.tree = drafter.propose(remaining - 1) if drafter is not None else None
+            drafter, depth = state.request.drafter, remaining - 1
+            if drafter is not None and self.steer is not None:  # the chain drafts while the policy would
+                if hasattr(drafter, "keep_drafting"):  # verify more; any other drafter drafts whole
+                    drafter.keep_drafting = functools.partial(self.steer.keep, index)
+                depth = depth if self.steer.keep(index, []) else 0
+            state.tree = drafter.propose(depth) if drafter is not None else None
             if state.tree is not None and state.tree.size > MAX_TREE_NODES:
                 del self.running[rid]
                 self._fail(rid, f"a draft tree of {state.tree.size} nodes exceeds {MAX_TREE_NODES}: "

@@ -28,6 +28,7 @@ from core.serve_costs import iteration_costs
 from policies import check_role
 from policies.base import Policy
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, length_features, serve_features, tree_confidences
+from policies.serving import keeps_drafting
 from real_engine.drafters.base import Drafter, clock
 from real_engine.model import Output
 from real_engine.tree import DraftTree
@@ -167,19 +168,24 @@ class LengthControlled:
 
 
 class ServeSteering:
-    """A serving policy steering ``real_engine.batch.BatchEngine`` (its ``steer``): at each iteration it
-    sees the serving observation, built as ``SpecServe-v0`` builds it (``policies.features.serve_features``
-    with the cost fields of ``profile``: ``core.serve_costs``, drafter ``kind``'s chain drafting), and
-    gives each running request its length. ``decisions`` records (running requests, lengths chosen)."""
+    """A serving policy steering ``real_engine.batch.BatchEngine`` (its ``steer``), as ``SpecServe-v0``
+    and ``simulator.rollout.run_serve`` run it. At each iteration ``plan`` builds the serving observation
+    of the running requests before they draft (``policies.features.serve_features`` with the cost fields
+    of ``profile``: ``core.serve_costs``, drafter ``kind``'s chain drafting); each request's chain then
+    drafts while ``keep`` says so (``policies.serving.keeps_drafting``); finally the policy, shown every
+    draft, gives each request its length (``__call__``). ``decisions`` records (running requests,
+    lengths chosen); ``asked`` counts the questions put to the policy."""
 
     def __init__(self, policy: Policy, profile: CostProfile, kind: str, max_batch: int) -> None:
         self.policy = check_role(policy, "serving", "the batched engine's steering")
         self.profile, self.max_batch = profile, max_batch
         self.draft_row = profile.draft_row(kind, LENGTH_CAP)
         self.decisions: list[tuple[int, list[int]]] = []
+        self.asked = 0
+        self.obs = np.zeros(0)
 
-    def __call__(self, slots: Sequence[Any], waiting: int) -> list[int]:
-        """The length of each of ``slots`` (``batch.Slot``) with ``waiting`` requests queued."""
+    def plan(self, slots: Sequence[Any], waiting: int) -> None:
+        """The observation of ``slots`` (``batch.Slot``, in batch order) with ``waiting`` requests queued."""
         rows = np.zeros((self.max_batch, SERVE_SLOT_DIM))
         for i, slot in enumerate(slots):
             conf = tree_confidences(np.asarray(slot.paths[:LENGTH_CAP], dtype=np.float64))
@@ -187,7 +193,19 @@ class ServeSteering:
             rows[i, 3:3 + conf.size] = conf
         context = float(np.mean([slot.context for slot in slots]))
         base, node, draft = iteration_costs(self.profile, self.draft_row, len(slots), context)
-        obs = serve_features(len(slots), waiting, (float(base[0]), float(node[0]), float(draft[0])), rows)
-        lengths = [int(n) for n in np.asarray(self.policy.act(obs))[:len(slots)]]
+        costs = (float(base[0]), float(node[0]), float(draft[0]))
+        self.obs = serve_features(len(slots), waiting, costs, rows)
+
+    def keep(self, index: int, confidences: Sequence[float]) -> bool:
+        """Whether request ``index`` of the planned batch drafts one more position after ``confidences``."""
+        self.asked += 1
+        return keeps_drafting(self.policy, self.obs, index, confidences)
+
+    def __call__(self, slots: Sequence[Any], waiting: int) -> list[int]:
+        """The length of each of ``slots`` (``batch.Slot``, their drafts' path confidences) with ``waiting``
+        requests queued."""
+        self.plan(slots, waiting)
+        self.asked += 1
+        lengths = [int(n) for n in np.asarray(self.policy.act(self.obs))[:len(slots)]]
         self.decisions.append((len(slots), lengths))
         return lengths

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from policies.base import Policy, policy_from_dict, policy_to_dict
-from policies.features import LENGTH_CAP, LENGTH_SLICES
+from policies.features import LENGTH_CAP, LENGTH_SLICES, SERVE_GLOBAL, SERVE_SLOT_SLICES, serve_slots
+from policies.serving import keeps_drafting
 from simulator.adapt_stream import AdaptStreamEnv
 from simulator.serve import SpecServeEnv
 from simulator.vector_envs import SpecLengthVectorEnv
@@ -167,15 +168,46 @@ def run_adapt(policy: Policy, env: AdaptStreamEnv, seed: int) -> Outcome:
     return Outcome(queries, tokens, seconds, iterations)
 
 
-def run_serve(policy: Policy, env: SpecServeEnv, seed: int) -> Outcome:
-    """Serve one episode of ``env`` with a fresh copy of a serving ``policy``: its requests, tokens, busy
-    seconds (iterations and prefills) and batched target forwards."""
-    obs, _ = env.reset(seed=seed)
-    own = _copy(policy, seed)
+def serve_drafts(policy: Policy, obs: np.ndarray, available: np.ndarray) -> tuple[np.ndarray, int]:
+    """Positions each running request's chain drafts under a serving ``policy`` (``policies.serving.
+    keeps_drafting``, the live engine's rule), at most ``available`` ((max_batch,): what the drafter can
+    draft, 0 for empty slots); and how many times the policy was asked."""
+    rows = serve_slots(obs)
+    confidences = rows[:, SERVE_SLOT_SLICES["confidences"]]
+    drafted, calls = np.zeros(len(rows), dtype=np.int64), 0
+    for slot in np.flatnonzero(available > 0):
+        while drafted[slot] < available[slot]:
+            calls += 1
+            if not keeps_drafting(policy, obs, int(slot), confidences[slot, :drafted[slot]]):
+                break
+            drafted[slot] += 1
+    return drafted, calls
+
+
+def run_serve(policy: Policy, env: SpecServeEnv, seed: int, decision_seconds: float = 0.0) -> Outcome:
+    """Serve one episode of ``env`` with a fresh copy of a serving ``policy``, as the live engine does:
+    each running request's chain drafts what ``serve_drafts`` says, then the policy, shown what was
+    drafted, gives each its length; every question asked of the policy costs ``decision_seconds``. The
+    episode's requests, tokens, busy seconds (iterations and prefills) and batched target forwards; its
+    requests' latencies stay in ``env.batch`` (``ServeBatch.latencies``)."""
+    env.reset(seed=seed)
+    own, batch, rng = _copy(policy, seed), env.batch, env.np_random
+    conf = SERVE_SLOT_SLICES["confidences"]
     tokens = seconds = iterations = drafting = 0.0
     done = False
     while not done:
-        obs, _, done, _, info = env.step(own.act(obs))
-        tokens, seconds = tokens + info["tokens"], seconds + info["seconds"]
-        iterations, drafting = iterations + 1, drafting + info["draft_seconds"]
-    return Outcome(env.batch.requests, tokens, seconds, iterations, drafting)
+        obs = batch.observations()[0]
+        available = np.where(batch.active[0], np.minimum(batch.drafted[0], batch.remaining[0] - 1), 0)
+        drafted, calls = serve_drafts(own, obs, available)
+        rows = serve_slots(obs).copy()  # the policy sees what was drafted
+        rows[:, conf] = np.where(np.arange(LENGTH_CAP) < drafted[:, None], rows[:, conf], 0.0)
+        shown = np.concatenate((obs[:len(SERVE_GLOBAL)], rows.reshape(-1)))
+        decided = decision_seconds * (calls + 1)
+        batch.clock[0] += decided  # the questions come before the iteration's forward
+        info = batch.verify(np.asarray(own.act(shown), dtype=np.int64)[None], drafted[None])
+        batch.draft(rng)
+        done = bool(info["done"][0])
+        tokens += float(info["tokens"][0])
+        seconds += float(info["seconds"][0]) + decided
+        iterations, drafting = iterations + 1, drafting + float(info["draft_seconds"][0]) + decided
+    return Outcome(batch.requests, tokens, seconds, iterations, drafting)

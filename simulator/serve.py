@@ -179,18 +179,24 @@ class ServeBatch:
             self.accepted_by[(*where, np.full(where[0].size, n))] = draws.accepted(
                 np.minimum(n, draws.drafted))
 
-    def verify(self, action: np.ndarray) -> dict[str, np.ndarray]:
+    def verify(self, action: np.ndarray, drafted: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """One iteration of every server with requests: each request verifies ``action`` positions of its
         draft ((N, max_batch) ints; empty slots ignore theirs). Then finished requests leave and arrived
-        ones join. Returns per server: tokens, seconds (iteration and joiners' prefill), and counts."""
+        ones join. Returns per server: tokens, seconds (iteration and joiners' prefill), and counts.
+
+        ``drafted`` ((N, max_batch)): the chain positions each request drafted before the policy chose
+        (``rollout.serve_drafts`` decides them as the engine does), all charged, at most those verified.
+        None: each chain drafts exactly what it verifies."""
         active = self.active
-        n = np.where(active, np.minimum(np.clip(action, 0, LENGTH_CAP), self.drafted), 0)  # a chain drafts n
+        n = np.where(active, np.minimum(np.clip(action, 0, LENGTH_CAP), self.drafted), 0)
+        drafted = n if drafted is None else np.where(active, np.clip(drafted, 0, LENGTH_CAP), 0)
+        n = np.minimum(n, drafted)
         accepted = np.take_along_axis(self.accepted_by, n[..., None], axis=2)[..., 0]
         running = active.sum(1)
         safe = np.maximum(running, 1)
         nodes = np.where(active, n + 1, 0).sum(1) / safe
         context = np.where(active, self.context, 0).sum(1) / safe
-        drafting = np.where(active, self.draft_cost[n], 0.0).sum(1)
+        drafting = np.where(active, self.draft_cost[drafted], 0.0).sum(1)
         iteration = drafting + batch_verify_seconds(self.profile, running, nodes, context)
         tokens = np.where(active, np.minimum(accepted + 1, self.remaining), 0)
         self.clock += iteration

@@ -11,10 +11,13 @@ from core.errors import InputError
 from core.paths import CPU_PROFILE
 from policies import make_policy
 from policies.features import serve_slots
+from policies.serving import keeps_drafting
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import generate, make_drafter
 from real_engine.model import Transformer
 from real_engine.speculate import ServeSteering
+from simulator.rollout import serve_drafts
+from simulator.serve import Arrivals, SpecServeEnv
 
 
 class Recorder:
@@ -65,3 +68,45 @@ def test_each_request_verifies_at_most_its_length(target: Transformer, draft: Tr
 def test_only_a_serving_policy_steers(target: Transformer) -> None:
     with pytest.raises(InputError, match="not a serving policy"):
         ServeSteering(make_policy("libraspec"), resolve_profile(CPU_PROFILE), "draft-model", 4)
+
+
+def test_chains_draft_while_the_policy_would_verify_more(target: Transformer, draft: Transformer) -> None:
+    """The engine's rule is ``keeps_drafting`` on the planned batch (the simulator's, ``serve_drafts``): a
+    chain drafts position k + 1 exactly when the policy, shown its first k confidences and a certain next
+    one, would verify more than k; it stops at the first no, or where the request ends."""
+    steer = ServeSteering(make_policy("threshold-batch", {"threshold": 0.02, "max_length": 6}),
+                          resolve_profile(CPU_PROFILE), "draft-model", max_batch=2)
+    engine = BatchEngine(target, max_batch=2, steer=steer)
+    seen: list[tuple[np.ndarray, int, list[float], int]] = []
+    for prompt in ([5, 9, 2, 5, 9, 2], [7, 7, 3]):
+        drafter = make_drafter("draft-model", target, draft, depth=16)
+        rid = engine.submit(Request(prompt, 10, drafter))
+
+        def propose(depth: int, own=drafter.propose, rid=rid) -> object:
+            index = list(engine.running).index(rid)
+            tree = own(depth)
+            laws = tree.confidence[1:].tolist() if tree.size > 1 else []
+            seen.append((steer.obs.copy(), index, laws, depth))
+            return tree
+
+        drafter.propose = propose
+    results = engine.run()
+    assert all(not r.error for r in results.values())
+    assert any(len(laws) >= 2 for _, _, laws, _ in seen) and any(depth == 0 for *_, depth in seen)
+    for obs, index, laws, depth in seen:
+        assert all(keeps_drafting(steer.policy, obs, index, laws[:k]) for k in range(len(laws)))
+        assert len(laws) == depth or not keeps_drafting(steer.policy, obs, index, laws)
+
+
+def test_serve_drafts_follows_the_rule_per_request() -> None:
+    """A fixed table drafts its length for every running request, up to what each can draft; a length-0
+    table drafts nothing, asking once per request."""
+    at_once = Arrivals(np.zeros(4), np.full(4, 20), np.full(4, 8), np.zeros(4, dtype=int))
+    env = SpecServeEnv(max_batch=3, arrivals=at_once)
+    obs, _ = env.reset(seed=0)
+    assert serve_slots(obs)[:, 0].tolist() == [1, 1, 1]
+    available = np.array([16, 2, 0])
+    drafted, calls = serve_drafts(make_policy("batch-table", {"l3": 3}), obs, available)
+    assert drafted.tolist() == [3, 2, 0] and calls == 4 + 2
+    drafted, calls = serve_drafts(make_policy("batch-table", {"l3": 0}), obs, available)
+    assert drafted.tolist() == [0, 0, 0] and calls == 2
