@@ -31,6 +31,7 @@ COMMANDS = {
     "results": "results",
     "adapt-live": "adapt_live",
     "fidelity": "fidelity",
+    "serve-bench": "serve_bench",
     "study": "study",
     "gpu-check": "gpu_check",
     "benchmark": "benchmark",

@@ -15,7 +15,8 @@ from typing import Any
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, read_json
 from core.paths import REPO, repo_relative
-from experiments.results_renderers import RENDERERS, Lines, Record, Renderer, recorded
+from experiments.report_format import Lines, Record, Renderer, recorded
+from experiments.results_renderers import RENDERERS
 
 GENERATOR = "specblock results"
 PAGE = REPO / "docs" / "results.md"  # the page this module writes

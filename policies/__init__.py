@@ -84,6 +84,7 @@ __all__ = [
     "policy_from_dict",
     "policy_role",
     "policy_to_dict",
+    "role_kinds",
     "save_policy",
     "speedup_curve",
 ]
@@ -100,6 +101,11 @@ USES = {"length": "a length policy steers one query's drafts (`specblock generat
 def policy_role(policy: Policy) -> str:
     """``length``, ``adaptation`` or ``serving``: what ``policy`` decides (``ROLES``)."""
     return ROLES[type(policy).__module__]
+
+
+def role_kinds(role: str) -> tuple[str, ...]:
+    """The registered policy kinds that play ``role``, in registration order."""
+    return tuple(kind for kind, cls in POLICY_KINDS.items() if ROLES[cls.__module__] == role)
 
 
 def check_role(policy: Policy, role: str, source: str) -> Policy:

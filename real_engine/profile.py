@@ -190,10 +190,13 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
 
 
 @torch.inference_mode()
-def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0) -> list[dict]:
+def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0,
+                         before: Callable[[], None] | None = None) -> list[dict]:
     """Rows of ``samples.batch_verify``: ``requests`` chains of ``nodes`` tokens, each on its own cache at
     the context, packed into one forward (``real_engine.batch.packed_forward``), each verified greedily
-    and compacted as the batched engine does, timed when ``bench`` runs."""
+    and compacted as the batched engine does, timed when ``bench`` runs. As the engine runs them: a batch
+    of plain steps (1 node each) ``VANILLA_RUN`` times back to back, a batch that verifies drafts right
+    after ``before`` (the drafter's step)."""
     device = model.lm_head.weight.device
     gen = torch.Generator().manual_seed(seed)
     sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
@@ -207,17 +210,20 @@ def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, se
             trees = [DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
                      for _ in range(requests)]
 
+            runs = VANILLA_RUN if nodes == 1 else 1
+
             def step(trees: list[DraftTree] = trees, caches: list[KVCache] = caches[:requests],
-                     context: int = context) -> None:
-                out, counts = packed_forward(model, caches, [t.tokens.to(device) for t in trees],
-                                             [t.positions(context).to(device) for t in trees],
-                                             [t.mask().to(device) for t in trees])
-                for cache, tree, rows_of in zip(caches, trees, out.logits[0].split(counts), strict=True):
-                    settle(cache, rows_of, tree, "greedy", GREEDY, sampler)
-                    cache.truncate(context)
+                     context: int = context, runs: int = runs) -> None:
+                for _ in range(runs):
+                    out, counts = packed_forward(model, caches, [t.tokens.to(device) for t in trees],
+                                                 [t.positions(context).to(device) for t in trees],
+                                                 [t.mask().to(device) for t in trees])
+                    for cache, tree, rows_of in zip(caches, trees, out.logits[0].split(counts), strict=True):
+                        settle(cache, rows_of, tree, "greedy", GREEDY, sampler)
+                        cache.truncate(context)
 
             rows.append({"requests": requests, "nodes": nodes, "context": context,
-                         "seconds": bench.add(step)})
+                         "seconds": bench.add(step, per=runs, before=None if nodes == 1 else before)})
     return rows
 
 
@@ -441,18 +447,21 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int =
 def measure(target: Transformer, *, target_name: str, draft: Transformer | None = None,
             draft_name: str | None = None, grid: ProfileGrid = FULL, feature: bool = True,
             dtype: str = "float32", threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
-            models_dir: Path = MODELS, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
+            models_dir: Path = MODELS, between: Callable[[int], Any] | None = None,
+            estimator: str = "mean") -> dict[str, Any]:
     """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
     when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``core.cost_profile``;
-    ``between(k)`` runs after the k-th timed round of the decoding samples (``Bench.run``)."""
+    ``between(k)`` runs after the k-th timed round of the decoding samples (``Bench.run``); ``estimator``
+    (mean: the loop's expected cost, which pays its slow iterations too; median: robust to a burst of
+    load on a shared machine) reads the repeats."""
     device = target.lm_head.weight.device
     timer = make_timer(device, clock_kind)
     bench = Bench(timer, grid.repeats, grid.warmup)
     updates = Bench(timer, min(grid.repeats, 3), min(grid.warmup, 1))  # an update takes seconds
 
     context = min(grid.draft_context, _contexts(grid, target)[-1])
-    verify, vanilla = verify_samples(target, grid, bench, seed,
-                                     None if draft is None else warm_step(draft, context, seed=seed))
+    drafting = None if draft is None else warm_step(draft, context, seed=seed)  # what a verify follows
+    verify, vanilla = verify_samples(target, grid, bench, seed, drafting)
     nets: dict[str, Any] = {}
     names = {"ngram": "n-gram prompt lookup (no model)"}
     if draft is not None:
@@ -479,7 +488,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                **({"update_single": single} if single else {}),
                **({"prefill": prefill_rows} if prefill_rows else {}),
                "steering": steering_samples(target, grid.draft_tokens, grid.draft_context, bench, seed),
-               "batch_verify": batch_verify_samples(target, grid, bench, seed),
+               "batch_verify": batch_verify_samples(target, grid, bench, seed, drafting),
                "draft_trees": tree_rows}
     bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
@@ -491,7 +500,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         "block_size": nets["specblock"].config.block_size if "specblock" in nets else None,
         "draft_shapes": draft_shapes(nets, grid),
         "derived_from": None,
-        "estimator": "mean",  # the expected cost: the loop's total pays its slow iterations too
+        "estimator": estimator,
         **({"update_windows": windows} if windows else {}),
         "samples": samples,
     }

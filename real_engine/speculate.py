@@ -183,6 +183,7 @@ class ServeSteering:
         self.decisions: list[tuple[int, list[int]]] = []
         self.asked = 0
         self.obs = np.zeros(0)
+        self.costs: tuple[tuple[int, float], tuple[float, float, float]] = ((0, 0.0), (0.0, 0.0, 0.0))
 
     def plan(self, slots: Sequence[Any], waiting: int) -> None:
         """The observation of ``slots`` (``batch.Slot``, in batch order) with ``waiting`` requests queued."""
@@ -191,10 +192,11 @@ class ServeSteering:
             conf = tree_confidences(np.asarray(slot.paths[:LENGTH_CAP], dtype=np.float64))
             rows[i, :3] = (1.0, slot.context, slot.remaining)
             rows[i, 3:3 + conf.size] = conf
-        context = float(np.mean([slot.context for slot in slots]))
-        base, node, draft = iteration_costs(self.profile, self.draft_row, len(slots), context)
-        costs = (float(base[0]), float(node[0]), float(draft[0]))
-        self.obs = serve_features(len(slots), waiting, costs, rows)
+        key = (len(slots), float(np.mean([slot.context for slot in slots])))
+        if key != self.costs[0]:  # ``__call__`` after ``plan`` prices the same batch: once an iteration
+            base, node, draft = iteration_costs(self.profile, self.draft_row, *key)
+            self.costs = (key, (float(base[0]), float(node[0]), float(draft[0])))
+        self.obs = serve_features(len(slots), waiting, self.costs[1], rows)
 
     def keep(self, index: int, confidences: Sequence[float]) -> bool:
         """Whether request ``index`` of the planned batch drafts one more position after ``confidences``."""

@@ -1,0 +1,148 @@
+"""`specblock serve-bench`: serving policies live in the batched engine under Poisson arrivals, beside the
+serving simulator's prediction of the same requests (``experiments.serve_bench``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from core.errors import InputError
+from core.files import write_text
+from core.paths import DRAFT_MODEL, RESULTS, SERVE_POLICIES, TARGET, repo_relative
+from experiments.cli import SEED
+
+QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4, "profile_repeats": 5}
+
+
+def _rates(value: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        rates = ()
+    if not rates or min(rates) <= 0 or len(set(rates)) != len(rates):
+        raise InputError(f"--rates {value!r}: give distinct positive arrival rates (requests per second) "
+                         "separated by commas, e.g. 2,8")
+    return rates
+
+
+def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, content) of each serving policy file, named by its stem; InputError for a bad one."""
+    from policies import check_role, load_policy, policy_to_dict  # numpy: not for --help
+
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if path.stem in out or path.stem == "none":
+            raise InputError(f"--policy {path}: another setting is already called {path.stem!r}: rename the "
+                             "file")
+        out[path.stem] = policy_to_dict(check_role(load_policy(path), "serving", f"--policy {path}"))
+    return list(out.items())
+
+
+@click.command("serve-bench")
+@click.option("--policy", "policy_paths", multiple=True, type=click.Path(path_type=Path),
+              help="A serving policy file (repeatable) [default: the tuned files in data/policies/serve, "
+                   "else each serving kind's defaults]. Vanilla decoding always runs beside them.")
+@click.option("--rates", default="2,8,32", show_default=True, help="Arrival rates (requests per second).")
+@click.option("--requests", type=int, default=16, show_default=True, help="Requests per round and rate.")
+@click.option("--tokens", type=int, default=32, show_default=True, help="New tokens per request.")
+@click.option("--rounds", type=int, default=4, show_default=True,
+              help="Arrival draws per rate (the intervals are over them).")
+@click.option("--max-batch", type=int, default=4, show_default=True,
+              help="Requests decoded together at most.")
+@click.option("--prompts", type=int, default=8, show_default=True,
+              help="Held-out prompts per domain to draw from.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A cost profile to simulate with [default: measure one in this process first; the results "
+                   "file keeps it].")
+@click.option("--profile-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the profile measured first here (e.g. data/profiles/cpu_serve.json).")
+@click.option("--profile-repeats", type=int, default=9, show_default=True,
+              help="Timed repeats per configuration of the profile measured first.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--quick", is_flag=True,
+              help="One rate (8/s), 12 requests of 32 tokens, 3 rounds, 4 prompts per domain: a few minutes.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--name", default="serve_bench", show_default=True, help="Result file name.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for <name>.json and <name>.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
+def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int, rounds: int,
+            max_batch: int, prompts: int, profile_path: Path | None, profile_out: Path | None,
+            profile_repeats: int, threads: int, quick: bool, seed: int, name: str, out: Path,
+            as_json: bool) -> None:
+    """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
+    if quick:
+        rates, requests, tokens, rounds, prompts, profile_repeats = (
+            QUICK[k] for k in ("rates", "requests", "tokens", "rounds", "prompts", "profile_repeats"))
+    rate_list = _rates(rates)
+    for flag, value, low in (("--requests", requests, 1), ("--tokens", tokens, 2), ("--rounds", rounds, 2),
+                             ("--max-batch", max_batch, 1), ("--prompts", prompts, 1),
+                             ("--profile-repeats", profile_repeats, 1), ("--threads", threads, 1)):
+        if value < low:
+            raise InputError(f"{flag} {value} is too small: give {low} or more")
+    if not out.is_dir():
+        raise InputError(f"--out {out}: no such folder: create it or give another")
+    if profile_out is not None and (profile_path is not None or not profile_out.parent.is_dir()):
+        raise InputError(f"--profile-out {profile_out}: give an existing folder, and no --profile (it "
+                         "writes the profile measured first)")
+    files = _policies(policy_paths or tuple(sorted(SERVE_POLICIES.glob("*.json"))))
+    import torch  # torch, the engine and the simulator load here, not for --help
+
+    from core.cost_profile import load_profile, profile_from_json
+    from experiments.provenance import save_result
+    from experiments.serve_bench import (
+        CONTEXT_TOKENS,
+        default_settings,
+        measure_profile,
+        record_acceptance,
+        run_bench,
+    )
+    from experiments.serve_report import bench_body
+    from real_engine import profile as prof
+    from real_engine.model import load_model
+    from real_engine.tokenizer import Tokenizer
+    from real_engine.trace import load_prompts, prompt_domains
+
+    profile = None if profile_path is None else load_profile(profile_path)  # a bad file fails first
+    torch.set_num_threads(threads)
+    target, draft = load_model(TARGET), load_model(DRAFT_MODEL)
+    tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
+    held_out = load_prompts(prompt_domains(), prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)
+    calibration = load_prompts(prompt_domains(), prompts, tokenizer.encode, "calibration", CONTEXT_TOKENS)
+    start = time.perf_counter()
+
+    def log(line: str) -> None:
+        click.echo(f"[{time.perf_counter() - start:6.0f} s] {line}", err=True)
+
+    log(f"recording acceptance on {len(calibration)} calibration prompts")
+    acceptance = record_acceptance(target, draft, calibration, tokens, seed)
+
+    measured = None
+    if profile is None:
+        log(f"measuring the serving costs ({profile_repeats} repeats)")
+        measured = measure_profile(target, draft, max_batch, tokens, profile_repeats, seed)
+        profile = profile_from_json(measured)
+    settings = default_settings(files)
+    result = run_bench(target, draft, profile, acceptance, settings, held_out, rate_list, requests, tokens,
+                       rounds, max_batch, seed, log)
+    if profile_out is not None:
+        prof.save(measured, profile_out)
+    config = {"rates": list(rate_list), "requests": requests, "tokens": tokens, "rounds": rounds,
+              "max_batch": max_batch, "prompts": prompts, "context_tokens": CONTEXT_TOKENS,
+              "threads": threads, "quick": quick,
+              "traces": f"recorded: draft-model chains on {len(calibration)} calibration prompts",
+              "profile": repo_relative(profile_path) if profile_path is not None else measured,
+              "policy_files": [repo_relative(p) for p in policy_paths]}
+    saved = save_result(name, result, config, seed, directory=out)
+    table = write_text(out / f"{name}.md", "\n".join([f"# {name}", "", *bench_body(
+        {"results": result, "config": config})]) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps({"results": str(saved), "markdown": str(table), **result}) + "\n")
+        return
+    click.echo(table.read_text())
+    click.echo(f"wrote {saved} and {table}", err=True)

@@ -1,0 +1,275 @@
+"""`specblock serve-bench`: serving policies live in the batched engine, beside the serving simulator's
+prediction of the same requests.
+
+Each round draws an arrival process per rate (Poisson, held-out prompts of every domain, the last
+``CONTEXT_TOKENS`` tokens of each, ``tokens`` new tokens each, greedy) and replays it through
+``real_engine.batch.BatchEngine`` once per setting, the settings in a rotated order each round so that
+the machine's drift hits all alike: vanilla (no drafter) and each serving policy steering draft-model
+chains (``speculate.ServeSteering``). Requests are submitted when the wall clock passes their arrival
+(between iterations, as the engine admits them). Per request: time to first token (from its arrival)
+and time per output token (first to last token over the further tokens).
+
+The simulator replays the same arrivals (``SpecServeEnv(arrivals=...)``) with the cost profile measured
+in this process right before the live runs (``measure_profile``: the batched verify, the draft model's
+chains and prefill on this machine now), the draft-model chains' acceptance traces, and each question
+put to the policy charged its time measured here (``decision_seconds``), as ``simulator.rollout.
+run_serve`` drives it: the engine's drafting rule, then the policy's lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.cost_profile import CostProfile
+from experiments.intervals import REPLICATES, interval
+from policies import make_policy, policy_from_dict, policy_to_dict, role_kinds
+from policies.base import Policy
+from real_engine import profile as prof
+from real_engine.batch import BatchEngine, Request, Slot
+from real_engine.decode import make_drafter
+from real_engine.drafters.base import Drafter
+from real_engine.model import Transformer
+from real_engine.speculate import ServeSteering
+from real_engine.trace import Prompt, record
+from simulator.acceptance import AcceptanceModel
+from simulator.replay import TraceReplay
+from simulator.rollout import run_serve
+from simulator.serve import Arrivals, SpecServeEnv
+
+KIND = "draft-model"  # the drafter the shipped traces record: chains of the draft model
+DEPTH = 8  # the traces' chain depth: what a request's chain can draft
+CONTEXT_TOKENS = 96
+VANILLA = "none"
+TABLE = "batch-table"  # the per-batch-size table every other policy is compared with, where it runs
+NEVER = {f"l{i}": 0 for i in range(1, 9)}  # a batch table that never drafts: vanilla in the simulator
+SIM_SEEDS = 8  # simulated episodes per round's arrivals (acceptance draws)
+DECISION_CALLS = 200
+
+
+def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.ProfileGrid:
+    """The profile grid serving needs: the batched verify up to ``max_batch`` requests of up to a
+    chain's nodes, the draft model's chains up to ``DEPTH``, prefill at the prompts' lengths."""
+    requests = tuple(sorted({1, 2, 3, 4, 6, 8, max_batch} & set(range(1, max_batch + 1))))
+    return prof.ProfileGrid(
+        nodes=(1, 2, 3, 5, 9), contexts=tuple(contexts), draft_tokens=tuple(range(1, DEPTH + 1)),
+        tree_depths=(2,), tree_widths=(2,), tree_budget=4, specblock_starts=(1,), specblock_blocks=(1,),
+        eagle_depths=(1,), draft_context=int(np.mean(contexts)), update_batch=(1, 16), repeats=repeats,
+        warmup=1, prefill_tokens=(CONTEXT_TOKENS // 2, CONTEXT_TOKENS), batch_requests=requests,
+        batch_nodes=(1, 2, 3, 5, 9))
+
+
+def measure_profile(target: Transformer, draft: Transformer, max_batch: int, tokens: int,
+                    repeats: int, seed: int) -> dict[str, Any]:
+    """A wall-clock cost profile of this process's machine, now, on the serving grid (JSON-ready); the
+    median of the repeats, which a burst of other load on a shared machine barely moves."""
+    contexts = (CONTEXT_TOKENS, CONTEXT_TOKENS + tokens)
+    return prof.measure(target, target_name="target", draft=draft, draft_name="draft",
+                        grid=serve_grid(max_batch, contexts, repeats), feature=False,
+                        threads=torch.get_num_threads(), clock_kind="wall", seed=seed,
+                        estimator="median")
+
+
+def draw_arrivals(prompts: Sequence[Prompt], domains: Sequence[str], rate: float, requests: int,
+                  tokens: int, seed: int) -> tuple[Arrivals, list[Prompt]]:
+    """A Poisson arrival process of ``requests`` prompts drawn from ``prompts`` (the first at second 0)."""
+    rng = np.random.default_rng(seed)
+    picked = [prompts[i] for i in rng.choice(len(prompts), size=requests, replace=requests > len(prompts))]
+    seconds = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0 / rate, size=requests - 1))))
+    arrivals = Arrivals(seconds, np.array([len(p.tokens) for p in picked]), np.full(requests, tokens),
+                        np.array([list(domains).index(p.domain) for p in picked]))
+    return arrivals, picked
+
+
+def chain_drafter(target: Transformer, draft: Transformer) -> Drafter:
+    """A fresh draft-model chain drafter, ``DEPTH`` deep, never stopping on its own."""
+    return make_drafter(KIND, target, draft, deployed=False, depth=DEPTH)
+
+
+def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence[Prompt], tokens: int,
+                      seed: int) -> TraceReplay:
+    """Acceptance traces of the draft model's ``DEPTH``-deep chains on ``prompts`` (calibration prompts,
+    cut as the served ones are), each decoded alone for ``tokens`` tokens, as the simulator replays them."""
+    recording = record(target, prompts, lambda: chain_drafter(target, draft), KIND, max_new_tokens=tokens,
+                       seed=seed)
+    return TraceReplay.from_traces(recording.traces)
+
+
+def decision_seconds(policy: Policy, profile: CostProfile, max_batch: int) -> float:
+    """Median seconds of one question put to ``policy`` steering a full batch (``ServeSteering.keep``,
+    and ``plan``'s share of an iteration's questions)."""
+    steer = ServeSteering(policy, profile, KIND, max_batch)
+    times = []
+    for k in range(DECISION_CALLS):
+        began = time.perf_counter()
+        if k % DEPTH == 0:
+            steer.plan([Slot([], CONTEXT_TOKENS + k, 32)] * max_batch, 0)
+        steer.keep(k % max_batch, [0.6] * (k % DEPTH))
+        times.append(time.perf_counter() - began)
+    return float(np.mean(times))
+
+
+def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, profile: CostProfile,
+               arrivals: Arrivals, prompts: Sequence[Prompt], max_batch: int) -> dict[str, Any]:
+    """Replay ``arrivals`` through the batched engine (steered by ``policy``; None: vanilla)."""
+    steer = None if policy is None else ServeSteering(policy, profile, KIND, max_batch)
+    engine = BatchEngine(target, max_batch=max_batch, steer=steer)
+    tokens = int(arrivals.output[0])
+    ids: list[int] = []
+    start = time.perf_counter()
+    while len(ids) < len(prompts) or engine.busy:
+        now = time.perf_counter() - start
+        while len(ids) < len(prompts) and arrivals.seconds[len(ids)] <= now:
+            drafter = None if policy is None else chain_drafter(target, draft)
+            ids.append(engine.submit(Request(prompts[len(ids)].tokens, tokens, drafter)))
+        if engine.busy:
+            engine.step()
+        elif len(ids) < len(prompts):
+            time.sleep(max(arrivals.seconds[len(ids)] - now, 0.0))
+    results = [engine.results[i] for i in ids]
+    failed = next((r.error for r in results if r.error), None)
+    if failed is not None:
+        raise RuntimeError(f"a request failed in the batched engine: {failed}")
+    arrived = start + arrivals.seconds
+    return {"tokens": float(sum(len(r.tokens) for r in results)),
+            "seconds": max(r.finished for r in results) - start,
+            "ttft": [r.first_token - a for r, a in zip(results, arrived, strict=True)],
+            "tpot": [(r.finished - r.first_token) / max(len(r.tokens) - 1, 1) for r in results]}
+
+
+def serve_simulated(policy: Policy, profile: CostProfile, acceptance: AcceptanceModel, arrivals: Arrivals,
+                    max_batch: int, decision: float, seed: int) -> dict[str, Any]:
+    """The simulator's prediction of the same arrivals, over ``SIM_SEEDS`` acceptance draws."""
+    tokens = seconds = 0.0
+    ttft: list[float] = []
+    tpot: list[float] = []
+    for k in range(SIM_SEEDS):
+        env = SpecServeEnv(profile, acceptance, KIND, max_batch=max_batch, arrivals=arrivals)
+        out = run_serve(policy, env, seed + k, decision)
+        first, per = env.batch.latencies(0, np.arange(arrivals.seconds.size))
+        tokens, seconds = tokens + out.tokens, seconds + float(env.batch.clock[0] - arrivals.seconds[0])
+        ttft, tpot = ttft + first, tpot + per
+    return {"tokens": tokens / SIM_SEEDS, "seconds": seconds / SIM_SEEDS, "ttft": ttft, "tpot": tpot}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One served configuration: a name and its serving policy (None: vanilla, no drafter)."""
+
+    name: str
+    policy: dict[str, Any] | None
+
+    def live_policy(self, seed: int) -> Policy | None:
+        """A fresh copy of the policy for one run (None for vanilla)."""
+        return None if self.policy is None else policy_from_dict(self.policy, seed=seed)
+
+    def simulated_policy(self, seed: int) -> Policy:
+        """The policy the simulator runs: vanilla is a table of zeros (a chain never drafts)."""
+        if self.policy is None:
+            return make_policy("batch-table", NEVER)
+        return policy_from_dict(self.policy, seed=seed)
+
+
+def default_settings(files: Sequence[tuple[str, dict[str, Any]]]) -> list[Setting]:
+    """Vanilla first, then each policy file's (name, content), or each serving kind's defaults."""
+    given = list(files) or [(kind, policy_to_dict(make_policy(kind))) for kind in role_kinds("serving")]
+    return [Setting(VANILLA, None), *(Setting(name, content) for name, content in given)]
+
+
+def percentile_ms(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of seconds, in milliseconds."""
+    return 1e3 * float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def summarize(live: list[dict[str, Any]], sim: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """One (setting, rate)'s figures over its rounds: live tokens/s with its bootstrap interval over the
+    rounds, TTFT and TPOT percentiles over every request (intervals by resampling rounds), and the
+    simulator's prediction of the same rounds."""
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, len(live), size=(REPLICATES, len(live)))
+    tokens = np.array([r["tokens"] for r in live])
+    seconds = np.array([r["seconds"] for r in live])
+
+    def pooled(key: str, q: float) -> list[float]:
+        return interval([percentile_ms([v for i in row for v in live[i][key]], q) for row in index[:400]])
+
+    tpot = [v for r in live for v in r["tpot"]]
+    ttft = [v for r in live for v in r["ttft"]]
+    sim_rate = sum(r["tokens"] for r in sim) / sum(r["seconds"] for r in sim)
+    sim_tpot = [v for r in sim for v in r["tpot"]]
+    out = {"tokens_per_second": float(tokens.sum() / seconds.sum()),
+           "tokens_per_second_ci": interval(tokens[index].sum(1) / seconds[index].sum(1)),
+           "tpot_ms_p50": percentile_ms(tpot, 50), "tpot_ms_p50_ci": pooled("tpot", 50),
+           "tpot_ms_p99": percentile_ms(tpot, 99), "tpot_ms_p99_ci": pooled("tpot", 99),
+           "ttft_ms_p50": percentile_ms(ttft, 50), "ttft_ms_p99": percentile_ms(ttft, 99),
+           "simulated_tokens_per_second": float(sim_rate),
+           "simulated_tpot_ms_p50": percentile_ms(sim_tpot, 50),
+           "simulated_tpot_ms_p99": percentile_ms(sim_tpot, 99),
+           "simulated_ttft_ms_p50": percentile_ms([v for r in sim for v in r["ttft"]], 50),
+           "rounds": [{k: r[k] for k in ("tokens", "seconds")} for r in live]}
+    out["tokens_per_second_error"] = out["simulated_tokens_per_second"] / out["tokens_per_second"] - 1
+    out["tpot_p50_error"] = out["simulated_tpot_ms_p50"] / out["tpot_ms_p50"] - 1
+    return out
+
+
+def ratio(runs: list[dict[str, Any]], base: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """tokens/s over ``base``'s on the same arrivals (paired by round), with a bootstrap interval over
+    the rounds."""
+    rate = np.array([r["tokens"] / r["seconds"] for r in runs])
+    plain = np.array([r["tokens"] / r["seconds"] for r in base])
+    index = np.random.default_rng(seed).integers(0, len(rate), size=(REPLICATES, len(rate)))
+    return {"ratio": float(rate.mean() / plain.mean()), "ratio_ci": interval(rate[index].mean(1) /
+                                                                             plain[index].mean(1))}
+
+
+def run_bench(target: Transformer, draft: Transformer, profile: CostProfile, acceptance: AcceptanceModel,
+              settings: Sequence[Setting], prompts: Sequence[Prompt], rates: Sequence[float], requests: int,
+              tokens: int, rounds: int, max_batch: int, seed: int,
+              log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Every setting at every rate, ``rounds`` arrival draws each, live and simulated (module doc)."""
+    decisions = {s.name: 0.0 if s.policy is None else decision_seconds(s.simulated_policy(seed), profile,
+                                                                      max_batch) for s in settings}
+    warm, picked = draw_arrivals(prompts, acceptance.domains, max(rates), min(requests, max_batch), tokens,
+                                 seed)
+    for setting in settings:  # untimed: the first runs of a process pay its allocations and caches
+        serve_live(target, draft, setting.live_policy(seed), profile, warm, picked, max_batch)
+    live: dict[tuple[str, float], list[dict[str, Any]]] = {(s.name, r): [] for s in settings for r in rates}
+    sim: dict[tuple[str, float], list[dict[str, Any]]] = {key: [] for key in live}
+    for k in range(rounds):
+        for rate in rates:
+            arrivals, picked = draw_arrivals(prompts, acceptance.domains, rate, requests, tokens,
+                                             seed + 1000 * k + int(rate * 100))
+            order = [settings[(i + k) % len(settings)] for i in range(len(settings))]
+            for setting in order:
+                live[setting.name, rate].append(serve_live(target, draft, setting.live_policy(seed), profile,
+                                                           arrivals, picked, max_batch))
+                sim[setting.name, rate].append(serve_simulated(
+                    setting.simulated_policy(seed), profile, acceptance, arrivals, max_batch,
+                    decisions[setting.name], seed + k))
+            last = {s.name: live[s.name, rate][-1] for s in settings}
+            log(f"round {k + 1}/{rounds}, rate {rate:g}/s: tokens/s "
+                + ", ".join(f"{name} {r['tokens'] / r['seconds']:.0f}" for name, r in last.items()))
+    cells = {s.name: {f"{r:g}": summarize(live[s.name, r], sim[s.name, r], seed) for r in rates}
+             for s in settings}
+    policies = {}
+    for s in settings:
+        runs = [x for r in rates for x in live[s.name, r]]
+        sims = [x for r in rates for x in sim[s.name, r]]
+        overall = {k: v for k, v in summarize(runs, sims, seed).items() if k != "rounds"}
+        policies[s.name] = {**overall, "decision_ms": 1e3 * decisions[s.name], "policy": s.policy,
+                            "rates": cells[s.name]}
+    names = [s.name for s in settings]
+    for base in (b for b in (VANILLA, TABLE) if b in names):
+        for name in (n for n in names if n != base):
+            policies[name][f"over_{base}"] = {f"{r:g}": ratio(live[name, r], live[base, r], seed)
+                                              for r in rates}
+    errors = [abs(c["tokens_per_second_error"]) for s in cells.values() for c in s.values()]
+    tpot_errors = [abs(c["tpot_p50_error"]) for s in cells.values() for c in s.values()]
+    return {"policies": policies, "fidelity_error": float(np.median(errors)),
+            "tpot_fidelity_error": float(np.median(tpot_errors))}
+

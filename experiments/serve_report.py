@@ -1,0 +1,62 @@
+"""How `specblock serve-bench` and the serving study read: their tables, for the command's own ``.md``
+and for docs/results.md (``SERVE_RENDERERS``)."""
+
+from __future__ import annotations
+
+from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, table
+
+BENCH_DEFAULTS = {"requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "prompts": 8, "seed": 0}
+
+
+def bench_command(name: str, config: Record) -> str:
+    """The serve-bench command line that writes results file ``name`` with ``config``."""
+    if config.get("quick"):
+        return f"specblock serve-bench --quick{flag('--name', name, 'serve_bench')}"
+    line = f"specblock serve-bench --rates {listed(config['rates'])}"
+    for key, default in BENCH_DEFAULTS.items():
+        line += flag(f"--{key.replace('_', '-')}", config[key], default)
+    line += "".join(f" --policy {path}" for path in config.get("policy_files", []))
+    return line + flag("--name", name, "serve_bench")
+
+
+def _ratio(cell: Record | None) -> str:
+    return "-" if cell is None else interval(cell["ratio"], cell["ratio_ci"], ".2f")
+
+
+def bench_body(record: Record) -> Lines:
+    """Per arrival rate: every setting's live figures beside the simulator's, and the fidelity."""
+    results, config = record["results"], record["config"]
+    policies = results["policies"]
+    rates = list(next(iter(policies.values()))["rates"])
+    lines = [
+        f"{config['requests']} requests per round ({config['prompts']} held-out prompts per domain, last "
+        f"{config['context_tokens']} tokens), {config['tokens']} new tokens each, greedy, batch cap "
+        f"{config['max_batch']}, {config['rounds']} rounds of Poisson arrivals per rate, settings "
+        "interleaved; draft-model chains steered by each serving policy; wall clock, one torch thread. "
+        "[95% CI]: bootstrap over rounds (tokens/s) or rounds' requests (TPOT). Ratios: tokens/s over the "
+        "named setting's on the same arrivals. Simulated: `SpecServe-v0` on the same arrivals with the cost "
+        "profile measured in the same process. Fidelity (median absolute relative error over settings and "
+        f"rates): tokens/s {results['fidelity_error']:.3f}, median TPOT "
+        f"{results['tpot_fidelity_error']:.3f}.",
+        ""]
+    for rate in rates:
+        rows = []
+        for name, p in policies.items():
+            c = p["rates"][rate]
+            rows.append([name, interval(c["tokens_per_second"], c["tokens_per_second_ci"], ".1f"),
+                         f"{c['simulated_tokens_per_second']:.1f} ({c['tokens_per_second_error']:+.1%})",
+                         _ratio(p.get("over_none", {}).get(rate)),
+                         _ratio(p.get("over_batch-table", {}).get(rate)),
+                         interval(c["tpot_ms_p50"], c["tpot_ms_p50_ci"], ".2f"),
+                         f"{c['simulated_tpot_ms_p50']:.2f} ({c['tpot_p50_error']:+.1%})",
+                         interval(c["tpot_ms_p99"], c["tpot_ms_p99_ci"], ".2f"), f"{c['ttft_ms_p50']:.1f}"])
+        lines += [f"Arrival rate {rate} requests/s:", "", *table(
+            ["setting", "tokens/s [95% CI]", "simulated (error)", "over none", "over batch-table",
+             "TPOT p50 ms", "simulated (error)", "TPOT p99 ms", "TTFT p50 ms"], rows), ""]
+    return lines[:-1]
+
+
+SERVE_RENDERERS = {
+    "serve_bench": Renderer("Serving under load: policies live against the serving simulator", bench_command,
+                            bench_body),
+}
