@@ -64,15 +64,16 @@ def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.Pr
         batch_nodes=(1, 2, 3, 5, 9))
 
 
-def measure_profile(target: Transformer, draft: Transformer, max_batch: int, tokens: int,
-                    repeats: int, seed: int) -> dict[str, Any]:
-    """A wall-clock cost profile of this process's machine, now, on the serving grid (JSON-ready); the
-    median of the repeats, which a burst of other load on a shared machine barely moves."""
+def measure_profile(target: Transformer, draft: Transformer, max_batch: int, tokens: int, repeats: int,
+                    seed: int, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """A wall-clock cost profile of this process's machine on the serving grid (JSON-ready): the median
+    of the repeats, which a burst of other load on a shared machine barely moves; ``between(k)`` runs
+    after its k-th measuring round."""
     contexts = (CONTEXT_TOKENS, CONTEXT_TOKENS + tokens)
     return prof.measure(target, target_name="target", draft=draft, draft_name="draft",
                         grid=serve_grid(max_batch, contexts, repeats), feature=False,
                         threads=torch.get_num_threads(), clock_kind="wall", seed=seed,
-                        estimator="median")
+                        estimator="median", between=between)
 
 
 def draw_arrivals(prompts: Sequence[Prompt], domains: Sequence[str], rate: float, requests: int,
@@ -142,14 +143,16 @@ def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, p
             "tpot": [(r.finished - r.first_token) / max(len(r.tokens) - 1, 1) for r in results]}
 
 
-def serve_simulated(policy: Policy, profile: CostProfile, acceptance: AcceptanceModel, arrivals: Arrivals,
-                    max_batch: int, decision: float, seed: int) -> dict[str, Any]:
-    """The simulator's prediction of the same arrivals, over ``SIM_SEEDS`` acceptance draws."""
+def serve_simulated(policy: Policy, profile: CostProfile, steering: CostProfile, acceptance: AcceptanceModel,
+                    arrivals: Arrivals, max_batch: int, decision: float, seed: int) -> dict[str, Any]:
+    """The simulator's prediction of the same arrivals on ``profile``'s costs (the policy shown
+    ``steering``'s, as live), over ``SIM_SEEDS`` acceptance draws."""
     tokens = seconds = 0.0
     ttft: list[float] = []
     tpot: list[float] = []
     for k in range(SIM_SEEDS):
-        env = SpecServeEnv(profile, acceptance, KIND, max_batch=max_batch, arrivals=arrivals)
+        env = SpecServeEnv(profile, acceptance, KIND, max_batch=max_batch, arrivals=arrivals,
+                           observed=steering)
         out = run_serve(policy, env, seed + k, decision)
         first, per = env.batch.latencies(0, np.arange(arrivals.seconds.size))
         tokens, seconds = tokens + out.tokens, seconds + float(env.batch.clock[0] - arrivals.seconds[0])
@@ -227,49 +230,83 @@ def ratio(runs: list[dict[str, Any]], base: list[dict[str, Any]], seed: int) -> 
                                                                              plain[index].mean(1))}
 
 
-def run_bench(target: Transformer, draft: Transformer, profile: CostProfile, acceptance: AcceptanceModel,
-              settings: Sequence[Setting], prompts: Sequence[Prompt], rates: Sequence[float], requests: int,
-              tokens: int, rounds: int, max_batch: int, seed: int,
-              log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Every setting at every rate, ``rounds`` arrival draws each, live and simulated (module doc)."""
-    decisions = {s.name: 0.0 if s.policy is None else decision_seconds(s.simulated_policy(seed), profile,
-                                                                      max_batch) for s in settings}
-    warm, picked = draw_arrivals(prompts, acceptance.domains, max(rates), min(requests, max_batch), tokens,
-                                 seed)
-    for setting in settings:  # untimed: the first runs of a process pay its allocations and caches
-        serve_live(target, draft, setting.live_policy(seed), profile, warm, picked, max_batch)
-    live: dict[tuple[str, float], list[dict[str, Any]]] = {(s.name, r): [] for s in settings for r in rates}
-    sim: dict[tuple[str, float], list[dict[str, Any]]] = {key: [] for key in live}
-    for k in range(rounds):
-        for rate in rates:
-            arrivals, picked = draw_arrivals(prompts, acceptance.domains, rate, requests, tokens,
-                                             seed + 1000 * k + int(rate * 100))
-            order = [settings[(i + k) % len(settings)] for i in range(len(settings))]
-            for setting in order:
-                live[setting.name, rate].append(serve_live(target, draft, setting.live_policy(seed), profile,
-                                                           arrivals, picked, max_batch))
-                sim[setting.name, rate].append(serve_simulated(
-                    setting.simulated_policy(seed), profile, acceptance, arrivals, max_batch,
-                    decisions[setting.name], seed + k))
-            last = {s.name: live[s.name, rate][-1] for s in settings}
-            log(f"round {k + 1}/{rounds}, rate {rate:g}/s: tokens/s "
-                + ", ".join(f"{name} {r['tokens'] / r['seconds']:.0f}" for name, r in last.items()))
-    cells = {s.name: {f"{r:g}": summarize(live[s.name, r], sim[s.name, r], seed) for r in rates}
-             for s in settings}
-    policies = {}
-    for s in settings:
-        runs = [x for r in rates for x in live[s.name, r]]
-        sims = [x for r in rates for x in sim[s.name, r]]
-        overall = {k: v for k, v in summarize(runs, sims, seed).items() if k != "rounds"}
-        policies[s.name] = {**overall, "decision_ms": 1e3 * decisions[s.name], "policy": s.policy,
-                            "rates": cells[s.name]}
-    names = [s.name for s in settings]
-    for base in (b for b in (VANILLA, TABLE) if b in names):
-        for name in (n for n in names if n != base):
-            policies[name][f"over_{base}"] = {f"{r:g}": ratio(live[name, r], live[base, r], seed)
-                                              for r in rates}
-    errors = [abs(c["tokens_per_second_error"]) for s in cells.values() for c in s.values()]
-    tpot_errors = [abs(c["tpot_p50_error"]) for s in cells.values() for c in s.values()]
-    return {"policies": policies, "fidelity_error": float(np.median(errors)),
-            "tpot_fidelity_error": float(np.median(tpot_errors))}
+@dataclasses.dataclass
+class ServeBench:
+    """One serve-bench: the live rounds (``live_round``, callable between a profile's measuring rounds so
+    that the machine's drift touches both alike), then the simulator's predictions of every round's
+    arrivals with the cost profile measured alongside (``report``). Policies see ``steering``'s costs,
+    live and simulated alike."""
 
+    target: Transformer
+    draft: Transformer
+    steering: CostProfile
+    acceptance: AcceptanceModel
+    settings: Sequence[Setting]
+    prompts: Sequence[Prompt]
+    rates: Sequence[float]
+    requests: int
+    tokens: int
+    max_batch: int
+    seed: int
+    log: Callable[[str], None] = lambda line: None
+
+    def __post_init__(self) -> None:
+        self.live: dict[tuple[str, float], list[dict[str, Any]]] = {
+            (s.name, r): [] for s in self.settings for r in self.rates}
+        self.arrivals: list[tuple[int, float, Arrivals]] = []
+
+    def warm_up(self) -> None:
+        """One untimed run of every setting: a process's first runs pay its allocations and caches."""
+        arrivals, picked = draw_arrivals(self.prompts, self.acceptance.domains, max(self.rates),
+                                         min(self.requests, self.max_batch), self.tokens, self.seed)
+        for setting in self.settings:
+            self.serve(setting, arrivals, picked)
+
+    def serve(self, setting: Setting, arrivals: Arrivals, picked: Sequence[Prompt]) -> dict[str, Any]:
+        """One live run of ``setting`` on ``arrivals``."""
+        return serve_live(self.target, self.draft, setting.live_policy(self.seed), self.steering, arrivals,
+                          picked, self.max_batch)
+
+    def live_round(self, k: int) -> None:
+        """Round ``k``: a fresh arrival draw per rate, served by every setting in a rotated order."""
+        for rate in self.rates:
+            arrivals, picked = draw_arrivals(self.prompts, self.acceptance.domains, rate, self.requests,
+                                             self.tokens, self.seed + 1000 * k + int(rate * 100))
+            self.arrivals.append((k, rate, arrivals))
+            for i in range(len(self.settings)):
+                setting = self.settings[(i + k) % len(self.settings)]
+                self.live[setting.name, rate].append(self.serve(setting, arrivals, picked))
+            last = {s.name: self.live[s.name, rate][-1] for s in self.settings}
+            self.log(f"round {k + 1}, rate {rate:g}/s: tokens/s "
+                     + ", ".join(f"{name} {r['tokens'] / r['seconds']:.0f}" for name, r in last.items()))
+
+    def report(self, clock: CostProfile) -> dict[str, Any]:
+        """Every setting's live figures beside the simulator's on ``clock``'s costs, per rate and over all,
+        the ratios to vanilla and to the per-batch-size table, and the fidelity."""
+        decisions = {s.name: 0.0 if s.policy is None else decision_seconds(
+            s.simulated_policy(self.seed), self.steering, self.max_batch) for s in self.settings}
+        sim: dict[tuple[str, float], list[dict[str, Any]]] = {key: [] for key in self.live}
+        for k, rate, arrivals in self.arrivals:
+            for setting in self.settings:
+                sim[setting.name, rate].append(serve_simulated(
+                    setting.simulated_policy(self.seed), clock, self.steering, self.acceptance, arrivals,
+                    self.max_batch, decisions[setting.name], self.seed + k))
+        live, rates, seed = self.live, self.rates, self.seed
+        cells = {s.name: {f"{r:g}": summarize(live[s.name, r], sim[s.name, r], seed) for r in rates}
+                 for s in self.settings}
+        policies = {}
+        for s in self.settings:
+            runs = [x for r in rates for x in live[s.name, r]]
+            sims = [x for r in rates for x in sim[s.name, r]]
+            overall = {k: v for k, v in summarize(runs, sims, seed).items() if k != "rounds"}
+            policies[s.name] = {**overall, "decision_ms": 1e3 * decisions[s.name], "policy": s.policy,
+                                "rates": cells[s.name]}
+        names = [s.name for s in self.settings]
+        for base in (b for b in (VANILLA, TABLE) if b in names):
+            for name in (n for n in names if n != base):
+                policies[name][f"over_{base}"] = {f"{r:g}": ratio(live[name, r], live[base, r], seed)
+                                                  for r in rates}
+        errors = [abs(c["tokens_per_second_error"]) for s in cells.values() for c in s.values()]
+        tpot_errors = [abs(c["tpot_p50_error"]) for s in cells.values() for c in s.values()]
+        return {"policies": policies, "fidelity_error": float(np.median(errors)),
+                "tpot_fidelity_error": float(np.median(tpot_errors))}

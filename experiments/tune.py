@@ -58,7 +58,7 @@ from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.parametric import PAPER_DOMAINS, paper_acceptance
 from simulator.replay import TraceReplay
 from simulator.rollout import Outcome, run_adapt, run_length, run_serve
-from simulator.serve import DEFAULT_BATCH, DEFAULT_RATE, SpecServeEnv, check_serving
+from simulator.serve import ServeTraffic
 from simulator.traces import load_traces
 from simulator.vector_envs import SpecLengthVectorEnv
 
@@ -94,6 +94,9 @@ ORDERED: Mapping[str, tuple[str, ...]] = {"heuristic": ("min_length", "initial",
 """Parameters that must be non-decreasing: a sampled configuration takes their values sorted."""
 
 
+SERVE_TRAFFIC = ServeTraffic()
+
+
 @dataclass(frozen=True)
 class Traffic:
     """A paper-derived parametric acceptance model (``simulator.parametric.paper_acceptance``)."""
@@ -118,10 +121,8 @@ class Setting:
     seed: int = 0
     calibration: str | None = None
     """A calibration file (``policies.calibration``) for the kinds that read confidences, or None."""
-    rate: float = DEFAULT_RATE
-    """serve: requests per second."""
-    max_batch: int = DEFAULT_BATCH
-    """serve: the batch cap."""
+    serve: ServeTraffic = SERVE_TRAFFIC
+    """serve: the arrival rate, batch cap and prompt and output lengths."""
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready form (for results and resume checks)."""
@@ -131,15 +132,12 @@ class Setting:
 def make_setting(task: str, profile: str | Path | None = None, traces: str | Path | None = None,
                  queries: int | None = None, chunks: int | None = None, seed: int = 0,
                  traffic: Traffic | None = None, drafter: str | None = None,
-                 calibration: str | Path | None = None, rate: float = DEFAULT_RATE,
-                 max_batch: int = DEFAULT_BATCH) -> Setting:
+                 calibration: str | Path | None = None, serve: ServeTraffic = SERVE_TRAFFIC) -> Setting:
     """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
     them (``experiments.defaults``); a ``traffic`` replaces the shipped traces; ``calibration`` (a file)
-    comes with every length policy that reads confidences; ``rate`` and ``max_batch`` shape the serve
-    study's traffic (``queries`` requests per episode, ``chunks`` episodes)."""
+    comes with every length policy that reads confidences; ``serve`` is the serve study's traffic
+    (``queries`` requests per episode, ``chunks`` episodes)."""
     _check_task(task)
-    if task == "serve":
-        rate, _, max_batch = check_serving(rate, 1, max_batch)
     queries = DEFAULT_QUERIES[task] if queries is None else queries
     chunks = DEFAULT_CHUNKS[task] if chunks is None else chunks
     for name, value, low in (("queries", queries, 1), ("chunks", chunks, 1), ("seed", seed, 0)):
@@ -167,7 +165,7 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
         load_calibration(calibration)  # a bad file fails here, not in every trial
         calibration = str(Path(calibration).resolve())
     return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed,
-                   calibration, float(rate), int(max_batch))
+                   calibration, serve)
 
 
 @functools.lru_cache(maxsize=8)
@@ -222,9 +220,8 @@ def simulate_chunks(setting: Setting, kind: str, params: Mapping[str, Any]) -> I
             yield run_length(policy, env, setting.seed + k)
     elif setting.task == "serve":
         for k in range(setting.chunks):
-            env = SpecServeEnv(profile, model, setting.drafter, setting.rate, setting.queries,
-                               setting.max_batch)
-            yield run_serve(policy, env, setting.seed + k)
+            yield run_serve(policy, setting.serve.env(profile, model, setting.drafter, setting.queries),
+                            setting.seed + k)
     else:
         phases = default_phases(model.domains, setting.queries)
         for k in range(setting.chunks):

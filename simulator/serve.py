@@ -88,6 +88,32 @@ def check_serving(rate: float, requests: int, max_batch: int) -> tuple[float, in
     return float(rate), int(requests), int(max_batch)
 
 
+@dataclass(frozen=True)
+class ServeTraffic:
+    """What serving episodes serve, as plain data (a tuning study ships it to its workers): the arrival
+    rate, the batch cap and the prompt and output lengths, each a ``(low, high)`` range (validated)."""
+
+    rate: float = DEFAULT_RATE
+    max_batch: int = DEFAULT_BATCH
+    prompt_tokens: tuple[int, int] = DEFAULT_PROMPT
+    output_tokens: tuple[int, int] = DEFAULT_OUTPUT
+
+    def __post_init__(self) -> None:
+        check_serving(self.rate, 1, self.max_batch)
+        for name in ("prompt_tokens", "output_tokens"):
+            value = tuple(getattr(self, name))
+            if len(value) != 2:
+                raise InputError(f"{name} = {value!r}: give (low, high)")
+            lengths(value, name)
+            object.__setattr__(self, name, value)
+
+    def env(self, profile: ProfileArg, acceptance: AcceptanceArg, drafter: str, requests: int
+            ) -> SpecServeEnv:
+        """An environment serving ``requests`` arrivals per episode of this traffic."""
+        return SpecServeEnv(profile, acceptance, drafter, self.rate, requests, self.max_batch,
+                            self.prompt_tokens, self.output_tokens)
+
+
 class ServeBatch:
     """N servers at once: the state and dynamics both SpecServe environments run."""
 
@@ -95,7 +121,8 @@ class ServeBatch:
                  drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
-                 domain_weights: Mapping[str, float] | None = None, arrivals: Arrivals | None = None) -> None:
+                 domain_weights: Mapping[str, float] | None = None, arrivals: Arrivals | None = None,
+                 observed: ProfileArg = None) -> None:
         requests = requests if arrivals is None else arrivals.seconds.size
         self.rate, self.requests, self.cap = check_serving(rate, requests, max_batch)
         self.arrivals = arrivals
@@ -105,6 +132,9 @@ class ServeBatch:
             raise InputError(f"the acceptance model offers {self.model.cap} positions, serving {LENGTH_CAP}: "
                              f"build it with cap={LENGTH_CAP}")
         self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP)
+        # The costs the observation shows (the policy's view), by default the ones the clock charges.
+        self.observed = self.profile if observed is None else resolve_profile(observed)
+        self.observed_draft = self.observed.draft_row(drafter, LENGTH_CAP)
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         if arrivals is not None and arrivals.domain.max() >= len(self.model.domains):
             raise InputError(f"arrivals name domain {arrivals.domain.max()}, the acceptance model has "
@@ -236,11 +266,11 @@ class ServeBatch:
 
     def costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(N,) each: the next iteration's cost fields of the serving observation (base, per node, per
-        drafted position; ``core.serve_costs.iteration_costs``)."""
+        drafted position; ``core.serve_costs.iteration_costs``), from the ``observed`` profile."""
         active = self.active
         running = active.sum(1)
         context = np.where(active, self.context, 0).sum(1) / np.maximum(running, 1)
-        return iteration_costs(self.profile, self.draft_cost, running, context)
+        return iteration_costs(self.observed, self.observed_draft, running, context)
 
     def latencies(self, server: int, requests: np.ndarray) -> tuple[list[float], list[float]]:
         """TTFT (arrival to first token) and TPOT (first to last token over the further tokens) of
@@ -291,7 +321,9 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
     model), ``drafter`` (its chain drafting cost), ``rate`` (arrivals per second), ``requests`` (per
     episode), ``max_batch``, ``prompt_tokens`` and ``output_tokens`` ((low, high) or an array of lengths to
     draw from, e.g. a prompt set's), ``domain_weights``, ``arrivals`` (an :class:`Arrivals` trace that
-    every episode replays instead of drawing its requests; ``rate`` and ``requests`` are then unused).
+    every episode replays instead of drawing its requests; ``rate`` and ``requests`` are then unused),
+    ``observed`` (the profile whose costs the observation shows, as a deployed policy sees the profile it
+    was tuned on while the machine's costs are ``profile``'s; None: ``profile``).
 
     ``info`` after each step: ``tokens``, ``seconds``, ``iteration_seconds``, ``draft_seconds``,
     ``running`` (requests in the iteration), ``accepted`` (draft tokens accepted over them), ``ttft`` and
@@ -316,9 +348,9 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
-                 arrivals: Arrivals | None = None) -> None:
+                 arrivals: Arrivals | None = None, observed: ProfileArg = None) -> None:
         self.batch = ServeBatch(1, profile, acceptance, drafter, rate, requests, max_batch, prompt_tokens,
-                                output_tokens, domain_weights, arrivals)
+                                output_tokens, domain_weights, arrivals, observed)
         self.render_mode = render_mode
         self.action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
         low, high = serve_bounds(self.batch.cap)

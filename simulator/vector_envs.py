@@ -164,11 +164,11 @@ class SpecServeVectorEnv(VectorEnv):
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
-                 arrivals: Arrivals | None = None) -> None:
+                 arrivals: Arrivals | None = None, observed: ProfileArg = None) -> None:
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.batch = ServeBatch(num_envs, profile, acceptance, drafter, rate, requests, max_batch,
-                                prompt_tokens, output_tokens, domain_weights, arrivals)
+                                prompt_tokens, output_tokens, domain_weights, arrivals, observed)
         self.single_action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
         self.action_space = batch_space(self.single_action_space, num_envs)
         low, high = serve_bounds(self.batch.cap)

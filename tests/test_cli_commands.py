@@ -15,7 +15,7 @@ from core.names import BENCHMARKS
 from core.paths import REPO
 from experiments.cli import COMMANDS, main
 
-EXPERIMENTS = ("adapt-live", "fidelity", "study", "gpu-check", "benchmark")
+EXPERIMENTS = ("adapt-live", "fidelity", "study", "gpu-check", "benchmark", "serve-bench")
 NOT_BENCHMARKS = {"__init__", "output", "mutation_notes", "checkout_worker"}  # helpers of the benchmarks
 
 

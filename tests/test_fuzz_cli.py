@@ -269,8 +269,11 @@ BAD = {  # per command, options each of which it must refuse before doing any wo
               "--temperatures": "inf", "--seed": "-1", "--device": "bogus"},
     "shapes": {"--threads": "0", "--rounds": "0", "--prompts": "0", "--seed": str(2**32),
                "--model": "/nonexistent"},
+    "serve-bench": {"--rates": "0,-1", "--rounds": "1", "--requests": "0", "--max-batch": "0",
+                    "--tokens": "1", "--policy": "/nonexistent.json", "--profile": "/nonexistent.json",
+                    "--threads": "0", "--seed": "-1"},
 }
-OUT = {"profile": "profile.json", "trace": "traces.parquet", "bench": ".", "shapes": "."}
+OUT = {"profile": "profile.json", "trace": "traces.parquet", "bench": ".", "shapes": ".", "serve-bench": "."}
 
 
 @BUDGET

@@ -25,6 +25,7 @@ from experiments.tune import (
     tune_policies,
 )
 from policies.base import load_policy
+from simulator.serve import ServeTraffic
 
 SETTING = make_setting("length", PAPER_PROFILE, queries=24, chunks=2, traffic=Traffic())
 
@@ -119,6 +120,9 @@ def test_configurations_start_at_the_defaults_and_respect_the_ranges():
     ["serve", "--policy-kind", "libraspec"],
     ["serve", "--rate", "0"],
     ["serve", "--max-batch", "0"],
+    ["serve", "--output-tokens", "64"],
+    ["serve", "--prompt-tokens", "96,32"],
+    ["length", "--output-tokens", "32,32"],
 ])
 def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]):
     code, out, err = run(argv, capsys)
@@ -149,9 +153,9 @@ def test_cli_serve_tunes_serving_policies_on_specserve(ray_session: None, tmp_pa
     assert code == 0, err
     data = json.loads(out)
     assert data["kind"] == "serve" and data["trials"] == 4
-    assert data["setting"]["rate"] == 6.0 and data["setting"]["max_batch"] == 3
+    assert data["setting"]["serve"]["rate"] == 6.0 and data["setting"]["serve"]["max_batch"] == 3
     best = load_policy(Path(data["out"]) / "best_policy.json")
     assert best.kind in ("batch-table", "libraspec-batch")
-    setting = make_setting("serve", PAPER_PROFILE, queries=8, chunks=1, rate=6.0, max_batch=3)
+    setting = make_setting("serve", PAPER_PROFILE, queries=8, chunks=1, serve=ServeTraffic(6.0, 3))
     again = evaluate(setting, best.kind, dataclasses.asdict(best.params))
     assert again.tokens_per_second == pytest.approx(data["best"]["tokens_per_second"])

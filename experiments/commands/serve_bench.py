@@ -13,10 +13,10 @@ import click
 
 from core.errors import InputError
 from core.files import write_text
-from core.paths import DRAFT_MODEL, RESULTS, SERVE_POLICIES, TARGET, repo_relative
+from core.paths import DRAFT_MODEL, RESULTS, SERVE_POLICIES, SERVE_PROFILE, TARGET, repo_relative
 from experiments.cli import SEED
 
-QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4, "profile_repeats": 5}
+QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4}
 
 
 def _rates(value: str) -> tuple[float, ...]:
@@ -56,13 +56,16 @@ def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
               help="Requests decoded together at most.")
 @click.option("--prompts", type=int, default=8, show_default=True,
               help="Held-out prompts per domain to draw from.")
+@click.option("--steering-profile", "steering_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=SERVE_PROFILE, show_default="data/profiles/cpu_serve.json",
+              help="The costs the policies see (the profile they were tuned on), live and simulated alike.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A cost profile to simulate with [default: measure one in this process first; the results "
-                   "file keeps it].")
+              help="The costs the simulator charges [default: measured in this process, its rounds "
+                   "interleaved with the live rounds; the results file keeps it].")
 @click.option("--profile-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the profile measured first here (e.g. data/profiles/cpu_serve.json).")
-@click.option("--profile-repeats", type=int, default=9, show_default=True,
-              help="Timed repeats per configuration of the profile measured first.")
+              help="Also write the profile measured alongside here (e.g. data/profiles/cpu_serve.json).")
+@click.option("--profile-repeats", type=int, default=2, show_default=True,
+              help="Measuring rounds of the profile per live round.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
 @click.option("--quick", is_flag=True,
               help="One rate (8/s), 12 requests of 32 tokens, 3 rounds, 4 prompts per domain: a few minutes.")
@@ -72,13 +75,13 @@ def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
               show_default="benchmarks/results", help="Folder for <name>.json and <name>.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int, rounds: int,
-            max_batch: int, prompts: int, profile_path: Path | None, profile_out: Path | None,
-            profile_repeats: int, threads: int, quick: bool, seed: int, name: str, out: Path,
-            as_json: bool) -> None:
+            max_batch: int, prompts: int, steering_path: Path, profile_path: Path | None,
+            profile_out: Path | None, profile_repeats: int, threads: int, quick: bool, seed: int, name: str,
+            out: Path, as_json: bool) -> None:
     """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
     if quick:
-        rates, requests, tokens, rounds, prompts, profile_repeats = (
-            QUICK[k] for k in ("rates", "requests", "tokens", "rounds", "prompts", "profile_repeats"))
+        rates, requests, tokens, rounds, prompts = (
+            QUICK[k] for k in ("rates", "requests", "tokens", "rounds", "prompts"))
     rate_list = _rates(rates)
     for flag, value, low in (("--requests", requests, 1), ("--tokens", tokens, 2), ("--rounds", rounds, 2),
                              ("--max-batch", max_batch, 1), ("--prompts", prompts, 1),
@@ -97,10 +100,10 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     from experiments.provenance import save_result
     from experiments.serve_bench import (
         CONTEXT_TOKENS,
+        ServeBench,
         default_settings,
         measure_profile,
         record_acceptance,
-        run_bench,
     )
     from experiments.serve_report import bench_body
     from real_engine import profile as prof
@@ -108,7 +111,8 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
 
-    profile = None if profile_path is None else load_profile(profile_path)  # a bad file fails first
+    steering = load_profile(steering_path)  # bad files fail first
+    profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
     target, draft = load_model(TARGET), load_model(DRAFT_MODEL)
     tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
@@ -120,22 +124,30 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
         click.echo(f"[{time.perf_counter() - start:6.0f} s] {line}", err=True)
 
     log(f"recording acceptance on {len(calibration)} calibration prompts")
-    acceptance = record_acceptance(target, draft, calibration, tokens, seed)
-
+    bench = ServeBench(target, draft, steering, record_acceptance(target, draft, calibration, tokens, seed),
+                       default_settings(files), held_out, rate_list, requests, tokens, max_batch, seed, log)
+    bench.warm_up()
     measured = None
     if profile is None:
-        log(f"measuring the serving costs ({profile_repeats} repeats)")
-        measured = measure_profile(target, draft, max_batch, tokens, profile_repeats, seed)
+        log(f"live rounds, each after {profile_repeats} rounds of measuring the serving costs")
+
+        def between(k: int) -> None:
+            if k % profile_repeats == profile_repeats - 1:
+                bench.live_round(k // profile_repeats)
+
+        measured = measure_profile(target, draft, max_batch, tokens, rounds * profile_repeats, seed, between)
         profile = profile_from_json(measured)
-    settings = default_settings(files)
-    result = run_bench(target, draft, profile, acceptance, settings, held_out, rate_list, requests, tokens,
-                       rounds, max_batch, seed, log)
+    else:
+        for k in range(rounds):
+            bench.live_round(k)
+    result = bench.report(profile)
     if profile_out is not None:
         prof.save(measured, profile_out)
     config = {"rates": list(rate_list), "requests": requests, "tokens": tokens, "rounds": rounds,
               "max_batch": max_batch, "prompts": prompts, "context_tokens": CONTEXT_TOKENS,
               "threads": threads, "quick": quick,
               "traces": f"recorded: draft-model chains on {len(calibration)} calibration prompts",
+              "steering_profile": repo_relative(steering_path), "profile_repeats": profile_repeats,
               "profile": repo_relative(profile_path) if profile_path is not None else measured,
               "policy_files": [repo_relative(p) for p in policy_paths]}
     saved = save_result(name, result, config, seed, directory=out)

@@ -43,6 +43,17 @@ def _table(task: str, report: dict[str, Any]) -> None:
     click.echo(f"best: {report['best']['kind']} -> {Path(report['out']) / 'best_policy.json'}")
 
 
+def _range(value: str | None, flag: str) -> tuple[int, int] | None:
+    """``LOW,HIGH`` as two integers (None when not given)."""
+    if value is None:
+        return None
+    try:
+        low, high = (int(v) for v in value.split(","))
+    except ValueError:
+        raise InputError(f"{flag} {value!r}: give LOW,HIGH, two whole numbers, e.g. 96,96") from None
+    return low, high
+
+
 @click.command("tune")
 @click.argument("task", metavar="length|adapt|serve", type=click.Choice(TASKS))
 @click.option("--samples", type=int, default=16, show_default=True,
@@ -64,6 +75,8 @@ def _table(task: str, report: dict[str, Any]) -> None:
                    "episodes per trial [2]. One report per chunk.")
 @click.option("--rate", type=float, default=None, help="serve: requests arriving per second [2].")
 @click.option("--max-batch", type=int, default=None, help="serve: requests decoded together at most [8].")
+@click.option("--prompt-tokens", default=None, help="serve: prompt lengths LOW,HIGH [128,1024].")
+@click.option("--output-tokens", default=None, help="serve: output lengths LOW,HIGH [64,256].")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the simulated work (the same in every trial) and of the random search.")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path),
@@ -84,19 +97,23 @@ def _table(task: str, report: dict[str, Any]) -> None:
               help="Continue the study already in --out: run the trials it has no record of.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def command(task: str, samples: int, kinds: tuple[str, ...], search: str, scheduler: str, queries: int | None,
-            chunks: int | None, rate: float | None, max_batch: int | None, seed: int,
+            chunks: int | None, rate: float | None, max_batch: int | None, prompt_tokens: str | None,
+            output_tokens: str | None, seed: int,
             profile_path: Path | None, traces_path: Path | None, calibration_path: Path | None,
             address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
     """Tune speculation-length, adaptation or serving policies with Ray Tune; write the results and best
     policy."""
     from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
+    from simulator.serve import ServeTraffic
 
-    if task != "serve" and (rate, max_batch) != (None, None):
-        raise InputError("--rate and --max-batch shape the serve study's traffic: drop them for "
-                         f"`specblock tune {task}`")
-    traffic = {k: v for k, v in (("rate", rate), ("max_batch", max_batch)) if v is not None}
+    given = {"rate": rate, "max_batch": max_batch, "prompt_tokens": _range(prompt_tokens, "--prompt-tokens"),
+             "output_tokens": _range(output_tokens, "--output-tokens")}
+    if task != "serve" and any(v is not None for v in given.values()):
+        raise InputError("--rate, --max-batch, --prompt-tokens and --output-tokens shape the serve study's "
+                         f"traffic: drop them for `specblock tune {task}`")
+    serve = ServeTraffic(**{k: v for k, v in given.items() if v is not None})
     setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
-                           calibration=calibration_path, **traffic)
+                           calibration=calibration_path, serve=serve)
     names = check_kinds(task, [k.strip() for group in kinds for k in group.split(",") if k.strip()])
     out = out or TUNE_RUNS / task
     try:

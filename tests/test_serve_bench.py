@@ -1,0 +1,95 @@
+"""`specblock serve-bench`: serving policies live in the batched engine beside the serving simulator's
+prediction of the same arrivals; its JSON keys, its figures' arithmetic and its bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from experiments.serve_bench import VANILLA, default_settings, draw_arrivals, summarize
+from policies import make_policy, save_policy
+from real_engine.trace import Prompt
+
+KEYS = {"tokens_per_second", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "simulated_tokens_per_second",
+        "simulated_tpot_ms_p50"}
+
+
+def invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_small_run_reports_every_policy_live_and_simulated(tmp_path: Path, capsys) -> None:
+    table = save_policy(make_policy("batch-table", {"l1": 2, "l2": 1}), tmp_path / "table.json")
+    per_request = save_policy(make_policy("threshold-batch"), tmp_path / "per-request.json")
+    code, out, err = invoke(["serve-bench", "--rates", "40", "--requests", "3", "--tokens", "4", "--rounds",
+                             "2", "--prompts", "1", "--max-batch", "2", "--profile-repeats", "1", "--policy",
+                             str(table), "--policy", str(per_request), "--out", str(tmp_path), "--json",
+                             "--profile-out", str(tmp_path / "profile.json")], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert set(report["policies"]) == {VANILLA, "table", "per-request"}
+    for figures in report["policies"].values():
+        assert set(figures) >= KEYS and all(np.isfinite(figures[k]) and figures[k] > 0 for k in KEYS)
+        assert figures["tpot_ms_p50"] <= figures["tpot_ms_p99"]
+    assert 0 <= report["fidelity_error"] < 10
+    assert set(report["policies"]["table"]["over_none"]) == {"40"}
+    saved = json.loads((tmp_path / "serve_bench.json").read_text())
+    assert saved["config"]["requests"] == 3 and saved["seed"] == 0 and "git_commit" in saved
+    assert (tmp_path / "serve_bench.md").read_text().startswith("# serve_bench")
+    assert json.loads((tmp_path / "profile.json").read_text())["samples"]["batch_verify"]
+
+
+def test_arrivals_start_at_zero_and_repeat_with_the_seed() -> None:
+    prompts = [Prompt(f"p{i}", domain, tuple(range(5 + i))) for i, domain in enumerate(("code", "text"))]
+    first, picked = draw_arrivals(prompts, ("code", "text"), 4.0, 6, 8, seed=3)
+    again, _ = draw_arrivals(prompts, ("code", "text"), 4.0, 6, 8, seed=3)
+    assert first.seconds[0] == 0 and np.all(np.diff(first.seconds) >= 0)
+    assert np.array_equal(first.seconds, again.seconds) and np.all(first.output == 8)
+    assert [len(p.tokens) for p in picked] == first.prompt.tolist()
+    assert [("code", "text")[d] for d in first.domain] == [p.domain for p in picked]
+
+
+def test_figures_pool_rounds_and_compare_with_the_simulator() -> None:
+    live = [{"tokens": 100.0, "seconds": 1.0, "ttft": [0.01, 0.03], "tpot": [0.002, 0.004]},
+            {"tokens": 100.0, "seconds": 3.0, "ttft": [0.02], "tpot": [0.006]}]
+    sim = [{"tokens": 100.0, "seconds": 2.0, "ttft": [0.02], "tpot": [0.004]}] * 2
+    out = summarize(live, sim, seed=0)
+    assert out["tokens_per_second"] == pytest.approx(50.0)  # all tokens over all seconds
+    assert out["simulated_tokens_per_second"] == pytest.approx(50.0)
+    assert out["tokens_per_second_error"] == pytest.approx(0.0)
+    assert out["tpot_ms_p50"] == pytest.approx(4.0) and out["tpot_p50_error"] == pytest.approx(0.0)
+    low, high = out["tokens_per_second_ci"]
+    assert 25.0 <= low <= 50.0 <= high <= 100.0
+
+
+def test_vanilla_runs_first_and_each_serving_kind_by_default() -> None:
+    names = [s.name for s in default_settings([])]
+    assert names[0] == VANILLA and set(names[1:]) == {"batch-table", "goodput", "libraspec-batch",
+                                                      "threshold-batch"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", "0"], "--rates"),
+    (["--rounds", "1"], "--rounds"),
+    (["--profile-out", "/nonexistent/p.json"], "--profile-out"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, capsys) -> None:
+    code, out, err = invoke(["serve-bench", *argv, "--out", str(tmp_path)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_length_policy_is_refused_with_where_it_goes(tmp_path: Path, capsys) -> None:
+    path = save_policy(make_policy("libraspec"), tmp_path / "length.json")
+    code, _, err = invoke(["serve-bench", "--policy", str(path), "--out", str(tmp_path)], capsys)
+    assert code == 2 and "not a serving policy" in err
