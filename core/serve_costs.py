@@ -11,6 +11,8 @@ Drafting is per request (the batched engine drafts each request's tree in turn).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from core.cost_profile import CostProfile
@@ -35,15 +37,40 @@ def batch_verify_seconds(profile: CostProfile, requests: np.ndarray, nodes: np.n
     return out
 
 
-def iteration_costs(profile: CostProfile, draft_row: np.ndarray, running: np.ndarray, context: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For batches of ``running`` requests at mean ``context``: the batched verify with no draft, what one
-    more verified node of one request adds to it, and drafting per position per request (``draft_row``:
-    a chain's drafting seconds by length, its mean slope): the serving observation's cost fields."""
+class ServeCosts(NamedTuple):
+    """The serving observation's cost fields, per batch: the batched verify with no draft, what one more
+    verified node of one request adds to it, drafting per further position of a request's chain, and what
+    starting a chain costs beyond that (a chain of k >= 1 positions drafts in ``start + k * draft``)."""
+
+    base: np.ndarray
+    node: np.ndarray
+    draft: np.ndarray
+    start: np.ndarray
+
+    def at(self, i: int = 0) -> tuple[float, float, float, float]:
+        """Batch ``i``'s fields as floats."""
+        return tuple(float(field[i]) for field in self)  # type: ignore[return-value]
+
+
+def chain_fit(draft_row: np.ndarray) -> tuple[float, float]:
+    """(start, per position) of a chain's drafting seconds by length (``draft_row``, index 0 = nothing
+    drafted): the least-squares line through lengths 1.., its intercept kept non-negative."""
+    k = np.arange(1, len(draft_row))
+    slope = max(float(np.polyfit(k, np.asarray(draft_row[1:], dtype=np.float64), 1)[0]), 0.0)
+    return max(float(np.mean(draft_row[1:] - slope * k)), 0.0), slope
+
+
+def iteration_costs(profile: CostProfile, chain: tuple[float, float], running: np.ndarray,
+                    context: np.ndarray) -> ServeCosts:
+    """For batches of ``running`` requests at mean ``context`` (rounded to a whole token, so that a caller
+    may keep them by it): the serving observation's cost fields (``ServeCosts``; drafting from ``chain``,
+    ``chain_fit`` of the drafter's row)."""
     running = np.atleast_1d(np.asarray(running, dtype=np.float64))
+    context = np.rint(np.asarray(context, dtype=np.float64))
     safe = np.maximum(running, 1.0)
     base = batch_verify_seconds(profile, running, 1.0, context)
     more = batch_verify_seconds(profile, running, 2.0, context)
     node = np.where(running > 0, np.maximum(more - base, 0.0) / safe, 0.0)
-    slope = float(draft_row[-1] - draft_row[0]) / max(len(draft_row) - 1, 1)
-    return base, node, np.where(running > 0, slope, 0.0)
+    start, slope = chain
+    busy = running > 0
+    return ServeCosts(base, node, np.where(busy, slope, 0.0), np.where(busy, start, 0.0))

@@ -35,8 +35,9 @@ from real_engine.batch import BatchEngine, Request, Slot
 from real_engine.decode import make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
-from real_engine.speculate import ServeSteering
+from real_engine.speculate import ServeSteering, ranked_nodes, subtree
 from real_engine.trace import Prompt, record
+from real_engine.tree import DraftTree
 from simulator.acceptance import AcceptanceModel
 from simulator.replay import TraceReplay
 from simulator.rollout import run_serve
@@ -49,7 +50,7 @@ VANILLA = "none"
 TABLE = "batch-table"  # the per-batch-size table every other policy is compared with, where it runs
 NEVER = {f"l{i}": 0 for i in range(1, 9)}  # a batch table that never drafts: vanilla in the simulator
 SIM_SEEDS = 8  # simulated episodes per round's arrivals (acceptance draws)
-DECISION_CALLS = 200
+DECISION_CYCLES = 50
 
 
 def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.ProfileGrid:
@@ -102,17 +103,25 @@ def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence
 
 
 def decision_seconds(policy: Policy, profile: CostProfile, max_batch: int) -> float:
-    """Median seconds of one question put to ``policy`` steering a full batch (``ServeSteering.keep``,
-    and ``plan``'s share of an iteration's questions)."""
+    """Mean seconds of one question the engine puts to ``policy``, over steering cycles of a full batch
+    as the engine runs them (``ServeSteering.plan``; each request's chain asking ``keep`` until the
+    policy stops it or ``DEPTH``; the lengths; ranking and trimming each draft): what the simulator
+    charges per question."""
     steer = ServeSteering(policy, profile, KIND, max_batch)
-    times = []
-    for k in range(DECISION_CALLS):
-        began = time.perf_counter()
-        if k % DEPTH == 0:
-            steer.plan([Slot([], CONTEXT_TOKENS + k, 32)] * max_batch, 0)
-        steer.keep(k % max_batch, [0.6] * (k % DEPTH))
-        times.append(time.perf_counter() - began)
-    return float(np.mean(times))
+    chain = DraftTree.chain(1, torch.arange(2, 2 + DEPTH))
+    start = time.perf_counter()
+    for k in range(DECISION_CYCLES):
+        context = CONTEXT_TOKENS + k  # decoding moves the context on: a new one to price each cycle
+        steer.plan([Slot([], context, 32)] * max_batch, 0)
+        for i in range(max_batch):
+            drafted: list[float] = []
+            while len(drafted) < DEPTH and steer.keep(i, drafted):
+                drafted.append(0.7)
+        ranked = [ranked_nodes(chain) for _ in range(max_batch)]
+        lengths = steer([Slot(list(paths), context, 32) for _, paths in ranked], 0)
+        for (order, _), n in zip(ranked, lengths, strict=True):
+            subtree(chain, order[:n])
+    return (time.perf_counter() - start) / steer.asked
 
 
 def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, profile: CostProfile,

@@ -56,7 +56,30 @@ def bench_body(record: Record) -> Lines:
     return lines[:-1]
 
 
+def study_body(record: Record) -> Lines:
+    """Per case and load: vanilla's throughput, the best policy's ratio over it, and the p99 TPOT of both;
+    the tuned table's lengths by batch size."""
+    lines = ["Simulated (SpecServe): every policy tuned with Ray Tune at half the case's capacity, then "
+             "served on the same held-out arrivals at each load (arrival rate over the capacity).", ""]
+    for row in record["results"]["rows"]:
+        rows = []
+        for load, vanilla in row["policies"]["vanilla"].items():
+            name, best = max(((n, p[load]) for n, p in row["policies"].items() if n != "vanilla"),
+                             key=lambda item: item[1]["tokens_per_second"])
+            rows.append([load, f"{row['rates'][load]:.2f}", f"{vanilla['tokens_per_second']:.1f}",
+                         f"{vanilla['tpot_ms_p99']:.2f}", name, f"{best['over_vanilla']:.3f}",
+                         f"{best['tpot_ms_p99']:.2f}"])
+        table_line = ", ".join(f"{i}: {row['tuned']['batch-table'][f'l{i}']}"
+                               for i in range(1, row["traffic"]["max_batch"] + 1))
+        lines += [f"{row['case']}; tuned table, length by batch size: {table_line}.", "", *table(
+            ["load", "requests/s", "vanilla tokens/s", "vanilla p99 TPOT ms", "best policy",
+             "its tokens/s over vanilla", "its p99 TPOT ms"], rows), ""]
+    return lines[:-1]
+
+
 SERVE_RENDERERS = {
     "serve_bench": Renderer("Serving under load: policies live against the serving simulator", bench_command,
                             bench_body),
+    "study_serve": Renderer("Study: speculation under load in simulation",
+                            lambda name, config: f"specblock study {config['study']}", study_body),
 }

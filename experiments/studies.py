@@ -1,6 +1,7 @@
-"""The two policy studies (issue #7): speculation length, and cost-aware online adaptation.
+"""The policy studies: speculation length, cost-aware online adaptation (issue #7), and serving under
+load (``experiments.serve_study``).
 
-Run ``specblock study length|adapt``. Each study tunes policies with Ray Tune on
+Run ``specblock study length|adapt|serve``. Each study tunes policies with Ray Tune on
 tuning seeds (``experiments.tune``), then evaluates every policy on held-out seeds with the same
 simulated work for all of them (common random numbers), and writes ``benchmarks/results/
 study_<name>.json`` (``save_result``), ``.md`` (tables) and ``.png`` (plots).
@@ -34,6 +35,7 @@ from core.files import atomic_write, write_text
 from core.paths import CPU_PROFILE, PAPER_PROFILE, REPO, RESULTS, STUDY_RUNS
 from experiments.provenance import save_result
 from experiments.ray_session import start_ray
+from experiments.serve_study import serve_markdown, serve_plot, serve_study
 from experiments.tune import Setting, Traffic, evaluate, make_setting, tune_policies
 from policies.features import LENGTH_CAP
 from simulator.rollout import Outcome
@@ -247,6 +249,8 @@ def adapt_plot(result: dict[str, Any], path: Path) -> None:
 
 
 STUDIES = {
+    "serve": (serve_study, serve_markdown, serve_plot,
+              {"samples": 32, "requests": 64, "tune_episodes": 2, "episodes": 4}),
     "length": (length_study, length_markdown, length_plot,
                {"samples": 12, "tune_queries": 192, "held_queries": 384}),
     "adapt": (adapt_study, adapt_markdown, adapt_plot,

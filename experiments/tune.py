@@ -160,8 +160,9 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
     elif traffic is None:
         traffic = Traffic()
     if calibration is not None:
-        if task != "length":
-            raise InputError("a calibration is for length policies: drop --calibration for the adapt study")
+        if task == "adapt":
+            raise InputError("a calibration is for length and serving policies: drop --calibration for the "
+                             "adapt study")
         load_calibration(calibration)  # a bad file fails here, not in every trial
         calibration = str(Path(calibration).resolve())
     return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed,
@@ -201,7 +202,7 @@ def check_kinds(task: str, kinds: Sequence[str]) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=8)
-def _world(profile: str, traces: str | None, traffic: Traffic | None) -> tuple[CostProfile, AcceptanceModel]:
+def world(profile: str, traces: str | None, traffic: Traffic | None) -> tuple[CostProfile, AcceptanceModel]:
     """The cost profile and acceptance model of a setting, built once per process (and Ray worker)."""
     if traffic is None:
         model: AcceptanceModel = TraceReplay.from_traces(load_traces(traces))
@@ -212,7 +213,7 @@ def _world(profile: str, traces: str | None, traffic: Traffic | None) -> tuple[C
 
 def simulate_chunks(setting: Setting, kind: str, params: Mapping[str, Any]) -> Iterator[Outcome]:
     """The outcome of each chunk of ``setting`` for the policy ``kind(params)``; chunk k uses seed + k."""
-    profile, model = _world(setting.profile, setting.traces, setting.traffic)
+    profile, model = world(setting.profile, setting.traces, setting.traffic)
     policy = make_tuned(setting, kind, params)
     if setting.task == "length":
         for k, size in enumerate(np.diff(np.linspace(0, setting.queries, setting.chunks + 1).astype(int))):

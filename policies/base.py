@@ -1,9 +1,9 @@
 """The policy protocol, the registry of policy kinds and the versioned JSON policy file.
 
 A policy file is ``{"kind": str, "version": 1, "params": {...}}`` with every parameter of that kind
-present, and for a length policy optionally ``"calibration": {...}`` (``policies.calibration``: how its
-confidences map to acceptance probabilities). Files are plain JSON, written atomically and validated
-when loaded; nothing is unpickled.
+present, and for a policy that reads confidences optionally ``"calibration": {...}``
+(``policies.calibration``: how its confidences map to acceptance probabilities). Files are plain JSON,
+written atomically and validated when loaded; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def _kinds() -> str:
 def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int | None = None,
                 calibration: Calibration | None = None) -> Policy:
     """Build a policy of ``kind``; parameters left out take their defaults, unknown ones are an error; a
-    ``calibration`` only for kinds that read confidences (the length policies)."""
+    ``calibration`` only for kinds that read confidences (the length and serving policies but the fixed
+    ones)."""
     if kind not in POLICY_KINDS:
         raise InputError(f"unknown policy kind {kind!r}: use one of {_kinds()}")
     cls = POLICY_KINDS[kind]

@@ -47,6 +47,7 @@ request); then per batch slot ``SERVE_SLOT_DIM = 3 + LENGTH_CAP`` entries (all 0
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
 
 import numpy as np
@@ -190,7 +191,7 @@ def check_adapt_obs(obs: np.ndarray) -> np.ndarray:
 
 
 SERVE_GLOBAL: tuple[str, ...] = ("running", "waiting", "batch_cap", "base_seconds", "node_seconds",
-                                  "draft_seconds")
+                                  "draft_seconds", "draft_start_seconds")
 """The batch-wide fields that open a serving observation."""
 SERVE_INDEX = MappingProxyType({name: i for i, name in enumerate(SERVE_GLOBAL)})
 SERVE_SLOT_DIM: int = 3 + LENGTH_CAP
@@ -201,11 +202,10 @@ SERVE_SLOT_SLICES = MappingProxyType({
 """Named fields of one slot's row in a serving observation (``serve_slots``)."""
 
 
-def serve_features(running: int, waiting: int, costs: tuple[float, float, float], slots: np.ndarray
-                   ) -> np.ndarray:
+def serve_features(running: int, waiting: int, costs: Sequence[float], slots: np.ndarray) -> np.ndarray:
     """The serving observation: ``running``, ``waiting``, the batch cap (``slots``' rows), ``costs``
-    (base, node and draft seconds), then ``slots`` ([batch_cap, SERVE_SLOT_DIM]: per slot active,
-    context length, remaining tokens, c_1..c_cap)."""
+    (base, node, draft and draft start seconds: ``core.serve_costs.ServeCosts``), then ``slots``
+    ([batch_cap, SERVE_SLOT_DIM]: per slot active, context length, remaining tokens, c_1..c_cap)."""
     rows = np.asarray(slots, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != SERVE_SLOT_DIM or rows.shape[0] < 1:
         raise InputError(f"slots must be [batch_cap, {SERVE_SLOT_DIM}], got shape {rows.shape}: one row per "
@@ -213,9 +213,11 @@ def serve_features(running: int, waiting: int, costs: tuple[float, float, float]
     confidences = rows[:, SERVE_SLOT_SLICES["confidences"]]
     if not np.all(np.isfinite(rows)) or np.any(rows < 0) or np.any(confidences > 1):
         raise InputError("slots hold negative, infinite or confidence values above 1: pass finite values")
-    base, node, draft = (_scalar(name, value, 0.0, np.inf) for name, value in zip(
-        SERVE_GLOBAL[3:], costs, strict=True))
-    head = [_count("running", running), _count("waiting", waiting), rows.shape[0], base, node, draft]
+    if len(costs) != len(SERVE_GLOBAL) - 3:
+        raise InputError(f"costs must be {len(SERVE_GLOBAL) - 3} numbers ({', '.join(SERVE_GLOBAL[3:])}), "
+                         f"got {len(costs)}")
+    head = [_count("running", running), _count("waiting", waiting), rows.shape[0],
+            *(_scalar(name, value, 0.0, np.inf) for name, value in zip(SERVE_GLOBAL[3:], costs, strict=True))]
     return np.concatenate((np.asarray(head, dtype=np.float64), rows.reshape(-1)))
 
 

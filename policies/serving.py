@@ -4,49 +4,77 @@ batched engine.
 
 A request's expected tokens from verifying ``k`` draft positions are ``1 + sum_j prod_{l <= j} c_l``
 (the bonus token, then each position reached), from its draft's confidences; the next iteration costs
-``base_seconds + sum_i k_i (node_seconds + draft_seconds)`` (the observation's cost fields: the batched
-verify with no draft, one more verified node at this batch, drafting per position). The kinds:
+``base_seconds + sum_i k_i (node_seconds + draft_seconds) + draft_start_seconds * #{i: k_i > 0}`` (the
+observation's cost fields: the batched verify with no draft, one more verified node at this batch,
+drafting per position, and starting a request's chain). The kinds:
 
 - ``batch-table``: vLLM's per-batch-size table: one length for every request, read from the batch's
   size (``l1`` .. ``l8``; larger batches use ``l8``).
 - ``goodput``: SmartSpec's choice of one length for the whole batch: the ``k`` up to ``max_length`` that
   maximizes expected tokens per second of the iteration.
 - ``libraspec-batch``: LibraSpec per request with the batch's marginal cost: add positions one at a time
-  to the request whose next position is likeliest accepted while that raises the iteration's expected
-  tokens per second by more than the factor ``margin`` (optimal for the ratio with these costs: every
-  request's expected tokens are concave in its length).
+  to the request whose next position brings the most expected tokens per second of its cost (a
+  request's first position also pays its chain's start) while that raises the iteration's expected
+  tokens per second by more than the factor ``margin`` (optimal for the ratio without start costs: every
+  request's expected tokens are concave in its length; a greedy approximation with them).
 - ``threshold-batch``: per request, the positions whose path confidence is at least ``threshold``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from policies.base import Params, Policy, register
-from policies.features import LENGTH_CAP, SERVE_INDEX, SERVE_SLOT_SLICES, serve_probe, serve_slots
+from policies.calibration import Calibration
+from policies.features import (
+    LENGTH_CAP,
+    SERVE_GLOBAL,
+    SERVE_INDEX,
+    SERVE_SLOT_SLICES,
+    serve_probe,
+    serve_slots,
+)
 
 TABLE_SIZES = 8  # batch sizes the table names; larger batches use the last entry
 
 
-def request_view(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """(active slots, path confidences [slots, cap], base seconds, seconds per verified position)."""
+def request_view(obs: np.ndarray, calibration: Calibration | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, Costs]:
+    """(active slots, path confidences [slots, cap] (each position's confidence through ``calibration``
+    first, when given), the iteration's costs)."""
     slots = serve_slots(obs)
     active = slots[:, SERVE_SLOT_SLICES["active"]][:, 0] > 0
-    paths = np.cumprod(slots[:, SERVE_SLOT_SLICES["confidences"]], axis=1)
-    step = float(obs[SERVE_INDEX["node_seconds"]] + obs[SERVE_INDEX["draft_seconds"]])
-    return active, paths, float(obs[SERVE_INDEX["base_seconds"]]), step
+    confidences = slots[:, SERVE_SLOT_SLICES["confidences"]]
+    if calibration is not None:
+        confidences = calibration.apply(confidences)
+    paths = np.cumprod(confidences, axis=1)
+    base, node, draft, start = (float(obs[SERVE_INDEX[name]]) for name in SERVE_GLOBAL[3:])
+    return active, paths, Costs(base, node + draft, start)
 
 
-def expected_rate(paths: np.ndarray, lengths: np.ndarray, base: float, step: float) -> float:
+class Costs(NamedTuple):
+    """An iteration's seconds: ``base``, plus ``step`` per verified position (its node and its drafting),
+    plus ``start`` per request that drafts at all."""
+
+    base: float
+    step: float
+    start: float
+
+    def seconds(self, lengths: np.ndarray) -> float:
+        """The iteration's seconds when the requests verify ``lengths`` positions."""
+        return self.base + self.step * float(lengths.sum()) + self.start * float((lengths > 0).sum())
+
+
+def expected_rate(paths: np.ndarray, lengths: np.ndarray, costs: Costs) -> float:
     """Expected tokens per second of an iteration in which each request verifies ``lengths`` positions."""
     reach = np.arange(LENGTH_CAP)[None, :] < lengths[:, None]
-    tokens = lengths.size + float((paths * reach).sum())
-    seconds = base + step * float(lengths.sum())
-    return tokens / seconds if seconds > 0 else 0.0
+    seconds = costs.seconds(lengths)
+    return (lengths.size + float((paths * reach).sum())) / seconds if seconds > 0 else 0.0
 
 
 def keeps_drafting(policy: Policy, obs: np.ndarray, slot: int, confidences: Sequence[float]) -> bool:
@@ -61,12 +89,16 @@ def keeps_drafting(policy: Policy, obs: np.ndarray, slot: int, confidences: Sequ
 
 
 class ServingPolicy:
-    """What the serving policies share: no learned state; ``act`` gives one length per batch slot."""
+    """What the serving policies share: no learned state; ``act`` gives one length per batch slot, from
+    the slots' confidences mapped through the policy's ``calibration`` when it has one (kinds that read
+    confidences: ``policies.calibration``)."""
 
     kind: ClassVar[str]
+    reads_confidences: ClassVar[bool] = True  # so a calibration may come with it (``make_policy``)
 
-    def __init__(self, params: Params, seed: int | None = None) -> None:
-        self.params = params
+    def __init__(self, params: Params, seed: int | None = None,
+                 calibration: Calibration | None = None) -> None:
+        self.params, self.calibration = params, calibration
 
     def reset(self, seed: int | None = None) -> None:
         """Nothing to forget."""
@@ -76,13 +108,13 @@ class ServingPolicy:
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Lengths per batch slot (0 for empty slots)."""
-        active, paths, base, step = request_view(obs)
+        active, paths, costs = request_view(obs, self.calibration)
         out = np.zeros(active.size, dtype=np.int64)
         if active.any():
-            out[active] = self.lengths(paths[active], base, step)
+            out[active] = self.lengths(paths[active], costs)
         return out
 
-    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+    def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         """The running requests' lengths."""
         raise NotImplementedError
 
@@ -109,10 +141,15 @@ class BatchTable(ServingPolicy):
 
     kind = "batch-table"
     params_type = TableParams
+    reads_confidences = False
 
-    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
-        table = dataclasses.astuple(self.params)
-        return np.full(paths.shape[0], table[min(paths.shape[0], TABLE_SIZES) - 1])
+    def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
+        return np.full(paths.shape[0], self.table[min(paths.shape[0], TABLE_SIZES) - 1])
+
+    @functools.cached_property
+    def table(self) -> tuple[int, ...]:
+        """The lengths by batch size (read at every decision: built once)."""
+        return dataclasses.astuple(self.params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +167,8 @@ class Goodput(ServingPolicy):
     kind = "goodput"
     params_type = GoodputParams
 
-    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
-        rates = [expected_rate(paths, np.full(paths.shape[0], k), base, step)
+    def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
+        rates = [expected_rate(paths, np.full(paths.shape[0], k), costs)
                  for k in range(self.params.max_length + 1)]
         return np.full(paths.shape[0], int(np.argmax(rates)))
 
@@ -153,19 +190,20 @@ class LibraSpecBatch(ServingPolicy):
     kind = "libraspec-batch"
     params_type = MarginalParams
 
-    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+    def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         count = paths.shape[0]
         k = np.zeros(count, dtype=np.int64)
-        tokens, seconds = float(count), base
+        tokens, seconds = float(count), costs.base
         cap = self.params.max_length
         while True:
             gains = np.where(k < cap, paths[np.arange(count), np.minimum(k, LENGTH_CAP - 1)], -1.0)
-            best = int(np.argmax(gains))
-            worth = gains[best] * seconds > self.params.margin * tokens * step  # raises tokens/s enough
+            cost = costs.step + np.where(k == 0, costs.start, 0.0)  # a first position starts a chain
+            best = int(np.argmax(gains / cost)) if np.all(cost > 0) else int(np.argmax(gains))
+            worth = gains[best] * seconds > self.params.margin * tokens * cost[best]  # raises tokens/s enough
             if gains[best] <= 0 or seconds <= 0 or not worth:
                 return k
             k[best] += 1
-            tokens, seconds = tokens + gains[best], seconds + step
+            tokens, seconds = tokens + gains[best], seconds + cost[best]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,5 +223,5 @@ class ThresholdBatch(ServingPolicy):
     kind = "threshold-batch"
     params_type = ThresholdParams
 
-    def lengths(self, paths: np.ndarray, base: float, step: float) -> np.ndarray:
+    def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         return np.minimum((paths >= self.params.threshold).sum(1), self.params.max_length)

@@ -24,7 +24,7 @@ import torch
 
 from core.cost_profile import CostProfile
 from core.errors import InputError
-from core.serve_costs import iteration_costs
+from core.serve_costs import chain_fit, iteration_costs
 from policies import check_role
 from policies.base import Policy
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, length_features, serve_features, tree_confidences
@@ -179,11 +179,11 @@ class ServeSteering:
     def __init__(self, policy: Policy, profile: CostProfile, kind: str, max_batch: int) -> None:
         self.policy = check_role(policy, "serving", "the batched engine's steering")
         self.profile, self.max_batch = profile, max_batch
-        self.draft_row = profile.draft_row(kind, LENGTH_CAP)
+        self.chain = chain_fit(profile.draft_row(kind, LENGTH_CAP))
         self.decisions: list[tuple[int, list[int]]] = []
         self.asked = 0
         self.obs = np.zeros(0)
-        self.costs: tuple[tuple[int, float], tuple[float, float, float]] = ((0, 0.0), (0.0, 0.0, 0.0))
+        self.costs: dict[tuple[int, int], tuple[float, ...]] = {}
 
     def plan(self, slots: Sequence[Any], waiting: int) -> None:
         """The observation of ``slots`` (``batch.Slot``, in batch order) with ``waiting`` requests queued."""
@@ -192,11 +192,10 @@ class ServeSteering:
             conf = tree_confidences(np.asarray(slot.paths[:LENGTH_CAP], dtype=np.float64))
             rows[i, :3] = (1.0, slot.context, slot.remaining)
             rows[i, 3:3 + conf.size] = conf
-        key = (len(slots), float(np.mean([slot.context for slot in slots])))
-        if key != self.costs[0]:  # ``__call__`` after ``plan`` prices the same batch: once an iteration
-            base, node, draft = iteration_costs(self.profile, self.draft_row, *key)
-            self.costs = (key, (float(base[0]), float(node[0]), float(draft[0])))
-        self.obs = serve_features(len(slots), waiting, self.costs[1], rows)
+        key = (len(slots), round(float(np.mean([slot.context for slot in slots]))))
+        if key not in self.costs:  # priced once per batch size and context: ``iteration_costs`` rounds it
+            self.costs[key] = iteration_costs(self.profile, self.chain, *key).at(0)
+        self.obs = serve_features(len(slots), waiting, self.costs[key], rows)
 
     def keep(self, index: int, confidences: Sequence[float]) -> bool:
         """Whether request ``index`` of the planned batch drafts one more position after ``confidences``."""

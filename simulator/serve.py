@@ -29,7 +29,7 @@ from gymnasium import spaces
 
 from core.cost_profile import resolve_profile
 from core.errors import InputError
-from core.serve_costs import batch_verify_seconds, iteration_costs
+from core.serve_costs import ServeCosts, batch_verify_seconds, chain_fit, iteration_costs
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, SERVE_SLOT_SLICES, serve_bounds
 from simulator.acceptance import check_domains
 from simulator.envs import DEFAULT_PROMPT, AcceptanceArg, ProfileArg, ResetResult, StepResult
@@ -134,7 +134,7 @@ class ServeBatch:
         self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP)
         # The costs the observation shows (the policy's view), by default the ones the clock charges.
         self.observed = self.profile if observed is None else resolve_profile(observed)
-        self.observed_draft = self.observed.draft_row(drafter, LENGTH_CAP)
+        self.observed_chain = chain_fit(self.observed.draft_row(drafter, LENGTH_CAP))
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         if arrivals is not None and arrivals.domain.max() >= len(self.model.domains):
             raise InputError(f"arrivals name domain {arrivals.domain.max()}, the acceptance model has "
@@ -264,13 +264,13 @@ class ServeBatch:
         head = np.stack((active.sum(1), self.waiting(), np.full(self.num, self.cap), *self.costs()), axis=1)
         return np.concatenate((head.astype(np.float64), slots.reshape(self.num, -1)), axis=1)
 
-    def costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(N,) each: the next iteration's cost fields of the serving observation (base, per node, per
-        drafted position; ``core.serve_costs.iteration_costs``), from the ``observed`` profile."""
+    def costs(self) -> ServeCosts:
+        """(N,) each: the next iteration's cost fields of the serving observation
+        (``core.serve_costs.iteration_costs``), from the ``observed`` profile."""
         active = self.active
         running = active.sum(1)
         context = np.where(active, self.context, 0).sum(1) / np.maximum(running, 1)
-        return iteration_costs(self.observed, self.observed_draft, running, context)
+        return iteration_costs(self.observed, self.observed_chain, running, context)
 
     def latencies(self, server: int, requests: np.ndarray) -> tuple[list[float], list[float]]:
         """TTFT (arrival to first token) and TPOT (first to last token over the further tokens) of
@@ -297,9 +297,9 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Observation Space
 
     ``policies.features.serve_features``: running and waiting requests, the batch cap, the next
-    iteration's costs (base, per node, per drafted position), then per slot whether it runs a request,
-    its context length, its remaining tokens and its pending draft's confidences c_1..c_16
-    (``SERVE_SLOT_SLICES``).
+    iteration's costs (base, per node, per drafted position, a chain's start), then per slot whether it
+    runs a request, its context length, its remaining tokens and its pending draft's confidences
+    c_1..c_16 (``SERVE_SLOT_SLICES``).
 
     ## Rewards
 

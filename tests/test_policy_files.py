@@ -54,7 +54,7 @@ def test_round_trip(kind, tmp_path):
     elif kind in SERVING_KINDS:
         slots = np.zeros((2, SERVE_SLOT_DIM))
         slots[0, :7] = (1, 40, 20, 0.9, 0.8, 0.7, 0.6)
-        obs = serve_features(1, 0, (0.03, 0.001, 0.001), slots)
+        obs = serve_features(1, 0, (0.03, 0.001, 0.001, 0.0005), slots)
     else:
         obs = adapt_features(1.0, 1.0, 9.0, 3.0, 0.0, 0, np.array([1.0]))
     assert np.array_equal(loaded.act(obs), make_policy(kind, NON_DEFAULT[kind], seed=0).act(obs))

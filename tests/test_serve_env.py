@@ -11,7 +11,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import simulator  # noqa: F401  (registers the environments)
 from core.cost_profile import resolve_profile
 from core.errors import InputError
-from core.serve_costs import batch_verify_seconds
+from core.serve_costs import batch_verify_seconds, chain_fit, iteration_costs
 from policies.features import LENGTH_CAP, serve_features, serve_slots
 from simulator.serve import Arrivals, ServeBatch, SpecServeEnv
 
@@ -72,9 +72,9 @@ def test_the_observation_is_the_shared_serving_features() -> None:
     obs, _ = env.reset(seed=1)
     slots = serve_slots(obs)
     assert slots.shape == (SMALL["max_batch"], 3 + LENGTH_CAP)
-    costs = tuple(obs[3:6])
+    costs = tuple(obs[3:7])
     assert np.array_equal(obs, serve_features(int(obs[0]), int(obs[1]), costs, slots))
-    assert costs[0] > 0 and costs[1] > 0 and costs[2] > 0
+    assert costs[0] > 0 and costs[1] > 0 and costs[2] > 0 and costs[3] >= 0
     assert obs[0] == env.batch.active[0].sum() and np.all(slots[~env.batch.active[0]] == 0)
     with pytest.raises(InputError, match="serve_features"):
         serve_slots(obs[:-1])
@@ -130,3 +130,13 @@ def test_a_recorded_arrival_trace_is_replayed() -> None:
         Arrivals(np.array([1.0, 0.5]), np.array([3, 3]), np.array([2, 2]), np.array([0, 0]))
     with pytest.raises(InputError, match="acceptance model has"):
         SpecServeEnv(arrivals=Arrivals(np.array([0.0]), np.array([3]), np.array([2]), np.array([99])))
+
+
+def test_a_chains_drafting_splits_into_its_start_and_a_cost_per_position() -> None:
+    """``chain_fit``: an affine row gives back its intercept and slope; the observation shows them."""
+    row = np.array([0.0, *(0.5 + 0.25 * k for k in range(1, LENGTH_CAP + 1))])
+    assert chain_fit(row) == pytest.approx((0.5, 0.25))
+    profile = resolve_profile(None)
+    costs = iteration_costs(profile, chain_fit(row), np.array([0.0, 2.0]), np.array([0.0, 64.4]))
+    assert costs.at(0) == (0.0, 0.0, 0.0, 0.0) and costs.at(1)[2:] == pytest.approx((0.25, 0.5))
+    assert costs.at(1) == iteration_costs(profile, chain_fit(row), 2, 64).at(0)  # priced at whole tokens

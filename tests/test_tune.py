@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from core.errors import InputError
-from core.paths import PAPER_PROFILE
+from core.paths import PAPER_PROFILE, SERVE_PROFILE, TRACES
 from experiments.cli import main
 from experiments.tune import (
     SEARCH_BOUNDS,
@@ -123,6 +123,8 @@ def test_configurations_start_at_the_defaults_and_respect_the_ranges():
     ["serve", "--output-tokens", "64"],
     ["serve", "--prompt-tokens", "96,32"],
     ["length", "--output-tokens", "32,32"],
+    ["serve", "--calibrate"],
+    ["adapt", "--calibrate", "--traces", "data/traces/default.parquet"],
 ])
 def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]):
     code, out, err = run(argv, capsys)
@@ -159,3 +161,17 @@ def test_cli_serve_tunes_serving_policies_on_specserve(ray_session: None, tmp_pa
     setting = make_setting("serve", PAPER_PROFILE, queries=8, chunks=1, serve=ServeTraffic(6.0, 3))
     again = evaluate(setting, best.kind, dataclasses.asdict(best.params))
     assert again.tokens_per_second == pytest.approx(data["best"]["tokens_per_second"])
+
+
+def test_cli_serve_calibrates_the_confidence_readers(ray_session: None, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]):
+    """`--calibrate`: the calibration fitted from the traces lands in the study folder and in the exported
+    file of every kind that reads confidences, so the policy the engine loads maps them the same way."""
+    code, out, err = run(["serve", "--policy-kind", "libraspec-batch", "--samples", "1", "--queries", "4",
+                          "--chunks", "1", "--profile", str(SERVE_PROFILE), "--traces", str(TRACES),
+                          "--calibrate", "--prompt-tokens", "96,96", "--output-tokens", "8,8", "--out",
+                          str(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    fitted = json.loads((tmp_path / "calibration.json").read_text())
+    exported = json.loads((tmp_path / "best_libraspec-batch.json").read_text())
+    assert exported["calibration"] == fitted and json.loads(out)["setting"]["calibration"]

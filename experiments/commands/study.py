@@ -1,4 +1,4 @@
-"""`specblock study length|adapt`: one of the two policy studies (``experiments.studies``).
+"""`specblock study length|adapt|serve`: one of the policy studies (``experiments.studies``).
 
 Tunes the policies with Ray Tune on tuning seeds, evaluates every policy on held-out seeds with common
 random numbers, and writes ``<out>/study_<name>.json``, ``.md`` and ``.png``.
@@ -23,7 +23,8 @@ from core.paths import RESULTS
                                                       "tables.")
 def command(name: str, out: Path, as_json: bool) -> None:
     """Run a policy study on local Ray: STUDY is length (speculation-length policies per cost profile,
-    drafter and traffic) or adapt (adaptation policies on shifted streams)."""
+    drafter and traffic), adapt (adaptation policies on shifted streams) or serve (serving policies under
+    load, across arrival rates)."""
     from experiments.studies import run_study  # Ray and the simulator: not for --help
 
     result = run_study(name, out)

@@ -10,6 +10,7 @@ records; one process at a time may write a study folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import click
 
 from core.errors import InputError
+from core.files import write_json
 from core.paths import TUNE_RUNS
 from experiments.cli import SEED
 
@@ -86,8 +88,11 @@ def _range(value: str | None, flag: str) -> tuple[int, int] | None:
               help="Acceptance traces (parquet) [default: data/traces/default.parquet, else the "
                    "parametric model].")
 @click.option("--calibration", "calibration_path", type=click.Path(path_type=Path),
-              help="Confidence calibration JSON (the pipeline's calibration.json) that the length policies "
-                   "reading confidences (libraspec, threshold) carry, in the trials and the exported files.")
+              help="Confidence calibration JSON (the pipeline's calibration.json) that the length and "
+                   "serving policies reading confidences carry, in the trials and the exported files.")
+@click.option("--calibrate", is_flag=True,
+              help="Fit that calibration from --traces instead (isotonic, per position; written to "
+                   "OUT/calibration.json).")
 @click.option("--address", default=None,
               help="A running Ray cluster: host:port, ray://host:port, or auto (the one `ray start` "
                    "recorded) [default: a private local Ray].")
@@ -100,11 +105,14 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
             chunks: int | None, rate: float | None, max_batch: int | None, prompt_tokens: str | None,
             output_tokens: str | None, seed: int,
             profile_path: Path | None, traces_path: Path | None, calibration_path: Path | None,
+            calibrate: bool,
             address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
     """Tune speculation-length, adaptation or serving policies with Ray Tune; write the results and best
     policy."""
     from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
+    from simulator.calibration import fit_calibration
     from simulator.serve import ServeTraffic
+    from simulator.traces import load_traces
 
     given = {"rate": rate, "max_batch": max_batch, "prompt_tokens": _range(prompt_tokens, "--prompt-tokens"),
              "output_tokens": _range(output_tokens, "--output-tokens")}
@@ -112,10 +120,17 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
         raise InputError("--rate, --max-batch, --prompt-tokens and --output-tokens shape the serve study's "
                          f"traffic: drop them for `specblock tune {task}`")
     serve = ServeTraffic(**{k: v for k, v in given.items() if v is not None})
+    out = out or TUNE_RUNS / task
+    if calibrate and (calibration_path is not None or traces_path is None or task == "adapt"):
+        raise InputError("--calibrate fits a length or serve study's calibration from --traces: give "
+                         "--traces and no --calibration")
     setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
                            calibration=calibration_path, serve=serve)
     names = check_kinds(task, [k.strip() for group in kinds for k in group.split(",") if k.strip()])
-    out = out or TUNE_RUNS / task
+    if calibrate:  # every input checked: the fitted map joins the study folder
+        calibration = fit_calibration(load_traces(traces_path))
+        calibration_path = write_json(out / "calibration.json", calibration.to_dict())
+        setting = dataclasses.replace(setting, calibration=str(calibration_path.resolve()))
     try:
         result = tune_policies(setting, names, samples, out, search, scheduler, resume, address,
                                progress=lambda line: click.echo(line, err=True))
