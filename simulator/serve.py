@@ -181,14 +181,16 @@ class ServeBatch:
 
     def admit(self, mask: np.ndarray) -> np.ndarray:
         """Fill the free slots of each server in ``mask`` with the requests that have arrived (an idle
-        server waits for its next arrival); each joins after its prefill. Returns the prefill seconds."""
+        server waits for its next arrival), each after its prefill; one that arrives during these prefills
+        waits for the next iteration's admission, as in the engine. Returns the prefill seconds."""
         spent = np.zeros(self.num)
         for e in np.flatnonzero(mask):  # a loop over servers, few admissions per step
             if not self.active[e].any() and self.admitted[e] < self.requests:
                 self.clock[e] = max(self.clock[e], self.arrival[e, self.admitted[e]])
+            queued = self.clock[e]  # as the engine: who arrives during these prefills waits for the next
             for slot in np.flatnonzero(~self.active[e]):
                 r = self.admitted[e]
-                if r >= self.requests or self.arrival[e, r] > self.clock[e]:
+                if r >= self.requests or self.arrival[e, r] > queued:
                     break
                 seconds = float(self.profile.prefill_cost(self.prompt[e, r]))
                 self.clock[e] += seconds
