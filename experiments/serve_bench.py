@@ -138,15 +138,15 @@ def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, p
             drafter = None if policy is None else chain_drafter(target, draft)
             ids.append(engine.submit(Request(prompts[len(ids)].tokens, tokens, drafter)))
         if engine.busy:
-            engine.step()
-        elif len(ids) < len(prompts):
-            time.sleep(max(arrivals.seconds[len(ids)] - now, 0.0))
+            engine.step()  # idle, the loop polls for the next arrival, as a server's does: it keeps the
+            # machine's caches and clock as busy decoding leaves them, which the cost profile measures
     results = [engine.results[i] for i in ids]
     failed = next((r.error for r in results if r.error), None)
     if failed is not None:
         raise RuntimeError(f"a request failed in the batched engine: {failed}")
     arrived = start + arrivals.seconds
     return {"tokens": float(sum(len(r.tokens) for r in results)),
+            "iterations": float(sum(len(r.accepted) for r in results)),
             "seconds": max(r.finished for r in results) - start,
             "ttft": [r.first_token - a for r, a in zip(results, arrived, strict=True)],
             "tpot": [(r.finished - r.first_token) / max(len(r.tokens) - 1, 1) for r in results]}
@@ -156,7 +156,7 @@ def serve_simulated(policy: Policy, profile: CostProfile, steering: CostProfile,
                     arrivals: Arrivals, max_batch: int, decision: float, seed: int) -> dict[str, Any]:
     """The simulator's prediction of the same arrivals on ``profile``'s costs (the policy shown
     ``steering``'s, as live), over ``SIM_SEEDS`` acceptance draws."""
-    tokens = seconds = 0.0
+    tokens = seconds = iterations = 0.0
     ttft: list[float] = []
     tpot: list[float] = []
     for k in range(SIM_SEEDS):
@@ -165,8 +165,10 @@ def serve_simulated(policy: Policy, profile: CostProfile, steering: CostProfile,
         out = run_serve(policy, env, seed + k, decision)
         first, per = env.batch.latencies(0, np.arange(arrivals.seconds.size))
         tokens, seconds = tokens + out.tokens, seconds + float(env.batch.clock[0] - arrivals.seconds[0])
+        iterations += out.iterations
         ttft, tpot = ttft + first, tpot + per
-    return {"tokens": tokens / SIM_SEEDS, "seconds": seconds / SIM_SEEDS, "ttft": ttft, "tpot": tpot}
+    return {"tokens": tokens / SIM_SEEDS, "iterations": iterations / SIM_SEEDS,
+            "seconds": seconds / SIM_SEEDS, "ttft": ttft, "tpot": tpot}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +225,8 @@ def summarize(live: list[dict[str, Any]], sim: list[dict[str, Any]], seed: int) 
            "simulated_tpot_ms_p50": percentile_ms(sim_tpot, 50),
            "simulated_tpot_ms_p99": percentile_ms(sim_tpot, 99),
            "simulated_ttft_ms_p50": percentile_ms([v for r in sim for v in r["ttft"]], 50),
+           "tau": float(tokens.sum() / sum(r["iterations"] for r in live)),
+           "simulated_tau": sum(r["tokens"] for r in sim) / sum(r["iterations"] for r in sim),
            "rounds": [{k: r[k] for k in ("tokens", "seconds")} for r in live]}
     out["tokens_per_second_error"] = out["simulated_tokens_per_second"] / out["tokens_per_second"] - 1
     out["tpot_p50_error"] = out["simulated_tpot_ms_p50"] / out["tpot_ms_p50"] - 1

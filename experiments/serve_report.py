@@ -49,10 +49,11 @@ def bench_body(record: Record) -> Lines:
                          _ratio(p.get("over_batch-table", {}).get(rate)),
                          interval(c["tpot_ms_p50"], c["tpot_ms_p50_ci"], ".2f"),
                          f"{c['simulated_tpot_ms_p50']:.2f} ({c['tpot_p50_error']:+.1%})",
-                         interval(c["tpot_ms_p99"], c["tpot_ms_p99_ci"], ".2f"), f"{c['ttft_ms_p50']:.1f}"])
+                         interval(c["tpot_ms_p99"], c["tpot_ms_p99_ci"], ".2f"), f"{c['ttft_ms_p50']:.1f}",
+                         f"{c['tau']:.2f} ({c['simulated_tau']:.2f})"])
         lines += [f"Arrival rate {rate} requests/s:", "", *table(
             ["setting", "tokens/s [95% CI]", "simulated (error)", "over none", "over batch-table",
-             "TPOT p50 ms", "simulated (error)", "TPOT p99 ms", "TTFT p50 ms"], rows), ""]
+             "TPOT p50 ms", "simulated (error)", "TPOT p99 ms", "TTFT p50 ms", "tau (simulated)"], rows), ""]
     return lines[:-1]
 
 

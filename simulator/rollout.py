@@ -188,8 +188,9 @@ def run_serve(policy: Policy, env: SpecServeEnv, seed: int, decision_seconds: fl
     """Serve one episode of ``env`` with a fresh copy of a serving ``policy``, as the live engine does:
     each running request's chain drafts what ``serve_drafts`` says, then the policy, shown what was
     drafted, gives each its length; every question asked of the policy costs ``decision_seconds``. The
-    episode's requests, tokens, busy seconds (iterations and prefills) and batched target forwards; its
-    requests' latencies stay in ``env.batch`` (``ServeBatch.latencies``)."""
+    episode's requests, tokens, busy seconds (iterations and prefills) and target forwards taken part in,
+    summed over requests (so ``tau`` is a request's); its requests' latencies stay in ``env.batch``
+    (``ServeBatch.latencies``)."""
     env.reset(seed=seed)
     own, batch, rng = _copy(policy, seed), env.batch, env.np_random
     conf = SERVE_SLOT_SLICES["confidences"]
@@ -209,5 +210,6 @@ def run_serve(policy: Policy, env: SpecServeEnv, seed: int, decision_seconds: fl
         done = bool(info["done"][0])
         tokens += float(info["tokens"][0])
         seconds += float(info["seconds"][0]) + decided
-        iterations, drafting = iterations + 1, drafting + float(info["draft_seconds"][0]) + decided
+        iterations += float(info["running"][0])
+        drafting += float(info["draft_seconds"][0]) + decided
     return Outcome(batch.requests, tokens, seconds, iterations, drafting)

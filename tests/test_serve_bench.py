@@ -60,14 +60,16 @@ def test_arrivals_start_at_zero_and_repeat_with_the_seed() -> None:
 
 
 def test_figures_pool_rounds_and_compare_with_the_simulator() -> None:
-    live = [{"tokens": 100.0, "seconds": 1.0, "ttft": [0.01, 0.03], "tpot": [0.002, 0.004]},
-            {"tokens": 100.0, "seconds": 3.0, "ttft": [0.02], "tpot": [0.006]}]
-    sim = [{"tokens": 100.0, "seconds": 2.0, "ttft": [0.02], "tpot": [0.004]}] * 2
+    live = [{"tokens": 100.0, "iterations": 50.0, "seconds": 1.0, "ttft": [0.01, 0.03],
+             "tpot": [0.002, 0.004]},
+            {"tokens": 100.0, "iterations": 30.0, "seconds": 3.0, "ttft": [0.02], "tpot": [0.006]}]
+    sim = [{"tokens": 100.0, "iterations": 40.0, "seconds": 2.0, "ttft": [0.02], "tpot": [0.004]}] * 2
     out = summarize(live, sim, seed=0)
     assert out["tokens_per_second"] == pytest.approx(50.0)  # all tokens over all seconds
     assert out["simulated_tokens_per_second"] == pytest.approx(50.0)
     assert out["tokens_per_second_error"] == pytest.approx(0.0)
     assert out["tpot_ms_p50"] == pytest.approx(4.0) and out["tpot_p50_error"] == pytest.approx(0.0)
+    assert out["tau"] == pytest.approx(2.5) and out["simulated_tau"] == pytest.approx(2.5)
     low, high = out["tokens_per_second_ci"]
     assert 25.0 <= low <= 50.0 <= high <= 100.0
 
