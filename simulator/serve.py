@@ -13,8 +13,9 @@ each emits its accepted tokens and one more.
 **Iteration cost** (``core.serve_costs``, as the live engine's serving policies see it): each request's
 chain drafting time for its length, and one batched verify forward. Acceptance per request comes from
 an acceptance model (trace replay or the parametric one), drawn per iteration for the request's domain,
-as in ``SpecLength-v0``. Prompt and output lengths are a ``(low, high)`` tuple (uniform) or a numpy
-array of lengths to draw from (a prompt set's, say).
+as in ``SpecLength-v0``: with trace replay each request replays the iterations of one recorded query
+(that of a uniformly random text position of its domain). Prompt and output lengths are a
+``(low, high)`` tuple (uniform) or a numpy array of lengths to draw from (a prompt set's, say).
 """
 
 from __future__ import annotations
@@ -145,6 +146,9 @@ class ServeBatch:
         shape, queue = (num, self.cap), (num, self.requests)
         self.arrival, self.prompt = np.zeros(queue), np.zeros(queue, dtype=np.int64)
         self.output, self.domain = np.zeros(queue, dtype=np.int64), np.zeros(queue, dtype=np.int64)
+        # A model with ``episodes`` (trace replay) keeps each request inside one recorded query, whose
+        # iterations it replays: pooled rows would weigh easy text by its tokens per iteration.
+        self.episode = np.zeros(queue, dtype=np.int64) if hasattr(self.model, "episodes") else None
         self.first, self.finish = np.full(queue, np.nan), np.full(queue, np.nan)
         self.admitted = np.zeros(num, dtype=np.int64)  # requests admitted so far (FIFO)
         self.clock, self.done = np.zeros(num), np.zeros(num, dtype=np.int64)
@@ -174,6 +178,8 @@ class ServeBatch:
             self.output[mask] = rng.choice(self.outputs, size=(k, self.requests))
             domain = np.searchsorted(self.cdf, rng.random((k, self.requests)), side="right")
             self.domain[mask] = np.minimum(domain, self.cdf.size - 1)
+        if self.episode is not None:
+            self.episode[mask] = self.model.episodes(rng, self.domain[mask].ravel()).reshape(k, self.requests)
         self.first[mask], self.finish[mask] = np.nan, np.nan
         self.admitted[mask], self.done[mask], self.clock[mask] = 0, 0, 0.0
         self.slot_request[mask], self.context[mask], self.remaining[mask] = -1, 0, 0
@@ -205,7 +211,11 @@ class ServeBatch:
         where = np.nonzero(self.active)
         if not where[0].size:
             return
-        draws = self.model.sample(rng, self.domain[where[0], self.slot_request[where]])
+        requests = (where[0], self.slot_request[where])
+        if self.episode is None:
+            draws = self.model.sample(rng, self.domain[requests])
+        else:
+            draws = self.model.sample(rng, self.domain[requests], self.episode[requests])
         self.confidences[where], self.drafted[where] = draws.confidences, draws.drafted
         for n in range(LENGTH_CAP + 1):
             self.accepted_by[(*where, np.full(where[0].size, n))] = draws.accepted(

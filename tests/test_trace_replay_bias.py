@@ -16,6 +16,7 @@ import pytest
 from policies.base import make_policy
 from simulator.replay import TraceReplay
 from simulator.rollout import run_length
+from simulator.serve import SpecServeEnv
 from simulator.vector_envs import SpecLengthVectorEnv
 
 EASY, HARD, DEPTH, TOKENS = 0.9, 0.3, 8, 512
@@ -97,3 +98,23 @@ def test_simulated_tau_is_the_harmonic_mean_over_queries(replay: TraceReplay, n:
     arithmetic = 0.5 * (tau(EASY, n) + tau(HARD, n))  # what independent draws from the position law give
     assert out.tau == pytest.approx(exact, rel=0.025)
     assert abs(arithmetic / exact - 1.0) > 0.15
+
+
+def test_a_served_request_replays_one_recorded_query() -> None:
+    """SpecServe gives each request the iterations of one recorded query: every request's draws carry a
+    single confidence (0.9 or 0.3, the query's), and the tokens per request-iteration of a policy
+    verifying n positions follows from its query's rows alone."""
+    model = TraceReplay.from_traces(recorded(DEPTH))
+    env = SpecServeEnv(None, model, "specblock", rate=50.0, requests=200, max_batch=4, output_tokens=(64, 64))
+    env.reset(seed=0)
+    seen: dict[int, set[float]] = {}
+    batch = env.batch
+    while batch.done[0] < batch.requests:
+        for slot in np.flatnonzero(batch.active[0]):
+            request = int(batch.slot_request[0, slot])
+            seen.setdefault(request, set()).add(round(float(batch.confidences[0, slot, 0]), 3))
+        batch.verify(np.full((1, 4), 4))
+        batch.draft(env.np_random)
+    assert all(len(values) == 1 for values in seen.values()) and len(seen) == 200
+    kinds = {next(iter(values)) for values in seen.values()}
+    assert kinds == {EASY, HARD}
