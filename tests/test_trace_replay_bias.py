@@ -101,9 +101,8 @@ def test_simulated_tau_is_the_harmonic_mean_over_queries(replay: TraceReplay, n:
 
 
 def test_a_served_request_replays_one_recorded_query() -> None:
-    """SpecServe gives each request the iterations of one recorded query: every request's draws carry a
-    single confidence (0.9 or 0.3, the query's), and the tokens per request-iteration of a policy
-    verifying n positions follows from its query's rows alone."""
+    """SpecServe gives each request the iterations of one recorded query: every draw of a request carries
+    that query's confidence (0.9 or 0.3), never a mix of easy and hard text within one request."""
     model = TraceReplay.from_traces(recorded(DEPTH))
     env = SpecServeEnv(None, model, "specblock", rate=50.0, requests=200, max_batch=4, output_tokens=(64, 64))
     env.reset(seed=0)
