@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, table
 
-BENCH_DEFAULTS = {"requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "prompts": 8, "seed": 0}
+BENCH_DEFAULTS = {"requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "prompts": 8}
 
 
 def bench_command(name: str, config: Record) -> str:

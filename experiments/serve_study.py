@@ -143,8 +143,11 @@ def serve_markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
     for row in result["rows"]:
         loads = list(row["rates"])
         header = " | ".join(f"load {load} ({row['rates'][load]:.2f}/s)" for load in loads)
-        lines += [f"## {row['case']}", "", f"Capacity {row['capacity']:.2f} requests/s; traffic "
-                  f"{row['traffic']}.", "", f"| policy | {header} |", "|---|" + "---|" * len(loads)]
+        traffic = row["traffic"]
+        lines += [f"## {row['case']}", "", f"Capacity {row['capacity']:.2f} requests/s; batch cap "
+                  f"{traffic['max_batch']}, prompts of {traffic['prompt_tokens']} and outputs of "
+                  f"{traffic['output_tokens']} tokens (low, high).", "", f"| policy | {header} |",
+                  "|---|" + "---|" * len(loads)]
         for name, by_load in row["policies"].items():
             cells = [f"{p['tokens_per_second']:.1f} ({p['over_vanilla']:.3f}) / {p['tpot_ms_p99']:.2f}"
                      for p in (by_load[load] for load in loads)]

@@ -39,7 +39,8 @@ def synthetic() -> dict:
              "over_vanilla": 1.0}
     faster = {**point, "tokens_per_second": 110.0, "over_vanilla": 1.1, "tpot_ms_p99": 8.0}
     return {"rows": [{"case": "a case (simulated)", "profile": "p.json", "drafter": "eagle",
-                      "traffic": {"max_batch": 2}, "capacity": 4.0, "rates": {"0.5": 2.0, "1": 4.0},
+                      "traffic": {"max_batch": 2, "prompt_tokens": [96, 96], "output_tokens": [32, 32]},
+                      "capacity": 4.0, "rates": {"0.5": 2.0, "1": 4.0},
                       "policies": {"vanilla": {"0.5": point, "1": point},
                                    "goodput (tuned)": {"0.5": faster, "1": point}},
                       "tuned": {"batch-table": {"l1": 3, "l2": 0}, "goodput": {"max_length": 4}}}]}
