@@ -13,7 +13,15 @@ import click
 
 from core.errors import InputError
 from core.files import write_text
-from core.paths import DRAFT_MODEL, RESULTS, SERVE_POLICIES, SERVE_PROFILE, TARGET, repo_relative
+from core.paths import (
+    DRAFT_MODEL,
+    RESULTS,
+    SERVE_BENCH_RUNS,
+    SERVE_POLICIES,
+    SERVE_PROFILE,
+    TARGET,
+    repo_relative,
+)
 from experiments.cli import SEED
 
 QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4}
@@ -68,27 +76,31 @@ def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
               help="Measuring rounds of the profile per live round.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
 @click.option("--quick", is_flag=True,
-              help="One rate (8/s), 12 requests of 32 tokens, 3 rounds, 4 prompts per domain: a few minutes.")
+              help="One rate (8/s), 12 requests of 32 tokens, 3 rounds, 4 prompts per domain, written to "
+                   "runs/serve-bench unless --out is given: about a minute.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--name", default="serve_bench", show_default=True, help="Result file name.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
-              show_default="benchmarks/results", help="Folder for <name>.json and <name>.md.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for <name>.json and <name>.md [default: benchmarks/results; with --quick, "
+                   "runs/serve-bench].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int, rounds: int,
             max_batch: int, prompts: int, steering_path: Path, profile_path: Path | None,
             profile_out: Path | None, profile_repeats: int, threads: int, quick: bool, seed: int, name: str,
-            out: Path, as_json: bool) -> None:
+            out: Path | None, as_json: bool) -> None:
     """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
     if quick:
         rates, requests, tokens, rounds, prompts = (
             QUICK[k] for k in ("rates", "requests", "tokens", "rounds", "prompts"))
+    scratch = quick and out is None  # a smoke run: kept apart from the committed results
+    out = SERVE_BENCH_RUNS if scratch else RESULTS if out is None else out
     rate_list = _rates(rates)
     for flag, value, low in (("--requests", requests, 1), ("--tokens", tokens, 2), ("--rounds", rounds, 2),
                              ("--max-batch", max_batch, 1), ("--prompts", prompts, 1),
                              ("--profile-repeats", profile_repeats, 1), ("--threads", threads, 1)):
         if value < low:
             raise InputError(f"{flag} {value} is too small: give {low} or more")
-    if not out.is_dir():
+    if not (scratch or out.is_dir()):
         raise InputError(f"--out {out}: no such folder: create it or give another")
     if profile_out is not None and (profile_path is not None or not profile_out.parent.is_dir()):
         raise InputError(f"--profile-out {profile_out}: give an existing folder, and no --profile (it "
@@ -114,6 +126,7 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     steering = load_profile(steering_path)  # bad files fail first
     profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
+    out.mkdir(parents=True, exist_ok=True)  # every input checked (an existing folder, or the scratch one)
     target, draft = load_model(TARGET), load_model(DRAFT_MODEL)
     tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
     held_out = load_prompts(prompt_domains(), prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)
