@@ -27,9 +27,11 @@ import numpy as np
 import torch
 
 from core.cost_profile import CostProfile
+from core.names import VANILLA
 from experiments.intervals import REPLICATES, interval
 from policies import make_policy, policy_from_dict, policy_to_dict, role_kinds
 from policies.base import Policy
+from policies.serving import NEVER
 from real_engine import profile as prof
 from real_engine.batch import BatchEngine, Request, Slot
 from real_engine.decode import make_drafter
@@ -46,9 +48,7 @@ from simulator.serve import Arrivals, SpecServeEnv
 KIND = "draft-model"  # the drafter the shipped traces record: chains of the draft model
 DEPTH = 8  # the traces' chain depth: what a request's chain can draft
 CONTEXT_TOKENS = 96
-VANILLA = "none"
 TABLE = "batch-table"  # the per-batch-size table every other policy is compared with, where it runs
-NEVER = {f"l{i}": 0 for i in range(1, 9)}  # a batch table that never drafts: vanilla in the simulator
 SIM_SEEDS = 8  # simulated episodes per round's arrivals (acceptance draws)
 DECISION_CYCLES = 50
 
@@ -185,7 +185,7 @@ class Setting:
     def simulated_policy(self, seed: int) -> Policy:
         """The policy the simulator runs: vanilla is a table of zeros (a chain never drafts)."""
         if self.policy is None:
-            return make_policy("batch-table", NEVER)
+            return make_policy("batch-table", dict(NEVER))
         return policy_from_dict(self.policy, seed=seed)
 
 

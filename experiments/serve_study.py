@@ -25,6 +25,7 @@ from core.files import atomic_write, write_json
 from core.paths import PAPER_PROFILE, SERVE_PROFILE, STUDY_RUNS, TRACES, repo_relative
 from core.serve_costs import batch_verify_seconds
 from experiments.tune import Setting, Traffic, make_setting, make_tuned, tune_policies, world
+from policies.serving import NEVER
 from simulator.calibration import fit_calibration
 from simulator.rollout import run_serve
 from simulator.serve import ServeTraffic
@@ -35,7 +36,6 @@ LOADS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5)
 """Arrival rates studied, as fractions of the case's capacity."""
 TUNE_LOAD = 0.5
 KINDS = ("batch-table", "goodput", "libraspec-batch", "threshold-batch")
-NEVER = {f"l{i}": 0 for i in range(1, 9)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,8 @@ def serve_study(samples: int = 32, requests: int = 64, tune_episodes: int = 2, e
                               calibration=_calibration(case, folder),
                               serve=dataclasses.replace(case.traffic, rate=TUNE_LOAD * rate))
         tuned = tune_policies(tuning, KINDS, samples, folder)
-        named = [("vanilla", "batch-table", NEVER), ("libraspec-batch (default)", "libraspec-batch", {}),
+        named = [("vanilla", "batch-table", dict(NEVER)),
+                 ("libraspec-batch (default)", "libraspec-batch", {}),
                  *((f"{kind} (tuned)", kind, tuned.best_by_kind[kind]["params"]) for kind in KINDS)]
         jobs = [(load, name, remote.remote(dataclasses.replace(
                     tuning, seed=HELD_OUT_SEED, serve=dataclasses.replace(case.traffic, rate=load * rate)),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -41,6 +42,8 @@ from policies.features import (
 )
 
 TABLE_SIZES = 8  # batch sizes the table names; larger batches use the last entry
+NEVER = MappingProxyType({f"l{i}": 0 for i in range(1, TABLE_SIZES + 1)})
+"""``batch-table`` parameters that never speculate: vanilla decoding as a serving policy."""
 
 
 def request_view(obs: np.ndarray, calibration: Calibration | None = None

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.names import VANILLA
 from experiments.cli import main
-from experiments.serve_bench import VANILLA, default_settings, draw_arrivals, summarize
+from experiments.serve_bench import default_settings, draw_arrivals, summarize
 from policies import make_policy, save_policy
 from real_engine.trace import Prompt
 
