@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 from core.errors import InputError
 from core.paths import CPU_PROFILE, PAPER_PROFILE, TRACES
 
+TUNE_SEED, HELD_OUT_SEED = 0, 100
+"""The policy studies' seeds: tuning work, and the held-out work every policy is compared on."""
+
 if TYPE_CHECKING:
     import pandas as pd
 

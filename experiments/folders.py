@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -134,3 +135,10 @@ def measurement_age(path: str | Path) -> float | None:
         return max(0.0, datetime.now(timezone.utc).timestamp() - taken.timestamp())
     except (OSError, ValueError, KeyError, TypeError):
         return max(0.0, datetime.now(timezone.utc).timestamp() - modified)
+
+
+def fresh(path: Path) -> Path:
+    """A study folder that holds no earlier run (the studies always start over)."""
+    if path.exists():
+        shutil.rmtree(path)
+    return path

@@ -10,10 +10,11 @@ chains (``speculate.ServeSteering``). Requests are submitted when the wall clock
 and time per output token (first to last token over the further tokens).
 
 The simulator replays the same arrivals (``SpecServeEnv(arrivals=...)``) with the cost profile measured
-in this process right before the live runs (``measure_profile``: the batched verify, the draft model's
-chains and prefill on this machine now), the draft-model chains' acceptance traces, and each question
-put to the policy charged its time measured here (``decision_seconds``), as ``simulator.rollout.
-run_serve`` drives it: the engine's drafting rule, then the policy's lengths.
+in this process, its measuring rounds interleaved with the live rounds (``measure_profile``: the batched
+verify, the draft model's chains and prefill on this machine now), acceptance traces recorded in this
+process on calibration prompts (``record_acceptance``), and each question put to the policy charged its
+time measured here (``decision_seconds``), as ``simulator.rollout.run_serve`` drives it: the engine's
+drafting rule, then the policy's lengths. Idle, the live server polls for the next arrival.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ switches off. Writes ``study_serve.json``, ``.md`` and ``.png`` (throughput agai
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,8 @@ from core.cost_profile import load_profile
 from core.files import atomic_write, write_json
 from core.paths import PAPER_PROFILE, SERVE_PROFILE, STUDY_RUNS, TRACES, repo_relative
 from core.serve_costs import batch_verify_seconds
+from experiments.defaults import HELD_OUT_SEED, TUNE_SEED
+from experiments.folders import fresh
 from experiments.tune import Setting, Traffic, make_setting, make_tuned, tune_policies, world
 from policies.serving import NEVER
 from simulator.calibration import fit_calibration
@@ -31,7 +32,6 @@ from simulator.rollout import run_serve
 from simulator.serve import ServeTraffic
 from simulator.traces import load_traces
 
-TUNE_SEED, HELD_OUT_SEED = 0, 100
 LOADS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5)
 """Arrival rates studied, as fractions of the case's capacity."""
 TUNE_LOAD = 0.5
@@ -103,9 +103,7 @@ def serve_study(samples: int = 32, requests: int = 64, tune_episodes: int = 2, e
     remote = ray.remote(num_cpus=1)(serve_point)
     rows = []
     for case in CASES:
-        folder = STUDY_RUNS / "serve" / case.profile.stem
-        if folder.exists():
-            shutil.rmtree(folder)
+        folder = fresh(STUDY_RUNS / "serve" / case.profile.stem)
         rate = capacity(case)
         tuning = make_setting("serve", case.profile, case.traces, requests, tune_episodes, TUNE_SEED,
                               traffic=None if case.traces else Traffic(), drafter=case.drafter,

@@ -20,7 +20,6 @@ study_<name>.json`` (``save_result``), ``.md`` (tables) and ``.png`` (plots).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +32,8 @@ from core.cost_profile import load_profile
 from core.errors import InputError
 from core.files import atomic_write, write_text
 from core.paths import CPU_PROFILE, PAPER_PROFILE, REPO, RESULTS, STUDY_RUNS
+from experiments.defaults import HELD_OUT_SEED, TUNE_SEED
+from experiments.folders import fresh
 from experiments.provenance import save_result
 from experiments.ray_session import start_ray
 from experiments.serve_study import serve_markdown, serve_plot, serve_study
@@ -46,14 +47,6 @@ LENGTH_TRAFFICS: dict[str, Traffic] = {
     "mixed": Traffic((("easy", 0.25), ("code", 1.0), ("hard", 4.0)), shared_sd=0.5, own_sd=0.5),
 }
 """Acceptance models of the length study (exponents on the paper's per-position rates)."""
-TUNE_SEED, HELD_OUT_SEED = 0, 100
-
-
-def _fresh(path: Path) -> Path:
-    """A study folder that holds no earlier run (the studies always start over)."""
-    if path.exists():
-        shutil.rmtree(path)
-    return path
 
 
 def _run_all(jobs: Sequence[tuple[Setting, str, dict[str, Any]]]) -> list[Outcome]:
@@ -91,7 +84,7 @@ def length_study(samples: int = 12, tune_queries: int = 192, held_queries: int =
             held = dataclasses.replace(tuning, queries=held_queries, seed=HELD_OUT_SEED)
             slug = f"{profile.stem}-{drafter}-{traffic_name}"
             tuned = tune_policies(tuning, ("threshold", "heuristic"), samples,
-                                  _fresh(STUDY_RUNS / "length" / slug))
+                                  fresh(STUDY_RUNS / "length" / slug))
             named = [(f"fixed-{n}", "fixed", {"length": n}) for n in range(LENGTH_CAP + 1)]
             named += [("libraspec", "libraspec", {}), ("libraspec_exhaustive", "libraspec_exhaustive", {}),
                       ("threshold (default)", "threshold", {}), ("heuristic (default)", "heuristic", {}),
@@ -176,7 +169,7 @@ def adapt_study(samples: int = 32, queries: int = 2000, tune_streams: int = 4, h
     compare every policy on held-out streams."""
     tuning = make_setting("adapt", PAPER_PROFILE, queries=queries, chunks=tune_streams, seed=TUNE_SEED,
                           traffic=Traffic(), drafter="specblock")
-    tuned = {kind: tune_policies(tuning, (kind,), samples, _fresh(STUDY_RUNS / "adapt" / kind),
+    tuned = {kind: tune_policies(tuning, (kind,), samples, fresh(STUDY_RUNS / "adapt" / kind),
                                  scheduler=scheduler)
              for kind in ("epsilon_greedy", "cost_aware_bandit")}  # apart: ASHA compares within a kind
     named = [*ADAPT_POLICIES,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import ClassVar, NamedTuple
@@ -91,7 +92,7 @@ def keeps_drafting(policy: Policy, obs: np.ndarray, slot: int, confidences: Sequ
     return int(np.asarray(policy.act(serve_probe(obs, slot, np.asarray(confidences))))[slot]) > k
 
 
-class ServingPolicy:
+class ServingPolicy(ABC):
     """What the serving policies share: no learned state; ``act`` gives one length per batch slot, from
     the slots' confidences mapped through the policy's ``calibration`` when it has one (kinds that read
     confidences: ``policies.calibration``)."""
@@ -105,9 +106,11 @@ class ServingPolicy:
 
     def reset(self, seed: int | None = None) -> None:
         """Nothing to forget."""
+        del seed
 
     def observe(self, obs: np.ndarray, action: np.ndarray, reward: float, info: Mapping[str, float]) -> None:
         """Nothing to learn."""
+        del obs, action, reward, info
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Lengths per batch slot (0 for empty slots)."""
@@ -117,9 +120,9 @@ class ServingPolicy:
             out[active] = self.lengths(paths[active], costs)
         return out
 
+    @abstractmethod
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         """The running requests' lengths."""
-        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -128,3 +128,20 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
+    """``specblock argv`` run in-process: (exit code, stdout, stderr)."""
+    from experiments.cli import main  # the command line loads its commands on first use
+
+    def invoke(argv: list[str]) -> tuple[int, str, str]:
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = 0 if exc.code is None else exc.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return invoke

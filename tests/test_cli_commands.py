@@ -13,21 +13,10 @@ import pytest
 
 from core.names import BENCHMARKS
 from core.paths import REPO
-from experiments.cli import COMMANDS, main
+from experiments.cli import COMMANDS
 
 EXPERIMENTS = ("adapt-live", "fidelity", "study", "gpu-check", "benchmark", "serve-bench")
 NOT_BENCHMARKS = {"__init__", "output", "mutation_notes", "checkout_worker"}  # helpers of the benchmarks
-
-
-def invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``specblock argv`` in-process: (exit code, stdout, stderr)."""
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = 0 if exc.code is None else exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def listed(help_text: str) -> set[str]:
@@ -53,16 +42,16 @@ HELPED = [*([name] for name in EXPERIMENTS), *(["benchmark", name] for name in B
 
 
 @pytest.mark.parametrize("argv", HELPED, ids=" ".join)
-def test_every_experiment_and_benchmark_has_help(argv: list[str], capsys) -> None:
-    code, out, err = invoke([*argv, "--help"], capsys)
+def test_every_experiment_and_benchmark_has_help(argv: list[str], cli) -> None:
+    code, out, err = cli([*argv, "--help"])
     assert code == 0 and err == ""
     assert out.startswith(f"Usage: specblock {' '.join(argv)} ")
 
 
-def test_every_benchmark_module_is_a_subcommand(capsys) -> None:
+def test_every_benchmark_module_is_a_subcommand(cli) -> None:
     modules = {p.stem for p in (REPO / "benchmarks").glob("*.py")} - NOT_BENCHMARKS
     assert set(BENCHMARKS) == modules
-    code, out, _ = invoke(["benchmark", "--help"], capsys)
+    code, out, _ = cli(["benchmark", "--help"])
     assert code == 0
     assert listed(out) == set(BENCHMARKS)
 
@@ -76,15 +65,15 @@ def test_every_benchmark_module_is_a_subcommand(capsys) -> None:
     (["benchmark", "batch_throughput", "--drafters", "specblock"], "lacks none"),
     (["benchmark", "checkout_ab", str(REPO / "data")], "is not a checkout of this project"),
 ])
-def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys, monkeypatch) -> None:
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, cli, monkeypatch) -> None:
     monkeypatch.delenv("OUT", raising=False)
-    code, out, err = invoke(argv, capsys)
+    code, out, err = cli(argv)
     assert code == 2 and out == ""
     assert message in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("errors", [{}, {"profile": "RuntimeError: out of memory"}])
-def test_gpu_check_runs_the_scripts_check_and_fails_with_its_sections(errors, capsys, monkeypatch,
+def test_gpu_check_runs_the_scripts_check_and_fails_with_its_sections(errors, cli, monkeypatch,
                                                                       tmp_path: Path) -> None:
     from experiments import gpu_check
 
@@ -98,7 +87,7 @@ def test_gpu_check_runs_the_scripts_check_and_fails_with_its_sections(errors, ca
 
     monkeypatch.setattr(gpu_check, "check", check)
     argv = ["gpu-check", "--device", "cpu", "--tiny", "--out", str(tmp_path), "--json"]
-    code, out, err = invoke(argv, capsys)
+    code, out, err = cli(argv)
     assert calls == [("cpu", True, tmp_path, gpu_check.MODELS, 0)]
     assert json.loads(out) == results and out.count("\n") == 1
     assert code == (1 if errors else 0)
@@ -119,7 +108,7 @@ def test_a_benchmark_prints_one_json_object_and_writes_its_result(tmp_path: Path
     assert "median ms" in proc.stderr  # the table went to stderr, as progress
 
 
-def test_study_runs_the_named_study_and_prints_its_tables_or_one_object(capsys, monkeypatch,
+def test_study_runs_the_named_study_and_prints_its_tables_or_one_object(cli, monkeypatch,
                                                                        tmp_path: Path) -> None:
     from experiments import studies
 
@@ -128,8 +117,8 @@ def test_study_runs_the_named_study_and_prints_its_tables_or_one_object(capsys, 
         return {"rows": [], "seconds": 1.0}
 
     monkeypatch.setattr(studies, "run_study", run_study)
-    code, out, err = invoke(["study", "length", "--out", str(tmp_path)], capsys)
+    code, out, err = cli(["study", "length", "--out", str(tmp_path)])
     assert code == 0 and out.startswith("# length table") and "study_length.json" in err
-    code, out, _ = invoke(["study", "adapt", "--out", str(tmp_path), "--json"], capsys)
+    code, out, _ = cli(["study", "adapt", "--out", str(tmp_path), "--json"])
     shown = json.loads(out)
     assert code == 0 and shown["results"] == str(tmp_path / "study_adapt.json") and shown["rows"] == []

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from core.names import VANILLA
-from experiments.cli import main
 from experiments.serve_bench import default_settings, draw_arrivals, summarize
 from policies import make_policy, save_policy
 from real_engine.trace import Prompt
@@ -19,23 +18,13 @@ KEYS = {"tokens_per_second", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "simul
         "simulated_tpot_ms_p50"}
 
 
-def invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = 0 if exc.code is None else exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_a_small_run_reports_every_policy_live_and_simulated(tmp_path: Path, capsys) -> None:
+def test_a_small_run_reports_every_policy_live_and_simulated(tmp_path: Path, cli) -> None:
     table = save_policy(make_policy("batch-table", {"l1": 2, "l2": 1}), tmp_path / "table.json")
     per_request = save_policy(make_policy("threshold-batch"), tmp_path / "per-request.json")
-    code, out, err = invoke(["serve-bench", "--rates", "40", "--requests", "3", "--tokens", "4", "--rounds",
+    code, out, err = cli(["serve-bench", "--rates", "40", "--requests", "3", "--tokens", "4", "--rounds",
                              "2", "--prompts", "1", "--max-batch", "2", "--profile-repeats", "1", "--policy",
                              str(table), "--policy", str(per_request), "--out", str(tmp_path), "--json",
-                             "--profile-out", str(tmp_path / "profile.json")], capsys)
+                             "--profile-out", str(tmp_path / "profile.json")])
     assert code == 0, err
     report = json.loads(out)
     assert set(report["policies"]) == {VANILLA, "table", "per-request"}
@@ -86,13 +75,13 @@ def test_vanilla_runs_first_and_each_serving_kind_by_default() -> None:
     (["--rounds", "1"], "--rounds"),
     (["--profile-out", "/nonexistent/p.json"], "--profile-out"),
 ])
-def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, capsys) -> None:
-    code, out, err = invoke(["serve-bench", *argv, "--out", str(tmp_path)], capsys)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, cli) -> None:
+    code, out, err = cli(["serve-bench", *argv, "--out", str(tmp_path)])
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_length_policy_is_refused_with_where_it_goes(tmp_path: Path, capsys) -> None:
+def test_a_length_policy_is_refused_with_where_it_goes(tmp_path: Path, cli) -> None:
     path = save_policy(make_policy("libraspec"), tmp_path / "length.json")
-    code, _, err = invoke(["serve-bench", "--policy", str(path), "--out", str(tmp_path)], capsys)
+    code, _, err = cli(["serve-bench", "--policy", str(path), "--out", str(tmp_path)])
     assert code == 2 and "not a serving policy" in err
