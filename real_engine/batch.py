@@ -8,11 +8,12 @@ request then verifies its own rows, keeps its accepted path in its cache and tel
 verifier stays lossless per request. Requests join between iterations after a prefill of their own and
 leave when done; a request the engine cannot serve (empty prompt, too long for the context, unknown
 verifier, a drafter another running request already uses) ends with an error and never disturbs the
-others. Drafters propose one request at a time (none batches its forwards yet). With ``steer`` (a
-serving policy, ``speculate.ServeSteering``) a chain drafts while the policy would verify more of it,
-then every request's draft is trimmed before the forward to the length the policy gives it, its most
-confident nodes (``speculate.ranked_nodes``), as a length policy trims one query's: lossless, since
-both read only the draft's laws.
+others. Drafters that can share forwards do (``batch_key``, ``propose_together``): the draft model's
+chains draft in lockstep, one packed forward per position over every chain still drafting. With
+``steer`` (a serving policy, ``speculate.ServeSteering``) a chain drafts while the policy would verify
+more of it, then every request's draft is trimmed before the forward to the length the policy gives it,
+its most confident nodes (``speculate.ranked_nodes``), as a length policy trims one query's: lossless,
+since both read only the draft's laws.
 """
 
 from __future__ import annotations
@@ -29,52 +30,11 @@ from real_engine.decode import GREEDY, MAX_TREE_NODES, check_request, cut_at_eos
 from real_engine.drafters.base import Drafter, clock
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
+from real_engine.ragged import packed_forward
 from real_engine.speculate import ranked_nodes, subtree
 from real_engine.tree import DraftTree
 from real_engine.verify import TorchSampler
 from real_engine.warp import Sampling
-
-
-class RaggedCache:
-    """Several requests' caches read and written as one packed sequence of ``counts`` new tokens each.
-
-    ``Transformer.forward`` sees one cache: ``write`` splits the packed keys and values by request,
-    stores each part in that request's cache and returns every request's keys (its prefix, then its new
-    tokens) back to back, the layout ``mask`` gives attention. The copy costs one pass over every
-    request's prefix per layer and iteration: negligible beside the forward at these contexts."""
-
-    def __init__(self, caches: Sequence[KVCache], counts: Sequence[int]) -> None:
-        self.caches, self.counts = list(caches), list(counts)
-        self.length = sum(c.length for c in self.caches)  # keys before the packed new tokens, all requests
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store each request's part of ``k, v`` ([1, H, sum(counts), D]); all requests' keys and values."""
-        parts = [c.write(layer, ki, vi) for c, ki, vi in
-                 zip(self.caches, k.split(self.counts, 2), v.split(self.counts, 2), strict=True)]
-        return torch.cat([p[0] for p in parts], 2), torch.cat([p[1] for p in parts], 2)
-
-    def mask(self, trees: Sequence[torch.Tensor]) -> torch.Tensor:
-        """[sum(counts), length + sum(counts)] bool: each request's tokens attend to its own prefix and,
-        among its new tokens, by its ``trees`` entry ([count, count])."""
-        total = sum(self.counts)
-        mask = torch.zeros(total, self.length + total, dtype=torch.bool, device=trees[0].device)
-        row = col = 0
-        for cache, count, tree in zip(self.caches, self.counts, trees, strict=True):
-            mask[row:row + count, col:col + cache.length] = True
-            mask[row:row + count, col + cache.length:col + cache.length + count] = tree
-            row, col = row + count, col + cache.length + count
-        return mask
-
-
-def packed_forward(model: Transformer, caches: Sequence[KVCache], tokens: Sequence[torch.Tensor],
-                   positions: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
-                   ) -> tuple[Output, list[int]]:
-    """One target forward over several requests' new ``tokens`` (each at its ``positions``, attending among
-    themselves by its ``masks`` entry and to its own cache, where they stay pending); the output's rows in
-    request order and each request's count of them."""
-    counts = [t.numel() for t in tokens]
-    ragged = RaggedCache(caches, counts)
-    return model(torch.cat(tokens)[None], torch.cat(positions), ragged, ragged.mask(masks)), counts
 
 
 @dataclass
@@ -148,12 +108,14 @@ class BatchEngine:
 
     ``submit`` queues a request and returns its id; ``step`` admits queued requests into free slots
     (each prefilled alone), then runs one iteration for every running request; ``results`` holds each
-    request's ``Result`` (finished or not)."""
+    request's ``Result`` (finished or not). With ``batch_drafting`` False every drafter proposes alone."""
 
-    def __init__(self, model: Transformer, max_batch: int = 8, steer: Steer | None = None) -> None:
+    def __init__(self, model: Transformer, max_batch: int = 8, steer: Steer | None = None,
+                 batch_drafting: bool = True) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise InputError(f"max_batch = {max_batch!r} is invalid: give a positive integer")
         self.model, self.max_batch, self.steer = model, max_batch, steer
+        self.batch_drafting = batch_drafting
         self.device = model.lm_head.weight.device
         self.results: dict[int, Result] = {}
         self.waiting: list[tuple[int, Request]] = []
@@ -223,19 +185,31 @@ class BatchEngine:
         if self.steer is not None:
             self.steer.plan([Slot([], s.cache.length, s.request.max_new_tokens - len(s.result.tokens))
                              for s in self.running.values()], len(self.waiting))
+        groups: dict[object, list[tuple[int, _Running, int]]] = {}
         for index, (rid, state) in enumerate(list(self.running.items())):
             remaining = state.request.max_new_tokens - len(state.result.tokens)
             drafter, depth = state.request.drafter, remaining - 1
-            if drafter is not None and self.steer is not None:  # the chain drafts while the policy would
-                if hasattr(drafter, "keep_drafting"):  # verify more; any other drafter drafts whole
+            state.tree = None
+            if drafter is None:
+                continue
+            if self.steer is not None:  # the chain drafts while the policy would verify more; any other
+                if hasattr(drafter, "keep_drafting"):  # drafter drafts whole
                     drafter.keep_drafting = functools.partial(self.steer.keep, index)
                 depth = depth if self.steer.keep(index, []) else 0
-            state.tree = drafter.propose(depth) if drafter is not None else None
-            if state.tree is not None and state.tree.size > MAX_TREE_NODES:
-                del self.running[rid]
-                self._fail(rid, f"a draft tree of {state.tree.size} nodes exceeds {MAX_TREE_NODES}: "
-                                "lower the tree budget, width or depth")
-                finished.append(rid)
+            key = getattr(drafter, "batch_key", None) if self.batch_drafting else None
+            groups.setdefault(rid if key is None else (type(drafter), key), []).append((rid, state, depth))
+        for members in groups.values():
+            drafters = [state.request.drafter for _, state, _ in members]
+            depths = [depth for _, _, depth in members]
+            trees = (type(drafters[0]).propose_together(drafters, depths) if len(members) > 1
+                     else [drafters[0].propose(depths[0])])
+            for (rid, state, _), tree in zip(members, trees, strict=True):
+                state.tree = tree
+                if tree.size > MAX_TREE_NODES:
+                    del self.running[rid]
+                    self._fail(rid, f"a draft tree of {tree.size} nodes exceeds {MAX_TREE_NODES}: "
+                                    "lower the tree budget, width or depth")
+                    finished.append(rid)
         states = list(self.running.items())
         if not states:
             return finished

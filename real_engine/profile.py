@@ -39,7 +39,6 @@ from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.files import write_json
 from core.paths import MODELS
-from real_engine.batch import packed_forward
 from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, settle, speculative_step, vanilla_step
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
@@ -51,6 +50,7 @@ from real_engine.drafters.unroll import unroll
 from real_engine.feedback import Feedback, FeedbackBuffer, FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
+from real_engine.ragged import packed_forward
 from real_engine.steering import steering_samples
 from real_engine.timing import Bench, make_timer
 from real_engine.tree import DraftTree
@@ -193,7 +193,7 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
 def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0,
                          before: Callable[[], None] | None = None) -> list[dict]:
     """Rows of ``samples.batch_verify``: ``requests`` chains of ``nodes`` tokens, each on its own cache at
-    the context, packed into one forward (``real_engine.batch.packed_forward``), each verified greedily
+    the context, packed into one forward (``real_engine.ragged.packed_forward``), each verified greedily
     and compacted as the batched engine does, timed when ``bench`` runs. As the engine runs them: a batch
     of plain steps (1 node each) ``VANILLA_RUN`` times back to back, a batch that verifies drafts right
     after ``before`` (the drafter's step)."""

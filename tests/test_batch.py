@@ -13,9 +13,10 @@ from core.errors import InputError
 from core.names import DOMAINS
 from core.paths import MODELS
 from experiments.cli import main
-from real_engine.batch import BatchEngine, RaggedCache, Request
+from real_engine.batch import BatchEngine, Request
 from real_engine.decode import generate, make_drafter
 from real_engine.model import Transformer, load_model
+from real_engine.ragged import RaggedCache
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts
 from real_engine.warp import Sampling

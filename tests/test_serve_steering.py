@@ -14,8 +14,10 @@ from policies.features import serve_slots
 from policies.serving import keeps_drafting
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import generate, make_drafter
+from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.model import Transformer
 from real_engine.speculate import ServeSteering
+from real_engine.tree import DraftTree
 from simulator.rollout import serve_drafts
 from simulator.serve import Arrivals, SpecServeEnv
 
@@ -70,32 +72,52 @@ def test_only_a_serving_policy_steers(target: Transformer) -> None:
         ServeSteering(make_policy("libraspec"), resolve_profile(CPU_PROFILE), "draft-model", 4)
 
 
-def test_chains_draft_while_the_policy_would_verify_more(target: Transformer, draft: Transformer) -> None:
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "lockstep"])
+def test_chains_draft_while_the_policy_would_verify_more(target: Transformer, draft: Transformer,
+                                                         together: bool, monkeypatch) -> None:
     """The engine's rule is ``keeps_drafting`` on the planned batch (the simulator's, ``serve_drafts``): a
     chain drafts position k + 1 exactly when the policy, shown its first k confidences and a certain next
-    one, would verify more than k; it stops at the first no, or where the request ends."""
+    one, would verify more than k; it stops at the first no, or where the request ends. Alike whether the
+    chains draft alone or in lockstep."""
     steer = ServeSteering(make_policy("threshold-batch", {"threshold": 0.02, "max_length": 6}),
                           resolve_profile(CPU_PROFILE), "draft-model", max_batch=2)
-    engine = BatchEngine(target, max_batch=2, steer=steer)
+    engine = BatchEngine(target, max_batch=2, steer=steer, batch_drafting=together)
     seen: list[tuple[np.ndarray, int, list[float], int]] = []
+    owners: dict[int, int] = {}  # drafter -> its request
+    lockstep: list[int] = []  # chains drafting at each lockstep proposal
+
+    def record(drafters: list[DraftModelDrafter], depths: list[int], trees: list[DraftTree]) -> None:
+        for drafter, depth, tree in zip(drafters, depths, trees, strict=True):
+            laws = tree.confidence[1:].tolist() if tree.size > 1 else []
+            seen.append((steer.obs.copy(), list(engine.running).index(owners[id(drafter)]), laws, depth))
+
+    def propose(self: DraftModelDrafter, depth: int, own=DraftModelDrafter.propose) -> DraftTree:
+        tree = own(self, depth)
+        record([self], [depth], [tree])
+        return tree
+
+    def propose_together(drafters: list[DraftModelDrafter], depths: list[int],
+                         own=DraftModelDrafter.propose_together, plain=DraftModelDrafter.propose
+                         ) -> list[DraftTree]:
+        with monkeypatch.context() as inner:  # a depth-0 chain proposes alone inside: record it once
+            inner.setattr(DraftModelDrafter, "propose", plain)
+            trees = own(drafters, depths)
+        record(drafters, depths, trees)
+        lockstep.append(sum(d > 0 for d in depths))
+        return trees
+
+    monkeypatch.setattr(DraftModelDrafter, "propose", propose)
+    monkeypatch.setattr(DraftModelDrafter, "propose_together", staticmethod(propose_together))
     for prompt in ([5, 9, 2, 5, 9, 2], [7, 7, 3]):
         drafter = make_drafter("draft-model", target, draft, depth=16)
-        rid = engine.submit(Request(prompt, 10, drafter))
-
-        def propose(depth: int, own=drafter.propose, rid=rid) -> object:
-            index = list(engine.running).index(rid)
-            tree = own(depth)
-            laws = tree.confidence[1:].tolist() if tree.size > 1 else []
-            seen.append((steer.obs.copy(), index, laws, depth))
-            return tree
-
-        drafter.propose = propose
+        owners[id(drafter)] = engine.submit(Request(prompt, 10, drafter))
     results = engine.run()
     assert all(not r.error for r in results.values())
     assert any(len(laws) >= 2 for _, _, laws, _ in seen) and any(depth == 0 for *_, depth in seen)
     for obs, index, laws, depth in seen:
         assert all(keeps_drafting(steer.policy, obs, index, laws[:k]) for k in range(len(laws)))
         assert len(laws) == depth or not keeps_drafting(steer.policy, obs, index, laws)
+    assert (max(lockstep) == 2) if together else not lockstep
 
 
 def test_serve_drafts_follows_the_rule_per_request() -> None:

@@ -61,6 +61,7 @@ from real_engine.drafters.trained import deployed_shape
 from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Output, Transformer
 from real_engine.packed import Linear, cut_rows
+from real_engine.ragged import packed_forward
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
@@ -195,28 +196,11 @@ class DraftModelDrafter:
     def _chain(self, hidden: torch.Tensor, depth: int, guesses: list[int]) -> DraftTree:
         """A chain from the root's final hidden ``hidden[0]``; ``hidden[1:]`` are those of ``guesses``,
         run after the root (staged drafting), through the LM head once the chain reaches the first."""
-        greedy = self.sampling.greedy
-        qs = []  # the warped law of each position (at temperature 0, one-hot rows built at the end)
-        tokens, confidence = [], [torch.ones(1, device=self.device)]
-        laws = []  # the largest probability of each position's law: a stopping rule may read it (see below)
+        chain = _Chain(self, depth)
         logits, rows, headed, forwards = self._logits(hidden[:1])[0], hidden[1:], False, 1
-        for d in range(1, depth + 1):
-            if greedy:  # the confidence law is the softmax, its argmax the drafted token
-                law = logits.float().softmax(-1)
-                tokens.append(logits.argmax(-1))
-            else:
-                law = warp(logits, self.sampling)
-                qs.append(law)
-                tokens.append(self._sample(law)[0])
-            confidence.append(law[tokens[-1]][None])
-            if d == depth:
-                break
-            if self.min_confidence or self.keep_drafting is not None:
-                laws.append(float(confidence[-1]) if greedy else float(law.max()))
-                unsure = laws[-1] < self.min_confidence
-                if unsure or (self.keep_drafting is not None and not self.keep_drafting(laws)):
-                    break
-            if guesses and guesses[0] == int(tokens[-1]):  # run already, as a guess: its row is the law
+        while chain.draw(logits):
+            d, token = len(chain.tokens), chain.tokens[-1]
+            if guesses and guesses[0] == int(token):  # run already, as a guess: its row is the law
                 self._slots[d] = d - 1
                 if not headed:
                     rows, headed = self._logits(rows), True
@@ -225,21 +209,53 @@ class DraftModelDrafter:
             if self.staged and forwards == self.staged:
                 break
             self._slots[d] = d - 1
-            run = tokens[-1][None]
+            run = token[None]
             if self.staged:  # drop the guesses that were wrong, guess again after the drafted tokens
                 self.cache.truncate(self._base + d - 1)
-                guesses = self.index.lookup(depth - 1 - d, [int(t) for t in tokens])
-                run = torch.tensor([int(tokens[-1]), *guesses], device=self.device)
+                guesses = self.index.lookup(depth - 1 - d, [int(t) for t in chain.tokens])
+                run = torch.tensor([int(token), *guesses], device=self.device)
             out = self._forward(run)
             logits, rows, headed, forwards = self._logits(out[:1])[0], out[1:], False, forwards + 1
         self.cache.truncate(self._base + len(self._slots))  # guesses beyond where the chain stopped
-        drafted = torch.stack(tokens)
-        if greedy:  # point masses on the drafted tokens, as ``warp`` gives at temperature 0
-            q = torch.zeros(len(tokens) + 1, logits.shape[-1], device=self.device)
-            q[torch.arange(len(tokens), device=self.device), drafted] = 1.0
-        else:
-            q = torch.stack([*qs, torch.zeros_like(qs[0])])
-        return DraftTree.chain(self.root, drafted.cpu(), q, "iid", torch.cat(confidence))
+        return chain.tree()
+
+    @property
+    def batch_key(self) -> int | None:
+        """Drafters of equal keys draft together (``propose_together``): plain chains of one draft model."""
+        return id(self.model) if self.shape == "chain" and not (self.staged or self.lookup) else None
+
+    @staticmethod
+    def propose_together(drafters: Sequence[DraftModelDrafter], depths: Sequence[int]) -> list[DraftTree]:
+        """Each drafter's ``propose(depth)``, their chains drafted in lockstep: one packed forward of the
+        draft model (``ragged.packed_forward``) runs every backlog and root, then one per position runs the
+        latest token of every chain still drafting. Each chain draws and stops exactly as alone; only the
+        arithmetic's order differs. The drafters share a ``batch_key``."""
+        trees: dict[int, DraftTree] = {}
+        running = []
+        for i, (drafter, depth) in enumerate(zip(drafters, depths, strict=True)):
+            if min(drafter.depth, depth) < 1:
+                trees[i] = drafter.propose(depth)
+            else:
+                running.append(i)
+        chains = {i: _Chain(drafters[i], min(drafters[i].depth, depths[i])) for i in running}
+        hidden = _lockstep([drafters[i] for i in running],
+                           [[*drafters[i].backlog, drafters[i].root] for i in running])
+        for i in running:
+            drafter = drafters[i]
+            drafter.backlog, drafter._base, drafter._slots = [], drafter.cache.length, {}
+        logits = _heads([drafters[i] for i in running], torch.stack([h[-1] for h in hidden]))
+        while running:
+            running = [i for i, row in zip(running, logits, strict=True) if chains[i].draw(row)]
+            if not running:
+                break
+            for i in running:
+                drafters[i]._slots[len(chains[i].tokens)] = len(chains[i].tokens) - 1
+            hidden = _lockstep([drafters[i] for i in running], [[int(chains[i].tokens[-1])] for i in running])
+            logits = _heads([drafters[i] for i in running], torch.cat(hidden))
+        for i, chain in chains.items():
+            trees[i] = chain.tree()
+            drafters[i]._tokens = trees[i].tokens.tolist()
+        return [trees[i] for i in range(len(drafters))]
 
     def _paths(self, logits: torch.Tensor, depth: int) -> DraftTree:
         k = self.paths
@@ -317,6 +333,74 @@ class DraftModelDrafter:
         self.backlog.extend(self._tokens[n] for n in path)
         self.root = token
         self._base = None
+
+
+class _Chain:
+    """One chain being drafted: each position's token, its confidence and its law, and when it stops."""
+
+    def __init__(self, drafter: DraftModelDrafter, depth: int) -> None:
+        self.drafter, self.depth = drafter, depth
+        self.tokens: list[torch.Tensor] = []
+        self.qs: list[torch.Tensor] = []  # each position's warped law (none at temperature 0)
+        self.confidence = [torch.ones(1, device=drafter.device)]
+        self.laws: list[float] = []  # each position's largest probability, which a stopping rule reads
+
+    def draw(self, logits: torch.Tensor) -> bool:
+        """Draft the next position from its law's ``logits``; whether the chain drafts one more after it."""
+        drafter = self.drafter
+        greedy = drafter.sampling.greedy
+        if greedy:  # the confidence law is the softmax, its argmax the drafted token
+            law = logits.float().softmax(-1)
+            self.tokens.append(logits.argmax(-1))
+        else:
+            law = warp(logits, drafter.sampling)
+            self.qs.append(law)
+            self.tokens.append(drafter._sample(law)[0])
+        self.confidence.append(law[self.tokens[-1]][None])
+        if len(self.tokens) == self.depth:
+            return False
+        if drafter.min_confidence or drafter.keep_drafting is not None:
+            self.laws.append(float(self.confidence[-1]) if greedy else float(law.max()))
+            if self.laws[-1] < drafter.min_confidence:
+                return False
+            return drafter.keep_drafting is None or drafter.keep_drafting(self.laws)
+        return True
+
+    def tree(self) -> DraftTree:
+        """The drafted chain, with ``q`` (point masses on the drafted tokens at temperature 0)."""
+        drafter, drafted = self.drafter, torch.stack(self.tokens)
+        if drafter.sampling.greedy:
+            q = torch.zeros(len(self.tokens) + 1, drafter.model.args.vocab_size, device=drafter.device)
+            q[torch.arange(len(self.tokens), device=drafter.device), drafted] = 1.0
+        else:
+            q = torch.stack([*self.qs, torch.zeros_like(self.qs[0])])
+        return DraftTree.chain(drafter.root, drafted.cpu(), q, "iid", torch.cat(self.confidence))
+
+
+def _lockstep(drafters: Sequence[DraftModelDrafter], runs: Sequence[list[int]]) -> list[torch.Tensor]:
+    """Run each drafter's ``runs`` entry into its cache in one packed forward of their shared model and
+    commit them; each run's final hidden states ([T, H]), its time shared among the drafters."""
+    first = drafters[0]
+    start = clock(first.device)
+    tokens = [torch.tensor(run, device=first.device) for run in runs]
+    positions = [torch.arange(d.cache.length, d.cache.length + len(run), device=first.device)
+                 for d, run in zip(drafters, runs, strict=True)]
+    masks = [torch.ones(len(run), len(run), dtype=torch.bool, device=first.device).tril() for run in runs]
+    out, counts = packed_forward(first.model, [d.cache for d in drafters], tokens, positions, masks, _NO_HEAD)
+    for drafter in drafters:
+        drafter.cache.commit()
+    share = (clock(first.device) - start) / len(drafters)
+    for drafter in drafters:
+        drafter.model_seconds += share
+    return list(out.hidden[0].split(counts))
+
+
+def _heads(drafters: Sequence[DraftModelDrafter], hidden: torch.Tensor) -> torch.Tensor:
+    """Each drafter's LM head on its row of ``hidden`` ([B, H] -> [B, V]): one call when none cuts its
+    vocabulary, else each its own."""
+    if all(d.vocab is None for d in drafters):
+        return drafters[0]._logits(hidden)
+    return torch.cat([d._logits(row[None]) for d, row in zip(drafters, hidden, strict=True)])
 
 
 def build_draft_model(target: Transformer, draft: Transformer | None, folder: str | Path | None,
