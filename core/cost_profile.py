@@ -31,6 +31,7 @@ holds one or more repeated measurements of one configuration, and the profile us
         "prefill": [{"tokens": 128, "seconds": [...]}, ...],                               optional
         "steering": [{"drafted": 3, "seconds": [...]}, ...],                               optional
         "batch_verify": [{"requests": 4, "nodes": 9, "context": 128, "seconds": [...]}, ...] optional
+        "batch_draft": [{"requests": 4, "tokens": 3, "seconds": [...]}, ...]               optional
         "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
       "update_windows": {"head": 4, "full": 16},     optional: query windows the update samples trained on
@@ -70,6 +71,9 @@ holds one or more repeated measurements of one configuration, and the profile us
 - ``batch_verify`` (optional): one iteration of the batched engine (``real_engine.batch``) without its
   drafting: ``requests`` requests of ``nodes`` tokens each packed into one target forward at ``context``
   cached tokens each, each verified greedily and compacted. ``batch_verify_seconds`` charges it.
+- ``batch_draft`` (optional, with a draft-model series): one iteration's drafting of ``requests`` draft-model
+  chains of ``tokens`` positions in lockstep, one packed forward per position over all of them
+  (``DraftModelDrafter.propose_together``). ``batch_draft_seconds`` charges it.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
 - ``fits``: per series the grid axes and the median at every grid point, e.g.
@@ -103,10 +107,13 @@ SCHEMA_VERSION = 1
 
 VERIFY_KEYS = ("nodes", "context")
 VANILLA_KEYS = ("context",)
-PREFILL_KEYS = ("tokens",)
-STEERING_KEYS = ("drafted",)
-BATCH_KEYS = ("requests", "nodes", "context")
-"""A batched verify forward: ``requests`` requests, each ``nodes`` tokens (root included) at ``context``."""
+OPTIONAL_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "prefill": ("tokens",),
+    "steering": ("drafted",),
+    "batch_verify": ("requests", "nodes", "context"),
+    "batch_draft": ("requests", "tokens"),
+})
+"""The optional series (``samples.<name>``) -> the parameters each is measured over."""
 DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "specblock": ("starts", "blocks"),
     "eagle": ("depth",),
@@ -179,9 +186,7 @@ class CostProfile:
     draft_shapes: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
     update_windows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     update_single: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    prefill: Series | None = None
-    steering: Series | None = None
-    batch_verify: Series | None = None
+    optional: Mapping[str, Series] = field(default_factory=lambda: MappingProxyType({}))  # OPTIONAL_KEYS
     estimator: str = "median"
     fits: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     _tables: dict[tuple[Any, ...], StepTable] = field(init=False, repr=False, compare=False)
@@ -231,12 +236,10 @@ class CostProfile:
         }
         if self.update_single:
             fits["update_single"] = {kind: float(combine(s)) for kind, s in self.update_single.items()}
-        if self.prefill is not None:
-            fits["prefill"] = self.prefill.grid("samples.prefill", est)
-        if self.steering is not None:
-            fits["steering"] = self.steering.grid("samples.steering", est)
-        if self.batch_verify is not None:
-            fits["batch_verify"] = self.batch_verify.grid("samples.batch_verify", est)
+        if "batch_draft" in self.optional and "draft-model" not in self.draft:
+            raise InputError("samples.batch_draft needs the draft-model series beside it: measure both, or "
+                             "drop it")
+        fits.update({name: series.grid(f"samples.{name}", est) for name, series in self.optional.items()})
         if self.draft_trees:
             fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}", est)
                                    for kind, series in self.draft_trees.items()}
@@ -255,6 +258,15 @@ class CostProfile:
             raise InputError("this profile has no batched verify samples (samples.batch_verify): re-run "
                              "`specblock profile`")
         return self.fits["batch_verify"](requests, nodes, context)
+
+    def batch_draft_seconds(self, requests: float | np.ndarray, tokens: float | np.ndarray
+                            ) -> float | np.ndarray:
+        """Seconds of ``requests`` draft-model chains of ``tokens`` positions drafted in lockstep
+        (``samples.batch_draft``)."""
+        if "batch_draft" not in self.fits:
+            raise InputError("this profile has no lockstep drafting samples (samples.batch_draft): "
+                             "re-run `specblock profile` with a draft model")
+        return self.fits["batch_draft"](requests, tokens)
 
     def vanilla_seconds(self, context: float | np.ndarray) -> float | np.ndarray:
         """One plain decoding step at ``context`` cached tokens."""
@@ -297,14 +309,14 @@ class CostProfile:
 
     def prefill_cost(self, tokens: float | np.ndarray) -> float | np.ndarray:
         """Seconds to start a query with a ``tokens``-token prompt (``samples.prefill``; 0 without it)."""
-        if self.prefill is None:
+        if "prefill" not in self.fits:
             return np.zeros_like(np.asarray(tokens, dtype=float))
         return self.fits["prefill"](tokens)
 
     def steering_seconds(self, drafted: float | np.ndarray) -> float | np.ndarray:
         """A length policy's own seconds in an iteration that drafted ``drafted`` positions
         (``samples.steering``; 0 without it)."""
-        if self.steering is None:
+        if "steering" not in self.fits:
             return np.zeros_like(np.asarray(drafted, dtype=float))
         return self.fits["steering"](drafted)
 
@@ -388,9 +400,7 @@ class CostProfile:
                 "update": {kind: list(s) for kind, s in self.update.items()},
                 **({"update_single": {k: list(s) for k, s in self.update_single.items()}}
                    if self.update_single else {}),
-                **({"prefill": self.prefill.to_json()} if self.prefill is not None else {}),
-                **({"steering": self.steering.to_json()} if self.steering is not None else {}),
-                **({"batch_verify": self.batch_verify.to_json()} if self.batch_verify is not None else {}),
+                **{name: series.to_json() for name, series in self.optional.items()},
                 **({"draft_trees": trees} if trees else {}),
             },
             "fits": {
@@ -399,9 +409,7 @@ class CostProfile:
                 "draft": {kind: g.to_json() for kind, g in fits["draft"].items()},
                 "update": dict(fits["update"]),
                 **({"update_single": dict(fits["update_single"])} if "update_single" in fits else {}),
-                **({"prefill": fits["prefill"].to_json()} if "prefill" in fits else {}),
-                **({"steering": fits["steering"].to_json()} if "steering" in fits else {}),
-                **({"batch_verify": fits["batch_verify"].to_json()} if "batch_verify" in fits else {}),
+                **{name: fits[name].to_json() for name in self.optional},
                 **({"draft_trees": tree_fits} if tree_fits else {}),
             },
         }
@@ -499,7 +507,6 @@ def profile_from_json(data: Any) -> CostProfile:
     if not isinstance(single, dict):
         raise InputError('field samples.update_single must be an object {"head": [...], "full": [...]}: fix '
                          'or drop it')
-    prefill, steering, batch = samples.get("prefill"), samples.get("steering"), samples.get("batch_verify")
     estimator = data.get("estimator", "median")
     if not isinstance(estimator, str):
         raise InputError(f"field estimator must be one of {', '.join(ESTIMATORS)}: fix or drop it")
@@ -528,9 +535,8 @@ def profile_from_json(data: Any) -> CostProfile:
         update_windows=MappingProxyType(dict(windows)),
         update_single=MappingProxyType({kind: _seconds(values, f"samples.update_single.{kind}")
                                         for kind, values in single.items()}),
-        prefill=None if prefill is None else _series(prefill, PREFILL_KEYS, "samples.prefill"),
-        steering=None if steering is None else _series(steering, STEERING_KEYS, "samples.steering"),
-        batch_verify=None if batch is None else _series(batch, BATCH_KEYS, "samples.batch_verify"),
+        optional=MappingProxyType({name: _series(samples[name], keys, f"samples.{name}")
+                                   for name, keys in OPTIONAL_KEYS.items() if samples.get(name) is not None}),
         estimator=estimator,
     )
     if data.get("fits") is not None:

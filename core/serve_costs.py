@@ -6,7 +6,9 @@ The target's forward over every running request's draft is the profile's batched
 nodes and context). A profile without batched samples (the shipped A100 and CPU profiles) charges one
 verify forward over every request's nodes at their summed context: on the paper-derived A100 profile,
 linear in both, that is weights read once, every node computed and every request's cache read.
-Drafting is per request (the batched engine drafts each request's tree in turn).
+Drafting follows the engine: draft-model chains draft in lockstep, one packed forward per position over
+every chain still drafting (``samples.batch_draft``), so depth d costs what the chains still drafting at
+d add to a lockstep draft; a profile without those samples, or another drafter, drafts request by request.
 """
 
 from __future__ import annotations
@@ -52,6 +54,32 @@ class ServeCosts(NamedTuple):
         return tuple(float(field[i]) for field in self)  # type: ignore[return-value]
 
 
+def drafting_table(profile: CostProfile, drafter: str, max_batch: int, cap: int) -> np.ndarray:
+    """(max_batch + 1, cap + 1) seconds of one iteration's drafting when r requests (row) each draft k
+    positions (column): lockstep draft-model chains (``samples.batch_draft``) where measured, else r
+    chains drafted in turn."""
+    r, k = np.arange(max_batch + 1)[:, None], np.arange(cap + 1)[None, :]
+    if drafter == "draft-model" and "batch_draft" in profile.fits:
+        table = np.asarray(profile.batch_draft_seconds(np.maximum(r, 1) + 0 * k, np.maximum(k, 1) + 0 * r))
+        return np.where((r > 0) & (k > 0), table, 0.0)
+    return r * profile.draft_row(drafter, cap)[None, :]
+
+
+def drafting_seconds(table: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+    """Seconds of drafting ``drafted`` ((..., B) positions per request) by ``drafting_table``'s ``table``:
+    position d costs what the requests drafting at least d add to it (exact when all draft alike)."""
+    depth = np.arange(1, table.shape[1])
+    drafting = (np.asarray(drafted)[..., None] >= depth).sum(-2)  # (..., cap): requests drafting each depth
+    return np.diff(table, axis=1)[drafting, depth - 1].sum(-1)
+
+
+def chains_fit(table: np.ndarray) -> np.ndarray:
+    """(max_batch + 1, 2): per request of a batch of r drafting alike, (start, per position) of its share
+    of ``drafting_table``'s row r (``chain_fit``); zeros for r = 0."""
+    fits = [(0.0, 0.0)] + [tuple(x / r for x in chain_fit(row)) for r, row in enumerate(table) if r > 0]
+    return np.asarray(fits)
+
+
 def chain_fit(draft_row: np.ndarray) -> tuple[float, float]:
     """(start, per position) of a chain's drafting seconds by length (``draft_row``, index 0 = nothing
     drafted): the least-squares line through lengths 1.., its intercept kept non-negative."""
@@ -60,17 +88,16 @@ def chain_fit(draft_row: np.ndarray) -> tuple[float, float]:
     return max(float(np.mean(draft_row[1:] - slope * k)), 0.0), slope
 
 
-def iteration_costs(profile: CostProfile, chain: tuple[float, float], running: np.ndarray,
+def iteration_costs(profile: CostProfile, chains: np.ndarray, running: np.ndarray,
                     context: np.ndarray) -> ServeCosts:
     """For batches of ``running`` requests at mean ``context`` (rounded to a whole token, so that a caller
-    may keep them by it): the serving observation's cost fields (``ServeCosts``; drafting from ``chain``,
-    ``chain_fit`` of the drafter's row)."""
+    may keep them by it): the serving observation's cost fields (``ServeCosts``; drafting per request
+    from ``chains``, ``chains_fit`` of the drafting table)."""
     running = np.atleast_1d(np.asarray(running, dtype=np.float64))
     context = np.rint(np.asarray(context, dtype=np.float64))
     safe = np.maximum(running, 1.0)
     base = batch_verify_seconds(profile, running, 1.0, context)
     more = batch_verify_seconds(profile, running, 2.0, context)
     node = np.where(running > 0, np.maximum(more - base, 0.0) / safe, 0.0)
-    start, slope = chain
-    busy = running > 0
-    return ServeCosts(base, node, np.where(busy, slope, 0.0), np.where(busy, start, 0.0))
+    start, slope = np.asarray(chains)[np.minimum(running.astype(np.int64), len(chains) - 1)].T
+    return ServeCosts(base, node, slope, start)

@@ -27,7 +27,7 @@
    stream, all timings pooled (``retime``, ``pooled``, ``stream_samples``; ``StreamPlan.retime_repeats``):
    verification and plain steps, SpecBlock drafting and query starts on the part of the grid the
    stream uses, and (before the stream only) SpecBlock's update
-   (``real_engine.profile.specblock_update_samples``) on the ``never`` stream's last buffered queries
+   (``real_engine.update_profile.specblock_update_samples``) on the ``never`` stream's last buffered queries
    once it has run (synthetic feedback before). Drafting costs the SpecBlock
    series at the shapes the drafter really ran on the ``never`` stream (block forwards and start
    nodes, which its rank head decides: ``SpecBlockDrafter.shapes``), moved by updates as the fitted

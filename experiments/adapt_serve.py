@@ -23,6 +23,7 @@ from real_engine.feedback import FeedbackDrafter
 from real_engine.stream_server import StreamServer
 from real_engine.timing import Bench, make_timer
 from real_engine.trace import iteration_row
+from real_engine.update_profile import specblock_update_samples
 
 if TYPE_CHECKING:
     from experiments.adapt_plan import StreamPlan
@@ -59,7 +60,8 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
              "prefill": prefill}
     if updates:
         bench = Bench(timer, repeats, 0)
-        full, single, windows = prof.specblock_update_samples(target, net, grid, bench, seed, feedback)
+        full, single, windows = specblock_update_samples(target, net, grid.update_batch, bench, seed,
+                                                         feedback)
         timed.update(update=full, update_single=single, update_windows=windows)
     decode.run()
     if updates:

@@ -11,7 +11,7 @@ objective plus ``kl_weight`` times KL(pre-update draft law || updated draft law)
   last-layer state of each slot the verifier cut short, as drafting computed it, against the target's
   law there (the draft KL and the rank loss of ``specblock_loss``, on rows whose context was the
   committed one). It runs no forward of the drafter's body, hence its cost: about a tenth of a full
-  update's or less (``real_engine.profile.specblock_update_samples`` times both).
+  update's or less (``real_engine.update_profile.specblock_update_samples`` times both).
 
 ``real_engine.adapter.Adapter`` decides when updates run (in a background thread, on its own CUDA
 stream on a GPU: ``side_stream``) and puts their result live.

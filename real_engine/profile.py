@@ -24,16 +24,14 @@ is timed.
 
 from __future__ import annotations
 
-import copy
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from core.cost_profile import profile_from_json
 from core.errors import InputError
@@ -46,14 +44,14 @@ from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_
 from real_engine.drafters.medusa import MedusaDrafter, choose_tree, load_medusa, new_medusa
 from real_engine.drafters.ngram import NgramDrafter
 from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock
-from real_engine.drafters.unroll import unroll
-from real_engine.feedback import Feedback, FeedbackBuffer, FeedbackDrafter
+from real_engine.feedback import FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.ragged import packed_forward
 from real_engine.steering import steering_samples
-from real_engine.timing import Bench, make_timer
+from real_engine.timing import Bench, make_timer, random_tokens
 from real_engine.tree import DraftTree
+from real_engine.update_profile import NEW_TOKENS, specblock_update_samples, update_samples
 from real_engine.verify import TorchSampler
 
 
@@ -112,10 +110,6 @@ def model_name(model: Transformer, folder: str | Path | None) -> str:
             f"vocab {a.vocab_size})")
 
 
-def _tokens(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(1, vocab, (n,), generator=generator)
-
-
 def _contexts(grid: ProfileGrid, model: Transformer) -> tuple[int, ...]:
     """The grid's contexts that leave room for the largest tree within the model's positions."""
     limit = model.args.max_position_embeddings - max(grid.nodes) - 1
@@ -144,9 +138,9 @@ def warm_step(model: Transformer, context: int, nodes: int = 1, seed: int = 0) -
     vocab = model.args.vocab_size
     cache = model.new_cache(context + nodes)
     with torch.inference_mode():
-        prefill(model, cache, _tokens(context, vocab, gen).to(device))
+        prefill(model, cache, random_tokens(context, vocab, gen).to(device))
     sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
-    tree = DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
+    tree = DraftTree.chain(int(random_tokens(1, vocab, gen)), random_tokens(nodes - 1, vocab, gen))
 
     def step() -> None:
         if nodes == 1:
@@ -170,9 +164,9 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
     verify, vanilla = [], []
     for context in _contexts(grid, model):
         cache = model.new_cache(context + 1 + MAX_TREE_NODES)
-        prefill(model, cache, _tokens(context, vocab, gen).to(device))
+        prefill(model, cache, random_tokens(context, vocab, gen).to(device))
         for nodes in grid.nodes:
-            tree = DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
+            tree = DraftTree.chain(int(random_tokens(1, vocab, gen)), random_tokens(nodes - 1, vocab, gen))
 
             def step(tree: DraftTree = tree, cache: KVCache = cache, context: int = context) -> None:
                 speculative_step(model, cache, tree, "greedy", GREEDY, sampler)
@@ -182,7 +176,7 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
 
         def plain(cache: KVCache = cache, context: int = context) -> None:
             for _ in range(VANILLA_RUN):
-                vanilla_step(model, cache, int(_tokens(1, vocab, gen)), GREEDY, sampler)
+                vanilla_step(model, cache, int(random_tokens(1, vocab, gen)), GREEDY, sampler)
                 cache.truncate(context)
 
         vanilla.append({"context": context, "seconds": bench.add(plain, per=VANILLA_RUN)})
@@ -205,9 +199,9 @@ def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, se
     for context in _contexts(grid, model):
         caches = [model.new_cache(context + 1 + MAX_TREE_NODES) for _ in range(max(grid.batch_requests))]
         for cache in caches:
-            prefill(model, cache, _tokens(context, vocab, gen).to(device))
+            prefill(model, cache, random_tokens(context, vocab, gen).to(device))
         for requests, nodes in ((r, n) for r in grid.batch_requests for n in grid.batch_nodes):
-            trees = [DraftTree.chain(int(_tokens(1, vocab, gen)), _tokens(nodes - 1, vocab, gen))
+            trees = [DraftTree.chain(int(random_tokens(1, vocab, gen)), random_tokens(nodes - 1, vocab, gen))
                      for _ in range(requests)]
 
             runs = VANILLA_RUN if nodes == 1 else 1
@@ -234,7 +228,7 @@ class _Session:
         self.device = target.lm_head.weight.device
         self.gen = torch.Generator().manual_seed(seed)
         self.vocab = target.args.vocab_size
-        prompt = _tokens(context, self.vocab, self.gen).to(self.device)
+        prompt = random_tokens(context, self.vocab, self.gen).to(self.device)
         with torch.inference_mode():
             cache = target.new_cache(context)
             self.out = prefill(target, cache, prompt[:-1])
@@ -245,10 +239,39 @@ class _Session:
     @torch.inference_mode()
     def step(self, depth: int) -> None:
         """One iteration's drafting: propose, then accept the first half of the first path."""
-        paths = self.drafter.propose(depth).paths()
+        self.settle(self.drafter.propose(depth))
+
+    def settle(self, tree: DraftTree) -> None:
+        """Accept the first half of ``tree``'s first path and a random token after it."""
+        paths = tree.paths()
         path = tuple(paths[0][:len(paths[0]) // 2]) if paths else ()
         rows = Output(*(x[:, :len(path) + 1] for x in self.out))
-        self.drafter.accept(path, int(_tokens(1, self.vocab, self.gen)), rows)
+        self.drafter.accept(path, int(random_tokens(1, self.vocab, self.gen)), rows)
+
+
+def batch_draft_samples(target: Transformer, draft: Transformer, grid: ProfileGrid, bench: Bench,
+                        seed: int = 0) -> list[dict]:
+    """Rows of ``samples.batch_draft``: ``requests`` draft-model chains of ``tokens`` positions, each on its
+    own context, drafted in lockstep as the batched engine drafts them (one request: alone), each then
+    accepting half its chain; timed when ``bench`` runs, right after a target verify as in the engine."""
+    context = min(grid.draft_context, _contexts(grid, target)[-1])
+    room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
+    before = warm_step(target, context, 4, seed)
+    rows = []
+    for requests, tokens in ((r, k) for r in grid.batch_requests for k in grid.draft_tokens):
+        sessions = [_Session(target, DraftModelDrafter(draft, "chain", tokens), context, room, seed + i)
+                    for i in range(requests)]
+
+        @torch.inference_mode()
+        def step(sessions: list[_Session] = sessions, tokens: int = tokens) -> None:
+            drafters = [s.drafter for s in sessions]
+            trees = (DraftModelDrafter.propose_together(drafters, [tokens] * len(drafters))
+                     if len(drafters) > 1 else [drafters[0].propose(tokens)])
+            for session, tree in zip(sessions, trees, strict=True):
+                session.settle(tree)
+
+        rows.append({"requests": requests, "tokens": tokens, "seconds": bench.add(step, before=before)})
+    return rows
 
 
 def draft_samples(target: Transformer, drafters: dict[str, Any], grid: ProfileGrid, bench: Bench,
@@ -311,91 +334,6 @@ def drafter_seconds(target: Transformer, drafter: Drafter, depth: int, *, clock_
     return seconds
 
 
-def update_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0
-                   ) -> dict[str, list[float]]:
-    """Seconds of one next-token-loss backward plus AdamW step, LM head only vs all parameters (on a
-    copy), timed when ``bench`` runs: the update cost of a plain LM drafter (no SpecBlock profiled)."""
-    device = model.lm_head.weight.device
-    sequences, length = grid.update_batch
-    length = min(length, model.args.max_position_embeddings)
-    batch = _tokens(sequences * length, model.args.vocab_size,
-                    torch.Generator().manual_seed(seed)).view(sequences, length).to(device)
-    out: dict[str, list[float]] = {}
-    for kind in ("head", "full"):
-        net = copy.deepcopy(model).train()
-        net.requires_grad_(kind == "full")
-        net.lm_head.weight.requires_grad_(True)
-        optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5)
-
-        def step(net: Transformer = net, optimizer: torch.optim.Optimizer = optimizer) -> None:
-            logits = net(batch).logits[:, :-1].float()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-
-        out[kind] = bench.add(step, inference=False)
-    return out
-
-
-NEW_TOKENS = 48  # generated tokens of a synthetic feedback query (as adapt_live's); the rest is prompt
-REJECTED_EVERY = 3  # a cut-short draft every third generated position (about what the engine buffers)
-
-
-def specblock_update_samples(target: Transformer, net: Any, grid: ProfileGrid, bench: Bench, seed: int = 0,
-                             feedback: Sequence[Any] | None = None
-                             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
-    """Seconds of one online update of the SpecBlock drafter as the engine runs it
-    (``real_engine.adapt.update_drafter``, ``AdaptConfig`` defaults), head and full, each on a buffer
-    filled to its capacity, then on a buffer of its newest query alone; and the query windows each full
-    buffer held (the update trains one per query). The feedback is ``feedback`` (served queries'
-    ``real_engine.feedback.Feedback``, oldest first: the buffers take the newest, as the engine's do) or
-    else synthetic: queries of ``grid.update_batch[1]`` random tokens whose last ``NEW_TOKENS`` are
-    roots, every ``REJECTED_EVERY``-th rejected, with the target's own features and top-k
-    log-probabilities; each rejection is a signal of both kinds (so that both buffers fill), its head
-    state the drafter's own at the root (block 1's slot 0). Timed when ``bench`` runs."""
-    from real_engine.adapt import AdaptConfig, update_drafter  # needs rich, absent on gpu_check's machine
-
-    config, device = AdaptConfig(seed=seed), target.lm_head.weight.device
-    if feedback is None:
-        length = min(grid.update_batch[1], target.args.max_position_embeddings)
-        roots = tuple(range(max(length - NEW_TOKENS, 0), length - 1))
-        rejected = roots[::REJECTED_EVERY]
-        gen = torch.Generator().manual_seed(seed)
-
-        def query() -> Feedback:
-            tokens = _tokens(length, target.args.vocab_size, gen).to(device)
-            with torch.inference_mode():
-                out = target(tokens[None])
-                top = out.logits[0].float().log_softmax(-1).topk(min(config.top_k, out.logits.shape[-1]), -1)
-                features = out.features[0].to(torch.bfloat16)
-                one = torch.tensor(rejected[:1], device=device)  # prefix rows are all that is read
-                prefix = unroll(net, tokens[None], features[None].float(), one, one.new_zeros(0, 1)).prefix
-            return Feedback("synthetic", tokens.cpu(), features.cpu(), top.values.cpu(), top.indices.cpu(),
-                            roots, rejected, rejected, rejected, prefix[0, list(rejected)].cpu())
-
-        count = -(-config.full_capacity // max(len(rejected), 1))
-        feedback = [query() for _ in range(count)]
-    for kind in ("head", "full"):
-        if not any(f.signals(kind) for f in feedback):
-            raise InputError(f"the feedback has no rejected position for a {kind} update to train on: serve "
-                             "more queries")
-    out: dict[str, list[float]] = {}
-    single: dict[str, list[float]] = {}
-    windows: dict[str, int] = {}
-    for kind, capacity in (("head", config.head_capacity), ("full", config.full_capacity)):
-        buffer = FeedbackBuffer(capacity, kind)
-        for f in feedback:
-            buffer.add(f)
-        data = buffer.drain()
-        out[kind] = bench.add(lambda data=data, kind=kind: update_drafter(net, data, kind, config, seed),
-                              inference=False)
-        single[kind] = bench.add(
-            lambda one=data[-1:], kind=kind: update_drafter(net, one, kind, config, seed), inference=False)
-        windows[kind] = len(data)
-    return out, single, windows
-
-
 def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, bench: Bench, seed: int = 0
                     ) -> list[dict]:
     """Rows of ``samples.prefill``: a query's start as ``decode.generate`` runs it (its caches, the
@@ -405,7 +343,7 @@ def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, ben
     limit = target.args.max_position_embeddings - NEW_TOKENS
     rows = []
     for tokens in (n for n in grid.prefill_tokens if n <= limit):
-        prompt = _tokens(tokens, target.args.vocab_size, gen).to(device)
+        prompt = random_tokens(tokens, target.args.vocab_size, gen).to(device)
         drafter = None if net is None else FeedbackDrafter(SpecBlockDrafter(net))
 
         def start(prompt: torch.Tensor = prompt, drafter: FeedbackDrafter | None = drafter) -> None:
@@ -476,12 +414,12 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     single: dict[str, list[float]] = {}
     prefill_rows = prefill_samples(target, nets.get("specblock"), grid, bench, seed)
     if "specblock" in nets:  # the drafter the engine adapts online
-        update_rows, single, windows = specblock_update_samples(target, nets["specblock"], grid, updates,
-                                                                seed)
+        update_rows, single, windows = specblock_update_samples(target, nets["specblock"], grid.update_batch,
+                                                                updates, seed)
         update_name = (f"specblock: {names['specblock']}, real_engine.adapt.update_drafter on full and "
                        "one-window buffers")
     else:
-        update_rows = update_samples(update_model, grid, updates, seed)
+        update_rows = update_samples(update_model, grid.update_batch, updates, seed)
         update_name = (f"{'draft model' if draft is not None else 'target'}: "
                        f"{draft_name if draft is not None else target_name}, one next-token step")
     samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows, "update": update_rows,
@@ -489,6 +427,8 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                **({"prefill": prefill_rows} if prefill_rows else {}),
                "steering": steering_samples(target, grid.draft_tokens, grid.draft_context, bench, seed),
                "batch_verify": batch_verify_samples(target, grid, bench, seed, drafting),
+               **({"batch_draft": batch_draft_samples(target, draft, grid, bench, seed)}
+                  if draft is not None else {}),
                "draft_trees": tree_rows}
     bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
@@ -535,7 +475,8 @@ def remeasure_updates(data: dict[str, Any], target: Transformer, *, grid: Profil
     nets, _ = feature_drafters(target, models_dir, seed)
     updates = Bench(make_timer(target.lm_head.weight.device, measured["clock"]), min(grid.repeats, 3),
                     min(grid.warmup, 1))
-    rows, single, windows = specblock_update_samples(target, nets["specblock"], grid, updates, seed)
+    rows, single, windows = specblock_update_samples(target, nets["specblock"], grid.update_batch, updates,
+                                                     seed)
     updates.run()
     kept = {k: v for k, v in data.items() if k != "measurement"}
     profile = profile_from_json({**kept, "fits": None, "update_windows": windows,

@@ -24,7 +24,7 @@ import torch
 
 from core.cost_profile import CostProfile
 from core.errors import InputError
-from core.serve_costs import chain_fit, iteration_costs
+from core.serve_costs import chains_fit, drafting_table, iteration_costs
 from policies import check_role
 from policies.base import Policy
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, length_features, serve_features, tree_confidences
@@ -179,7 +179,7 @@ class ServeSteering:
     def __init__(self, policy: Policy, profile: CostProfile, kind: str, max_batch: int) -> None:
         self.policy = check_role(policy, "serving", "the batched engine's steering")
         self.profile, self.max_batch = profile, max_batch
-        self.chain = chain_fit(profile.draft_row(kind, LENGTH_CAP))
+        self.chains = chains_fit(drafting_table(profile, kind, max_batch, LENGTH_CAP))
         self.decisions: list[tuple[int, list[int]]] = []
         self.asked = 0
         self.obs = np.zeros(0)
@@ -194,7 +194,7 @@ class ServeSteering:
             rows[i, 3:3 + conf.size] = conf
         key = (len(slots), round(float(np.mean([slot.context for slot in slots]))))
         if key not in self.costs:  # priced once per batch size and context: ``iteration_costs`` rounds it
-            self.costs[key] = iteration_costs(self.profile, self.chain, *key).at(0)
+            self.costs[key] = iteration_costs(self.profile, self.chains, *key).at(0)
         self.obs = serve_features(len(slots), waiting, self.costs[key], rows)
 
     def keep(self, index: int, confidences: Sequence[float]) -> bool:

@@ -70,3 +70,8 @@ class Bench:
                         seconds.append((self.timer() - start) / per)
             if between is not None and round_ >= self.warmup:
                 between(round_ - self.warmup)
+
+
+def random_tokens(n: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` random token ids in [1, vocab): the synthetic inputs timed samples run on."""
+    return torch.randint(1, vocab, (n,), generator=generator)

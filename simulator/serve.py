@@ -30,7 +30,14 @@ from gymnasium import spaces
 
 from core.cost_profile import resolve_profile
 from core.errors import InputError
-from core.serve_costs import ServeCosts, batch_verify_seconds, chain_fit, iteration_costs
+from core.serve_costs import (
+    ServeCosts,
+    batch_verify_seconds,
+    chains_fit,
+    drafting_seconds,
+    drafting_table,
+    iteration_costs,
+)
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, SERVE_SLOT_SLICES, serve_bounds
 from simulator.acceptance import check_domains
 from simulator.envs import DEFAULT_PROMPT, AcceptanceArg, ProfileArg, ResetResult, StepResult
@@ -132,10 +139,10 @@ class ServeBatch:
         if self.model.cap != LENGTH_CAP:
             raise InputError(f"the acceptance model offers {self.model.cap} positions, serving {LENGTH_CAP}: "
                              f"build it with cap={LENGTH_CAP}")
-        self.draft_cost = self.profile.draft_row(drafter, LENGTH_CAP)
+        self.drafting = drafting_table(self.profile, drafter, self.cap, LENGTH_CAP)
         # The costs the observation shows (the policy's view), by default the ones the clock charges.
         self.observed = self.profile if observed is None else resolve_profile(observed)
-        self.observed_chain = chain_fit(self.observed.draft_row(drafter, LENGTH_CAP))
+        self.observed_chains = chains_fit(drafting_table(self.observed, drafter, self.cap, LENGTH_CAP))
         self.cdf = np.cumsum(check_domains(domain_weights, self.model.domains))
         if arrivals is not None and arrivals.domain.max() >= len(self.model.domains):
             raise InputError(f"arrivals name domain {arrivals.domain.max()}, the acceptance model has "
@@ -238,7 +245,7 @@ class ServeBatch:
         safe = np.maximum(running, 1)
         nodes = np.where(active, n + 1, 0).sum(1) / safe
         context = np.where(active, self.context, 0).sum(1) / safe
-        drafting = np.where(active, self.draft_cost[drafted], 0.0).sum(1)
+        drafting = drafting_seconds(self.drafting, np.where(active, drafted, 0))
         iteration = drafting + batch_verify_seconds(self.profile, running, nodes, context)
         tokens = np.where(active, np.minimum(accepted + 1, self.remaining), 0)
         self.clock += iteration
@@ -282,7 +289,7 @@ class ServeBatch:
         active = self.active
         running = active.sum(1)
         context = np.where(active, self.context, 0).sum(1) / np.maximum(running, 1)
-        return iteration_costs(self.observed, self.observed_chain, running, context)
+        return iteration_costs(self.observed, self.observed_chains, running, context)
 
     def latencies(self, server: int, requests: np.ndarray) -> tuple[list[float], list[float]]:
         """TTFT (arrival to first token) and TPOT (first to last token over the further tokens) of

@@ -18,6 +18,7 @@ from experiments.cli import main
 from real_engine import profile as prof
 from real_engine.model import ModelArgs, Transformer, load_model
 from real_engine.timing import Bench, make_timer
+from real_engine.update_profile import specblock_update_samples
 
 TINY = dataclasses.replace(prof.QUICK, repeats=2, warmup=0)
 
@@ -133,13 +134,13 @@ def test_update_samples_on_recorded_feedback_hold_what_the_buffers_would(llama_d
     # holds the newest 7 of them (the oldest of those in part), the full one (256) all 8.
     feedback = [query(tuple(range(21, 31)), tuple(range(21, 31))) for _ in range(8)]
     bench = Bench(make_timer(torch.device("cpu")), 1, 0)
-    full, single, windows = prof.specblock_update_samples(target, net, TINY, bench, 0, feedback)
+    full, single, windows = specblock_update_samples(target, net, TINY.update_batch, bench, 0, feedback)
     assert windows == {"head": 7, "full": 8}
     bench.run()
     assert all(len(v) == 1 and v[0] > 0 for v in (*full.values(), *single.values()))
     for signals in [((), ()), ((21, 22), ()), ((), (21, 22))]:  # an update with nothing to train on
         with pytest.raises(InputError, match="no rejected position"):
-            prof.specblock_update_samples(target, net, TINY, bench, 0, [query(*signals)])
+            specblock_update_samples(target, net, TINY.update_batch, bench, 0, [query(*signals)])
 
 
 def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(

@@ -9,9 +9,16 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import simulator  # noqa: F401  (registers the environments)
-from core.cost_profile import resolve_profile
+from core.cost_profile import CostProfile, profile_from_json, resolve_profile
 from core.errors import InputError
-from core.serve_costs import batch_verify_seconds, chain_fit, iteration_costs
+from core.serve_costs import (
+    batch_verify_seconds,
+    chain_fit,
+    chains_fit,
+    drafting_seconds,
+    drafting_table,
+    iteration_costs,
+)
 from policies.features import LENGTH_CAP, serve_features, serve_slots
 from simulator.serve import Arrivals, ServeBatch, SpecServeEnv
 
@@ -61,7 +68,8 @@ def test_an_iteration_costs_drafting_and_one_batched_verify() -> None:
     action = np.array([2, 5, 1])
     n = np.minimum(action, batch.drafted[0])[active]
     contexts = batch.context[0][active]
-    expected = batch.draft_cost[n].sum() + profile.verify_seconds((n + 1).sum(), contexts.sum())
+    drafting = profile.draft_row("specblock", LENGTH_CAP)[n].sum()  # SpecBlock drafts request by request
+    expected = drafting + profile.verify_seconds((n + 1).sum(), contexts.sum())
     _, _, _, _, info = env.step(action)
     assert info["iteration_seconds"] == pytest.approx(float(expected))
     assert batch_verify_seconds(profile, np.array([0]), np.array([1.0]), np.array([10.0]))[0] == 0.0
@@ -137,6 +145,43 @@ def test_a_chains_drafting_splits_into_its_start_and_a_cost_per_position() -> No
     row = np.array([0.0, *(0.5 + 0.25 * k for k in range(1, LENGTH_CAP + 1))])
     assert chain_fit(row) == pytest.approx((0.5, 0.25))
     profile = resolve_profile(None)
-    costs = iteration_costs(profile, chain_fit(row), np.array([0.0, 2.0]), np.array([0.0, 64.4]))
+    chains = chains_fit(np.arange(3)[:, None] * row)  # two requests drafting in turn: each its own chain
+    assert chains[2] == pytest.approx((0.5, 0.25))
+    costs = iteration_costs(profile, chains, np.array([0.0, 2.0]), np.array([0.0, 64.4]))
     assert costs.at(0) == (0.0, 0.0, 0.0, 0.0) and costs.at(1)[2:] == pytest.approx((0.25, 0.5))
-    assert costs.at(1) == iteration_costs(profile, chain_fit(row), 2, 64).at(0)  # priced at whole tokens
+    assert costs.at(1) == iteration_costs(profile, chains, 2, 64).at(0)  # priced at whole tokens
+
+
+def lockstep_profile(per_call: float, per_chain: float) -> CostProfile:
+    """The paper profile with draft-model chains whose lockstep forward costs ``per_call`` plus
+    ``per_chain`` per chain drafting, per position."""
+    data = resolve_profile(None).to_json()
+    data["models"]["drafters"]["draft-model"] = "a draft model"
+    data["samples"]["draft"]["draft-model"] = [{"tokens": k, "seconds": [k * (per_call + per_chain)]}
+                                               for k in (1, 4)]
+    data["samples"]["batch_draft"] = [
+        {"requests": r, "tokens": k, "seconds": [k * (per_call + r * per_chain)]}
+        for r in (1, 4) for k in (1, 4)]
+    return profile_from_json({**data, "fits": None})
+
+
+def test_lockstep_drafting_costs_each_position_once_for_every_chain_drafting_it() -> None:
+    """With ``samples.batch_draft`` draft-model chains cost by depth what the chains still drafting there
+    add (a call, then a share per chain), not each chain's own row; without it, or for another drafter,
+    the requests' rows summed."""
+    profile = lockstep_profile(per_call=1.0, per_chain=0.25)
+    table = drafting_table(profile, "draft-model", 4, LENGTH_CAP)
+    assert table[0].sum() == 0 and table[:, 0].sum() == 0
+    assert table[3, 2] == pytest.approx(2 * (1.0 + 3 * 0.25))
+    ragged = np.array([[4, 1, 0, 2]])  # depth 1: 3 chains, depth 2: 2, depths 3 and 4: 1
+    expected = (1 + 3 * 0.25) + (1 + 2 * 0.25) + 2 * (1 + 0.25)
+    assert drafting_seconds(table, ragged) == pytest.approx([expected])
+    alone = drafting_table(profile, "eagle", 4, LENGTH_CAP)
+    row = profile.draft_row("eagle", LENGTH_CAP)
+    assert drafting_seconds(alone, ragged) == pytest.approx([row[[4, 1, 0, 2]].sum()])
+    chains = chains_fit(table)  # a request's share of a batch drafting alike: the call split among them
+    assert chains[4] == pytest.approx((0.0, (1.0 + 4 * 0.25) / 4))
+    with pytest.raises(InputError, match="batch_draft needs the draft-model series"):
+        data = profile.to_json()
+        del data["samples"]["draft"]["draft-model"], data["models"]["drafters"]["draft-model"]
+        profile_from_json({**data, "fits": None})

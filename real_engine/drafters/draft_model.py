@@ -237,6 +237,8 @@ class DraftModelDrafter:
                 trees[i] = drafter.propose(depth)
             else:
                 running.append(i)
+        if not running:
+            return [trees[i] for i in range(len(drafters))]
         chains = {i: _Chain(drafters[i], min(drafters[i].depth, depths[i])) for i in running}
         hidden = _lockstep([drafters[i] for i in running],
                            [[*drafters[i].backlog, drafters[i].root] for i in running])
