@@ -8,11 +8,13 @@ drafter in its deployed shape, one instance per request), the settings in a rota
 that the machine's drift hits all alike; one torch thread, wall clock. Per setting: tokens/s over the
 rounds (all tokens over all seconds) with a 95% bootstrap interval over the rounds, the median time per
 output token (a request's seconds from its first token to its last over its further tokens) and to the
-first token, and each drafter's speedup over vanilla at the same cap (paired by round). Saves
-``batch_throughput.json`` and a ``.md`` table beside it.
+first token, and each drafter's speedup over vanilla at the same cap (paired by round). With ``--alone``
+each drafter that drafts in lockstep (the draft model's chains) also runs with every request drafting
+alone (``BatchEngine(batch_drafting=False)``, "<drafter> alone"): what sharing the draft forwards buys.
+Saves ``batch_throughput.json`` and a ``.md`` table beside it.
 
-    specblock benchmark batch_throughput [--batches 1,2,4,8] [--drafters none,specblock] [--prompts 4]
-                                         [--tokens 32] [--rounds 5] [--out DIR] [--json]
+    specblock benchmark batch_throughput [--batches 1,2,4,8] [--drafters none,specblock] [--alone]
+                                         [--prompts 4] [--tokens 32] [--rounds 5] [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from real_engine.trace import load_prompts
 
 SEED = 0
 CONTEXT_TOKENS = 96
+ALONE = " alone"  # a setting's suffix: its requests draft one at a time
 
 
 def build(name: str, target: Transformer, draft: Transformer | None) -> Any:
@@ -54,9 +57,11 @@ def build(name: str, target: Transformer, draft: Transformer | None) -> Any:
 
 
 def serve(target: Transformer, draft: Transformer | None, prompts: Sequence[list[int]], tokens: int, cap: int,
-          drafter: str) -> dict[str, float]:
-    """One round of one setting: every prompt submitted at once, served to the end."""
-    engine = BatchEngine(target, max_batch=cap)
+          setting: str) -> dict[str, float]:
+    """One round of one setting (a drafter, ``ALONE`` appended: drafting alone): every prompt submitted at
+    once, served to the end."""
+    drafter = setting.removesuffix(ALONE)
+    engine = BatchEngine(target, max_batch=cap, batch_drafting=drafter == setting)
     for prompt in prompts:
         engine.submit(Request(prompt, tokens, build(drafter, target, draft)))
     began = time.perf_counter()
@@ -98,7 +103,8 @@ def markdown(rows: list[dict[str, Any]], command_line: str, prompts: int, tokens
              f"{prompts} held-out prompts (last {CONTEXT_TOKENS} tokens), all submitted at once, "
              f"{tokens} new tokens each, greedy, one torch thread, wall clock; settings interleaved by "
              "round. [95% CI]: bootstrap over the rounds. Speedup: over vanilla at the same batch cap, "
-             f"paired by round. Command: `{command_line}`.", "",
+             "paired by round. A drafter's chains draft in lockstep across requests; \"alone\": each "
+             f"request's drafter proposes by itself. Command: `{command_line}`.", "",
              "| batch cap | drafter | tokens/s [95% CI] | speedup [95% CI] | TPOT ms (median) | "
              "TTFT ms (median) | tau |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -125,6 +131,8 @@ def _ints(value: str) -> tuple[int, ...]:
 @click.option("--batches", default="1,2,4,8", show_default=True, help="Batch caps, comma-separated.")
 @click.option("--drafters", default="none,specblock", show_default=True,
               help="Drafters (none: vanilla), comma-separated; each in its deployed shape.")
+@click.option("--alone", is_flag=True,
+              help="Also run each drafter that drafts in lockstep with every request drafting alone.")
 @click.option("--prompts", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Held-out prompts per domain.")
 @click.option("--tokens", type=click.IntRange(2, 512), default=32, show_default=True,
@@ -134,7 +142,7 @@ def _ints(value: str) -> tuple[int, ...]:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Folder for batch_throughput.json and .md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
-def command(batches: str, drafters: str, prompts: int, tokens: int, rounds: int, out: Path,
+def command(batches: str, drafters: str, alone: bool, prompts: int, tokens: int, rounds: int, out: Path,
             as_json: bool) -> None:
     """Throughput and per-token latency of the batched engine by batch cap, with and without a drafter."""
     caps, names = _ints(batches), tuple(drafters.split(","))
@@ -149,7 +157,8 @@ def command(batches: str, drafters: str, prompts: int, tokens: int, rounds: int,
     draft = load_model(DRAFT_MODEL) if any(spec.needs_draft_model for spec in specs) else None
     tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
     held = [p.tokens for p in load_prompts(DOMAINS, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)]
-    settings = [(cap, name) for cap in caps for name in names]
+    lockstep = [name for name in names if alone and getattr(build(name, target, draft), "batch_key", None)]
+    settings = [(cap, name) for cap in caps for name in (*names, *(n + ALONE for n in lockstep))]
     measured: dict[tuple[int, str], list[dict[str, float]]] = {s: [] for s in settings}
     serve(target, draft, held[:1], 2, 1, names[-1])  # one-time costs
     for r in range(rounds):
@@ -164,9 +173,10 @@ def command(batches: str, drafters: str, prompts: int, tokens: int, rounds: int,
         rows.append(row)
         show(f"batch {cap:2d} {name:10s} {row['tokens_per_second']:7.1f} tokens/s  "
              f"TPOT {row['tpot_ms']:6.2f} ms  tau {row['tau']:.2f}")
-    command_line = (f"specblock benchmark batch_throughput --batches {batches} --drafters {drafters} "
-                    f"--prompts {prompts} --tokens {tokens} --rounds {rounds}")
-    config = {"batches": list(caps), "drafters": list(names), "prompts_per_domain": prompts, "tokens": tokens,
+    command_line = (f"specblock benchmark batch_throughput --batches {batches} --drafters {drafters}"
+                    f"{' --alone' if alone else ''} --prompts {prompts} --tokens {tokens} --rounds {rounds}")
+    config = {"batches": list(caps), "drafters": list(names), "alone": lockstep,
+              "prompts_per_domain": prompts, "tokens": tokens,
               "rounds": rounds, "context_tokens": CONTEXT_TOKENS, "target": TARGET.name, "threads": 1,
               "replicates": REPLICATES}
     saved = save_result("batch_throughput", {"settings": rows}, config, SEED, out)

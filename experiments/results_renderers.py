@@ -304,6 +304,7 @@ def _batch_throughput_command(name: str, config: Record) -> str:
     batches = ",".join(map(str, config["batches"]))
     return (f"{benchmark('batch_throughput')}{flag('--batches', batches, '1,2,4,8')}"
             f"{flag('--drafters', ','.join(config['drafters']), 'none,specblock')}"
+            f"{' --alone' if config.get('alone') else ''}"
             f"{flag('--prompts', config['prompts_per_domain'], 4)}{flag('--tokens', config['tokens'], 32)}"
             f"{flag('--rounds', config['rounds'], 5)}")
 
@@ -314,7 +315,8 @@ def _batch_throughput_body(record: Record) -> Lines:
              f"{r['tpot_ms']:.2f}", f"{r['ttft_ms']:.1f}", f"{r['tau']:.2f}"]
             for r in record["results"]["settings"]]
     return ["The batched engine (continuous batching), every prompt submitted at once; speedup over vanilla "
-            "at the same batch cap, paired by round [95% CI over the rounds].", "",
+            "at the same batch cap, paired by round [95% CI over the rounds]. A drafter's chains draft in "
+            "lockstep across requests; \"alone\": each request's drafter proposes by itself.", "",
             *table(["batch cap", "drafter", "tokens/s", "speedup", "TPOT ms", "TTFT ms", "tau"], rows)]
 
 

@@ -154,8 +154,8 @@ def test_ragged_mask_is_block_diagonal(target: Transformer) -> None:
 
 
 def test_throughput_benchmark_reports_every_setting(tmp_path: Path, capsys) -> None:
-    argv = ["benchmark", "batch_throughput", "--batches", "1,3", "--drafters", "none,ngram", "--prompts", "1",
-            "--tokens", "4", "--rounds", "2", "--out", str(tmp_path), "--json"]
+    argv = ["benchmark", "batch_throughput", "--batches", "1,3", "--drafters", "none,ngram,draft-model",
+            "--alone", "--prompts", "1", "--tokens", "4", "--rounds", "2", "--out", str(tmp_path), "--json"]
     try:
         main(argv)
     except SystemExit as exc:  # click exits only on an error here
@@ -163,12 +163,12 @@ def test_throughput_benchmark_reports_every_setting(tmp_path: Path, capsys) -> N
     data = json.loads(capsys.readouterr().out)
     assert [Path(f).name for f in data["files"]] == ["batch_throughput.json", "batch_throughput.md"]
     rows = data["rows"]
-    assert [(r["batch"], r["drafter"]) for r in rows] == [(1, "none"), (1, "ngram"), (3, "none"),
-                                                          (3, "ngram")]
+    names = ["none", "ngram", "draft-model", "draft-model alone"]  # n-gram lookup has no forward to share
+    assert [(r["batch"], r["drafter"]) for r in rows] == [(b, name) for b in (1, 3) for name in names]
     for row in rows:
         low, high = row["tokens_per_second_ci"]
         assert low <= row["tokens_per_second"] <= high and len(row["rounds"]) == 2
         assert all(r["tokens"] == 4 * 4 for r in row["rounds"])  # four prompts, four tokens each
-        assert ("speedup" in row) == (row["drafter"] == "ngram")
+        assert ("speedup" in row) == (row["drafter"] != "none")
     saved = json.loads(Path(data["results"]).read_text())
     assert saved["config"]["batches"] == [1, 3] and "git_commit" in saved

@@ -42,13 +42,18 @@ def same_cache(a: DraftModelDrafter, b: DraftModelDrafter) -> None:
     torch.testing.assert_close(a.cache.k[..., :n, :], b.cache.k[..., :n, :], atol=TOLERANCE, rtol=0)
 
 
+CHAINS = {"plain": {"depth": 5, "min_confidence": 0.05}, "deployed": {"depth": 8, "staged": 1, "lookup": 3},
+          "staged": {"depth": 6, "staged": 2}}
+
+
+@pytest.mark.parametrize("options", list(CHAINS.values()), ids=list(CHAINS))
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(temperature=1.0)], ids=["greedy", "sampled"])
 def test_lockstep_chains_equal_each_drafters_own(target: Transformer, draft: Transformer,
-                                                 sampling: Sampling) -> None:
-    """Four requests of different prompts, depths (0 included) and stopping rules, over six iterations
-    with varied accepted paths: every tree and cache as each drafter alone makes it."""
-    prompts = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
-    options = {"depth": 5, "min_confidence": 0.05}
+                                                 sampling: Sampling, options: dict) -> None:
+    """Four requests of different prompts (repeating ones, for staged guesses and lookup proposals),
+    depths (0 included) and stopping rules, over eight iterations with varied accepted paths: every tree
+    and cache as each drafter alone makes it."""
+    prompts = [[3, 4, 5, 3, 4, 5, 3], [8, 9], [10, 11, 12, 10, 11], [13, 14, 15, 16, 17, 18, 19]]
     alone, rows = started(target, draft, prompts, sampling, **options)
     together, _ = started(target, draft, prompts, sampling, **options)
     for pair in (alone, together):  # a serving policy's hook: request i stops after 1 + i positions
@@ -56,14 +61,14 @@ def test_lockstep_chains_equal_each_drafters_own(target: Transformer, draft: Tra
             drafter.keep_drafting = lambda laws, i=i: len(laws) < 1 + i
     gen = torch.Generator().manual_seed(3)
     stopped = 0
-    for step in range(6):
-        depths = [0] * 4 if step == 4 else [5, 0 if step % 3 == 0 else 4, 3, 5]
+    for step in range(8):
+        depths = [0] * 4 if step == 4 else [8, 0 if step % 3 == 0 else 4, 3, 8]
         with torch.inference_mode():
             solo = [d.propose(depth) for d, depth in zip(alone, depths, strict=True)]
             batched = DraftModelDrafter.propose_together(together, depths)
         for a, b in zip(solo, batched, strict=True):
             same_tree(a, b)
-            stopped += a.size - 1 < 5
+            stopped += 1 < a.size < 4
         for a, b, tree in zip(alone, together, solo, strict=True):
             kept = int(torch.randint(0, tree.size, (1,), generator=gen))
             token = int(torch.randint(1, 96, (1,), generator=gen))
@@ -74,13 +79,12 @@ def test_lockstep_chains_equal_each_drafters_own(target: Transformer, draft: Tra
     assert stopped > 0  # the stopping rules did cut chains short
 
 
-def test_batch_key_admits_plain_chains_of_one_model(draft: Transformer, target: Transformer) -> None:
+def test_batch_key_admits_chains_of_one_model(draft: Transformer, target: Transformer) -> None:
     chain = DraftModelDrafter(draft, "chain")
-    assert chain.batch_key == DraftModelDrafter(draft, "chain", depth=2).batch_key is not None
+    assert chain.batch_key == DraftModelDrafter(draft, "chain", staged=1, lookup=2).batch_key is not None
     assert chain.batch_key != DraftModelDrafter(target, "chain").batch_key
-    for other in (DraftModelDrafter(draft, "tree", width=2), DraftModelDrafter(draft, "chain", staged=1),
-                  DraftModelDrafter(draft, "chain", lookup=2)):
-        assert other.batch_key is None
+    assert DraftModelDrafter(draft, "tree", width=2).batch_key is None
+    assert DraftModelDrafter(draft, "paths", paths=2).batch_key is None
 
 
 def test_engine_drafting_together_emits_what_drafting_alone_does(target: Transformer,

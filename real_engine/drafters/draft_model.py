@@ -43,11 +43,16 @@ keeps exactly the accepted nodes that were forwarded and puts the rest in the ba
 always equals a fresh prefill of the committed sequence. The deepest drafted nodes are never run.
 Every tree carries ``confidence``: each node's probability under its parent's law (the plain softmax
 at temperature 0, the warped ``q`` otherwise).
+
+Several chains of one draft model can draft in lockstep (``propose_together``, the batched engine's
+way): a proposal is a coroutine (``_drafting``) that yields each forward it needs, and every round
+packs the forwards the chains wait for into one (``real_engine.ragged``), so a batch of requests pays
+about one forward per position instead of one per request and position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import torch
@@ -67,6 +72,7 @@ from real_engine.warp import Sampling, warp
 
 CHAIN_OPTIONS = ("min_confidence", "staged", "lookup")  # options that only a chain takes
 _NO_HEAD = nn.Identity()  # as the LM head of a forward: its "logits" are the final hidden states
+Run = tuple[list[int], int]  # tokens for the draft model to forward, and how many leading rows nothing reads
 
 
 class DraftModelDrafter:
@@ -168,6 +174,20 @@ class DraftModelDrafter:
     def propose(self, max_depth: int) -> DraftTree:
         """The lookup's chain where the context repeats (``lookup``); else run the backlog and the root,
         then draft a tree of the configured shape."""
+        steps = self._drafting(max_depth)
+        try:
+            run, skip = next(steps)
+            while True:
+                hidden = self._forward(torch.tensor(run, device=self.device))
+                run, skip = steps.send((self._logits(hidden[skip:skip + 1])[0], hidden[skip + 1:]))
+        except StopIteration as stop:
+            return stop.value
+
+    def _drafting(self, max_depth: int) -> Generator[Run, tuple[torch.Tensor, torch.Tensor], DraftTree]:
+        """``propose`` as a coroutine, so that several drafters' forwards can be packed into one: yields
+        each run of tokens for the draft model to forward into the cache (and commit) with how many of its
+        leading rows nothing reads; is sent the logits of the next row and the final hidden states of the
+        rest; returns the tree."""
         depth = min(self.depth, max_depth)
         if depth < 1:
             self._base, self._tokens = None, [self.root]
@@ -180,11 +200,12 @@ class DraftModelDrafter:
             self._base, self._tokens = None, [self.root, *self.index.tokens[start:start + depth]]
             return lookup_chain(self.root, self._tokens[1:], self.model.args.vocab_size, self.device)
         guesses = self.index.tokens[start:start + depth - 1] if self.staged else []
-        run = torch.tensor([*self.backlog, self.root, *guesses], device=self.device)
-        hidden = self._forward(run)[len(self.backlog):]
+        logits, rows = yield [*self.backlog, self.root, *guesses], len(self.backlog)
         self.backlog, self._base, self._slots = [], self.cache.length - len(guesses), {}
-        tree = self._chain(hidden, depth, guesses) if self.shape == "chain" else (
-            self._tree if self.shape == "tree" else self._paths)(self._logits(hidden[:1])[0], depth)
+        if self.shape == "chain":
+            tree = yield from self._chain(logits, rows, depth, guesses)
+        else:
+            tree = (self._tree if self.shape == "tree" else self._paths)(logits, depth)
         self._tokens = tree.tokens.tolist()
         return tree
 
@@ -193,14 +214,15 @@ class DraftModelDrafter:
         law = logits.float().softmax(-1) if self.sampling.greedy else q
         return law[tokens] if law.dim() == 1 else law.gather(-1, tokens[:, None])[:, 0]
 
-    def _chain(self, hidden: torch.Tensor, depth: int, guesses: list[int]) -> DraftTree:
-        """A chain from the root's final hidden ``hidden[0]``; ``hidden[1:]`` are those of ``guesses``,
-        run after the root (staged drafting), through the LM head once the chain reaches the first."""
-        chain = _Chain(self, depth)
-        logits, rows, headed, forwards = self._logits(hidden[:1])[0], hidden[1:], False, 1
+    def _chain(self, logits: torch.Tensor, rows: torch.Tensor, depth: int, guesses: list[int]
+               ) -> Generator[Run, tuple[torch.Tensor, torch.Tensor], DraftTree]:
+        """A chain from the root's ``logits``; ``rows`` are the final hidden states of ``guesses``, run after
+        the root (staged drafting), through the LM head once the chain reaches the first. A coroutine as
+        ``_drafting``: it yields each further forward."""
+        chain, headed, forwards = _Chain(self, depth), False, 1
         while chain.draw(logits):
-            d, token = len(chain.tokens), chain.tokens[-1]
-            if guesses and guesses[0] == int(token):  # run already, as a guess: its row is the law
+            d, token = len(chain.tokens), int(chain.tokens[-1])
+            if guesses and guesses[0] == token:  # run already, as a guess: its row is the law
                 self._slots[d] = d - 1
                 if not headed:
                     rows, headed = self._logits(rows), True
@@ -209,54 +231,45 @@ class DraftModelDrafter:
             if self.staged and forwards == self.staged:
                 break
             self._slots[d] = d - 1
-            run = token[None]
             if self.staged:  # drop the guesses that were wrong, guess again after the drafted tokens
                 self.cache.truncate(self._base + d - 1)
                 guesses = self.index.lookup(depth - 1 - d, [int(t) for t in chain.tokens])
-                run = torch.tensor([int(token), *guesses], device=self.device)
-            out = self._forward(run)
-            logits, rows, headed, forwards = self._logits(out[:1])[0], out[1:], False, forwards + 1
+            logits, rows = yield [token, *guesses], 0
+            headed, forwards = False, forwards + 1
         self.cache.truncate(self._base + len(self._slots))  # guesses beyond where the chain stopped
         return chain.tree()
 
     @property
     def batch_key(self) -> int | None:
-        """Drafters of equal keys draft together (``propose_together``): plain chains of one draft model."""
-        return id(self.model) if self.shape == "chain" and not (self.staged or self.lookup) else None
+        """Drafters of equal keys draft together (``propose_together``): chains of one draft model."""
+        return id(self.model) if self.shape == "chain" else None
 
     @staticmethod
     def propose_together(drafters: Sequence[DraftModelDrafter], depths: Sequence[int]) -> list[DraftTree]:
-        """Each drafter's ``propose(depth)``, their chains drafted in lockstep: one packed forward of the
-        draft model (``ragged.packed_forward``) runs every backlog and root, then one per position runs the
-        latest token of every chain still drafting. Each chain draws and stops exactly as alone; only the
-        arithmetic's order differs. The drafters share a ``batch_key``."""
+        """Each drafter's ``propose(depth)``, their chains drafted in lockstep: each round packs the forward
+        every chain waits for (its backlog and root first, then its latest token and any guesses) into one
+        forward of the draft model (``ragged.packed_forward``) and one LM head call. Each chain draws and
+        stops exactly as alone; only the arithmetic's order differs. The drafters share a ``batch_key``."""
+        steps = [drafter._drafting(depth) for drafter, depth in zip(drafters, depths, strict=True)]
         trees: dict[int, DraftTree] = {}
-        running = []
-        for i, (drafter, depth) in enumerate(zip(drafters, depths, strict=True)):
-            if min(drafter.depth, depth) < 1:
-                trees[i] = drafter.propose(depth)
-            else:
-                running.append(i)
-        if not running:
-            return [trees[i] for i in range(len(drafters))]
-        chains = {i: _Chain(drafters[i], min(drafters[i].depth, depths[i])) for i in running}
-        hidden = _lockstep([drafters[i] for i in running],
-                           [[*drafters[i].backlog, drafters[i].root] for i in running])
-        for i in running:
-            drafter = drafters[i]
-            drafter.backlog, drafter._base, drafter._slots = [], drafter.cache.length, {}
-        logits = _heads([drafters[i] for i in running], torch.stack([h[-1] for h in hidden]))
-        while running:
-            running = [i for i, row in zip(running, logits, strict=True) if chains[i].draw(row)]
-            if not running:
-                break
-            for i in running:
-                drafters[i]._slots[len(chains[i].tokens)] = len(chains[i].tokens) - 1
-            hidden = _lockstep([drafters[i] for i in running], [[int(chains[i].tokens[-1])] for i in running])
-            logits = _heads([drafters[i] for i in running], torch.cat(hidden))
-        for i, chain in chains.items():
-            trees[i] = chain.tree()
-            drafters[i]._tokens = trees[i].tokens.tolist()
+        waiting: dict[int, Run] = {}
+
+        def advance(i: int, sent: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+            try:
+                waiting[i] = steps[i].send(sent)
+            except StopIteration as stop:
+                trees[i] = stop.value
+
+        for i in range(len(drafters)):
+            advance(i, None)
+        while waiting:
+            runs, waiting = waiting, {}
+            group = [drafters[i] for i in runs]
+            hidden = _lockstep(group, [run for run, _ in runs.values()])
+            logits = _heads(group, torch.stack([h[skip] for h, (_, skip) in zip(hidden, runs.values(),
+                                                                                strict=True)]))
+            for i, h, row, (_, skip) in zip(runs, hidden, logits, runs.values(), strict=True):
+                advance(i, (row, h[skip + 1:]))
         return [trees[i] for i in range(len(drafters))]
 
     def _paths(self, logits: torch.Tensor, depth: int) -> DraftTree:
