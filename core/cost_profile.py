@@ -68,9 +68,10 @@ holds one or more repeated measurements of one configuration, and the profile us
   (``real_engine.speculate.LengthControlled``: the features, the policy's choices while a chain is
   drafted, ranking, trimming, the policy's feedback) by the positions ``drafted`` (0: none), on a
   drafter that costs nothing. ``steering_seconds`` charges it to iterations a policy steers.
-- ``batch_verify`` (optional): one iteration of the batched engine (``real_engine.batch``) without its
-  drafting: ``requests`` requests of ``nodes`` tokens each packed into one target forward at ``context``
-  cached tokens each, each verified greedily and compacted. ``batch_verify_seconds`` charges it.
+- ``batch_verify`` (optional): one iteration of the batched engine (``real_engine.batch``, run as it
+  is) with drafts that cost nothing: ``requests`` requests of ``nodes`` tokens each packed into one
+  target forward at ``context`` cached tokens each, each verified greedily and compacted, the engine's
+  bookkeeping included. ``batch_verify_seconds`` charges it.
 - ``batch_draft`` (optional, with a draft-model series): one iteration's drafting of ``requests`` draft-model
   chains of ``tokens`` positions in lockstep, one packed forward per position over all of them
   (``DraftModelDrafter.propose_together``). ``batch_draft_seconds`` charges it.

@@ -12,9 +12,12 @@ and time per output token (first to last token over the further tokens).
 The simulator replays the same arrivals (``SpecServeEnv(arrivals=...)``) with the cost profile measured
 in this process, its measuring rounds interleaved with the live rounds (``measure_profile``: the batched
 verify, the draft model's chains and prefill on this machine now), acceptance traces recorded in this
-process on calibration prompts (``record_acceptance``), and each question put to the policy charged its
-time measured here (``decision_seconds``), as ``simulator.rollout.run_serve`` drives it: the engine's
-drafting rule, then the policy's lengths. Idle, the live server polls for the next arrival.
+process on calibration prompts (``record_acceptance``), and steering charged as measured here
+(``steering_seconds``: per steered iteration and per question put to the policy), as
+``simulator.rollout.run_serve`` drives it: the engine's drafting rule, then the policy's lengths.
+Idle, the live server polls for the next arrival; it serves with the objects alive before it kept out
+of the garbage collector's scans (``timing.frozen_heap``), as servers do after start-up, and so do the
+measuring rounds (the command runs them all inside it).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from real_engine.decode import make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
 from real_engine.speculate import ServeSteering, ranked_nodes, subtree
+from real_engine.timing import frozen_heap
 from real_engine.trace import Prompt, record
 from real_engine.tree import DraftTree
 from simulator.acceptance import AcceptanceModel
@@ -103,26 +107,39 @@ def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence
     return TraceReplay.from_traces(recording.traces)
 
 
-def decision_seconds(policy: Policy, profile: CostProfile, max_batch: int) -> float:
-    """Mean seconds of one question the engine puts to ``policy``, over steering cycles of a full batch
-    as the engine runs them (``ServeSteering.plan``; each request's chain asking ``keep`` until the
-    policy stops it or ``DEPTH``; the lengths; ranking and trimming each draft): what the simulator
-    charges per question."""
-    steer = ServeSteering(policy, profile, KIND, max_batch)
+def steering_seconds(policy: Policy, profile: CostProfile, max_batch: int, target: Transformer
+                     ) -> tuple[float, float]:
+    """What steering by ``policy`` costs the engine: seconds per steered iteration beyond its questions
+    (the observation and its pricing, the lengths, ranking and trimming each draft) and per question put
+    to the policy; the least-squares line through steering cycles as the engine runs them
+    (``ServeSteering.plan``; each request's chain asking ``keep`` until the policy stops it or ``DEPTH``;
+    the lengths; ranking and trimming) at every batch size, each after an untimed forward of ``target``,
+    which leaves the caches as the engine's iteration does. What the simulator charges."""
     chain = DraftTree.chain(1, torch.arange(2, 2 + DEPTH))
-    start = time.perf_counter()
-    for k in range(DECISION_CYCLES):
-        context = CONTEXT_TOKENS + k  # decoding moves the context on: a new one to price each cycle
-        steer.plan([Slot([], context, 32)] * max_batch, 0)
-        for i in range(max_batch):
+    forward = prof.warm_step(target, CONTEXT_TOKENS, 1 + DEPTH)
+    steer = ServeSteering(policy, profile, KIND, max_batch)
+    asked, seconds = [], []
+    for k in range(DECISION_CYCLES * max_batch):
+        running, before = 1 + k % max_batch, steer.asked
+        with torch.inference_mode():
+            forward()
+        start = time.perf_counter()
+        context = CONTEXT_TOKENS + k  # decoding moves the context on
+        steer.plan([Slot([], context, 32)] * running, 0)
+        for i in range(running):
             drafted: list[float] = []
             while len(drafted) < DEPTH and steer.keep(i, drafted):
                 drafted.append(0.7)
-        ranked = [ranked_nodes(chain) for _ in range(max_batch)]
+        ranked = [ranked_nodes(chain) for _ in range(running)]
         lengths = steer([Slot(list(paths), context, 32) for _, paths in ranked], 0)
         for (order, _), n in zip(ranked, lengths, strict=True):
             subtree(chain, order[:n])
-    return (time.perf_counter() - start) / steer.asked
+        seconds.append(time.perf_counter() - start)
+        asked.append(steer.asked - before)
+    if len(set(asked)) < 2:  # the same questions at every batch size: all of it per question
+        return 0.0, float(np.sum(seconds) / np.sum(asked))
+    per_question, per_iteration = np.polyfit(asked, seconds, 1)
+    return max(float(per_iteration), 0.0), max(float(per_question), 0.0)
 
 
 def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, profile: CostProfile,
@@ -132,15 +149,16 @@ def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, p
     engine = BatchEngine(target, max_batch=max_batch, steer=steer)
     tokens = int(arrivals.output[0])
     ids: list[int] = []
-    start = time.perf_counter()
-    while len(ids) < len(prompts) or engine.busy:
-        now = time.perf_counter() - start
-        while len(ids) < len(prompts) and arrivals.seconds[len(ids)] <= now:
-            drafter = None if policy is None else chain_drafter(target, draft)
-            ids.append(engine.submit(Request(prompts[len(ids)].tokens, tokens, drafter)))
-        if engine.busy:
-            engine.step()  # idle, the loop polls for the next arrival, as a server's does: it keeps the
-            # machine's caches and clock as busy decoding leaves them, which the cost profile measures
+    with frozen_heap():  # as a server serves after start-up
+        start = time.perf_counter()
+        while len(ids) < len(prompts) or engine.busy:
+            now = time.perf_counter() - start
+            while len(ids) < len(prompts) and arrivals.seconds[len(ids)] <= now:
+                drafter = None if policy is None else chain_drafter(target, draft)
+                ids.append(engine.submit(Request(prompts[len(ids)].tokens, tokens, drafter)))
+            if engine.busy:
+                engine.step()  # idle, the loop polls for the next arrival, as a server's does: it keeps
+                # the machine's caches and clock as busy decoding leaves them, which the profile measures
     results = [engine.results[i] for i in ids]
     failed = next((r.error for r in results if r.error), None)
     if failed is not None:
@@ -154,16 +172,18 @@ def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, p
 
 
 def serve_simulated(policy: Policy, profile: CostProfile, steering: CostProfile, acceptance: AcceptanceModel,
-                    arrivals: Arrivals, max_batch: int, decision: float, seed: int) -> dict[str, Any]:
+                    arrivals: Arrivals, max_batch: int, steered: tuple[float, float], seed: int
+                    ) -> dict[str, Any]:
     """The simulator's prediction of the same arrivals on ``profile``'s costs (the policy shown
-    ``steering``'s, as live), over ``SIM_SEEDS`` acceptance draws."""
+    ``steering``'s, as live; steering costing ``steered``: ``steering_seconds``), over ``SIM_SEEDS``
+    acceptance draws."""
     tokens = seconds = iterations = 0.0
     ttft: list[float] = []
     tpot: list[float] = []
     for k in range(SIM_SEEDS):
         env = SpecServeEnv(profile, acceptance, KIND, max_batch=max_batch, arrivals=arrivals,
                            observed=steering)
-        out = run_serve(policy, env, seed + k, decision)
+        out = run_serve(policy, env, seed + k, *steered)
         first, per = env.batch.latencies(0, np.arange(arrivals.seconds.size))
         tokens, seconds = tokens + out.tokens, seconds + float(env.batch.clock[0] - arrivals.seconds[0])
         iterations += out.iterations
@@ -297,14 +317,14 @@ class ServeBench:
     def report(self, clock: CostProfile) -> dict[str, Any]:
         """Every setting's live figures beside the simulator's on ``clock``'s costs, per rate and over all,
         the ratios to vanilla and to the per-batch-size table, and the fidelity."""
-        decisions = {s.name: 0.0 if s.policy is None else decision_seconds(
-            s.simulated_policy(self.seed), self.steering, self.max_batch) for s in self.settings}
+        steered = {s.name: (0.0, 0.0) if s.policy is None else steering_seconds(
+            s.simulated_policy(self.seed), self.steering, self.max_batch, self.target) for s in self.settings}
         sim: dict[tuple[str, float], list[dict[str, Any]]] = {key: [] for key in self.live}
         for k, rate, arrivals in self.arrivals:
             for setting in self.settings:
                 sim[setting.name, rate].append(serve_simulated(
                     setting.simulated_policy(self.seed), clock, self.steering, self.acceptance, arrivals,
-                    self.max_batch, decisions[setting.name], self.seed + k))
+                    self.max_batch, steered[setting.name], self.seed + k))
         live, rates, seed = self.live, self.rates, self.seed
         cells = {s.name: {f"{r:g}": summarize(live[s.name, r], sim[s.name, r], seed) for r in rates}
                  for s in self.settings}
@@ -313,7 +333,9 @@ class ServeBench:
             runs = [x for r in rates for x in live[s.name, r]]
             sims = [x for r in rates for x in sim[s.name, r]]
             overall = {k: v for k, v in summarize(runs, sims, seed).items() if k != "rounds"}
-            policies[s.name] = {**overall, "decision_ms": 1e3 * decisions[s.name], "policy": s.policy,
+            policies[s.name] = {**overall, "steering_ms": {"iteration": 1e3 * steered[s.name][0],
+                                                           "question": 1e3 * steered[s.name][1]},
+                                "policy": s.policy,
                                 "rates": cells[s.name]}
         names = [s.name for s in self.settings]
         for base in (b for b in (VANILLA, TABLE) if b in names):

@@ -37,7 +37,8 @@ from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.files import write_json
 from core.paths import MODELS
-from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, settle, speculative_step, vanilla_step
+from real_engine.batch import BatchEngine, Request
+from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
 from real_engine.drafters.base import Drafter
 from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
@@ -47,7 +48,6 @@ from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_spe
 from real_engine.feedback import FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
-from real_engine.ragged import packed_forward
 from real_engine.steering import steering_samples
 from real_engine.timing import Bench, make_timer, random_tokens
 from real_engine.tree import DraftTree
@@ -183,41 +183,60 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
     return verify, vanilla
 
 
-@torch.inference_mode()
+class _FixedDraft:
+    """A drafter that costs nothing: the same chain every iteration, so that a timed engine iteration is
+    the engine's own work (``batch_verify_samples``)."""
+
+    model_seconds = 0.0
+
+    def __init__(self, tree: DraftTree) -> None:
+        self.tree = tree
+
+    def begin(self, *_: Any) -> None:
+        """Nothing to start."""
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """The chain."""
+        return self.tree
+
+    def accept(self, *_: Any) -> None:
+        """Nothing to follow."""
+
+
 def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0,
                          before: Callable[[], None] | None = None) -> list[dict]:
-    """Rows of ``samples.batch_verify``: ``requests`` chains of ``nodes`` tokens, each on its own cache at
-    the context, packed into one forward (``real_engine.ragged.packed_forward``), each verified greedily
-    and compacted as the batched engine does, timed when ``bench`` runs. As the engine runs them: a batch
-    of plain steps (1 node each) ``VANILLA_RUN`` times back to back, a batch that verifies drafts right
-    after ``before`` (the drafter's step)."""
-    device = model.lm_head.weight.device
-    gen = torch.Generator().manual_seed(seed)
-    sampler = TorchSampler(torch.Generator(device=device).manual_seed(seed))
-    vocab = model.args.vocab_size
+    """Rows of ``samples.batch_verify``: one iteration of ``real_engine.batch.BatchEngine`` over
+    ``requests`` requests at the context, each verifying a chain of ``nodes`` tokens that costs nothing to
+    draft (the packed forward, each request's verification, cache and bookkeeping: the engine's own work),
+    timed when ``bench`` runs. As the engine runs them: a batch of plain steps (1 node each)
+    ``VANILLA_RUN`` times back to back, a batch that verifies drafts right after ``before`` (the drafter's
+    step); each sample starts from the same context."""
+    vocab, gen = model.args.vocab_size, torch.Generator().manual_seed(seed)
     rows = []
     for context in _contexts(grid, model):
-        caches = [model.new_cache(context + 1 + MAX_TREE_NODES) for _ in range(max(grid.batch_requests))]
-        for cache in caches:
-            prefill(model, cache, random_tokens(context, vocab, gen).to(device))
         for requests, nodes in ((r, n) for r in grid.batch_requests for n in grid.batch_nodes):
-            trees = [DraftTree.chain(int(random_tokens(1, vocab, gen)), random_tokens(nodes - 1, vocab, gen))
-                     for _ in range(requests)]
-
             runs = VANILLA_RUN if nodes == 1 else 1
+            engine = BatchEngine(model, max_batch=requests)
+            for _ in range(requests):
+                chain = random_tokens(nodes, vocab, gen)
+                drafter = None if nodes == 1 else _FixedDraft(DraftTree.chain(int(chain[0]), chain[1:]))
+                engine.submit(Request(random_tokens(context + 1, vocab, gen).tolist(), runs * nodes + 1,
+                                      drafter))
+            engine.step()  # admits (prefills) every request
 
-            def step(trees: list[DraftTree] = trees, caches: list[KVCache] = caches[:requests],
-                     context: int = context, runs: int = runs) -> None:
+            def start(engine: BatchEngine = engine, context: int = context) -> None:
+                for state in engine.running.values():
+                    state.cache.truncate(context)
+                    state.result.tokens.clear()
+                if before is not None:
+                    before()
+
+            def step(engine: BatchEngine = engine, runs: int = runs) -> None:
                 for _ in range(runs):
-                    out, counts = packed_forward(model, caches, [t.tokens.to(device) for t in trees],
-                                                 [t.positions(context).to(device) for t in trees],
-                                                 [t.mask().to(device) for t in trees])
-                    for cache, tree, rows_of in zip(caches, trees, out.logits[0].split(counts), strict=True):
-                        settle(cache, rows_of, tree, "greedy", GREEDY, sampler)
-                        cache.truncate(context)
+                    engine.step()
 
             rows.append({"requests": requests, "nodes": nodes, "context": context,
-                         "seconds": bench.add(step, per=runs, before=None if nodes == 1 else before)})
+                         "seconds": bench.add(step, per=runs, before=start)})
     return rows
 
 

@@ -167,6 +167,9 @@ class LengthControlled:
         self.context += len(path) + 1
 
 
+PRICED = 64  # contexts ``ServeSteering`` prices at once, from the first it meets: decoding moves on by few
+
+
 class ServeSteering:
     """A serving policy steering ``real_engine.batch.BatchEngine`` (its ``steer``), as ``SpecServe-v0``
     and ``simulator.rollout.run_serve`` run it. At each iteration ``plan`` builds the serving observation
@@ -193,8 +196,11 @@ class ServeSteering:
             rows[i, :3] = (1.0, slot.context, slot.remaining)
             rows[i, 3:3 + conf.size] = conf
         key = (len(slots), round(float(np.mean([slot.context for slot in slots]))))
-        if key not in self.costs:  # priced once per batch size and context: ``iteration_costs`` rounds it
-            self.costs[key] = iteration_costs(self.profile, self.chains, *key).at(0)
+        if key not in self.costs:  # priced whole tokens (as ``iteration_costs`` rounds), PRICED at a time
+            running, context = np.meshgrid(np.arange(1, self.max_batch + 1), key[1] + np.arange(PRICED))
+            costs = iteration_costs(self.profile, self.chains, running.ravel(), context.ravel())
+            for i, (r, c) in enumerate(zip(running.ravel(), context.ravel(), strict=True)):
+                self.costs[int(r), int(c)] = costs.at(i)
         self.obs = serve_features(len(slots), waiting, self.costs[key], rows)
 
     def keep(self, index: int, confidences: Sequence[float]) -> bool:

@@ -184,10 +184,12 @@ def serve_drafts(policy: Policy, obs: np.ndarray, available: np.ndarray) -> tupl
     return drafted, calls
 
 
-def run_serve(policy: Policy, env: SpecServeEnv, seed: int, decision_seconds: float = 0.0) -> Outcome:
+def run_serve(policy: Policy, env: SpecServeEnv, seed: int, iteration_seconds: float = 0.0,
+              decision_seconds: float = 0.0) -> Outcome:
     """Serve one episode of ``env`` with a fresh copy of a serving ``policy``, as the live engine does:
     each running request's chain drafts what ``serve_drafts`` says, then the policy, shown what was
-    drafted, gives each its length; every question asked of the policy costs ``decision_seconds``. The
+    drafted, gives each its length; steering costs ``iteration_seconds`` per iteration and
+    ``decision_seconds`` per question asked of the policy. The
     episode's requests, tokens, busy seconds (iterations and prefills) and target forwards taken part in,
     summed over requests (so ``tau`` is a request's); its requests' latencies stay in ``env.batch``
     (``ServeBatch.latencies``)."""
@@ -203,7 +205,7 @@ def run_serve(policy: Policy, env: SpecServeEnv, seed: int, decision_seconds: fl
         rows = serve_slots(obs).copy()  # the policy sees what was drafted
         rows[:, conf] = np.where(np.arange(LENGTH_CAP) < drafted[:, None], rows[:, conf], 0.0)
         shown = np.concatenate((obs[:len(SERVE_GLOBAL)], rows.reshape(-1)))
-        decided = decision_seconds * (calls + 1)
+        decided = iteration_seconds + decision_seconds * (calls + 1)
         batch.clock[0] += decided  # the questions come before the iteration's forward
         info = batch.verify(np.asarray(own.act(shown), dtype=np.int64)[None], drafted[None])
         batch.draft(rng)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import threading
 from pathlib import Path
@@ -17,7 +18,7 @@ from core.paths import PAPER_PROFILE
 from experiments.cli import main
 from real_engine import profile as prof
 from real_engine.model import ModelArgs, Transformer, load_model
-from real_engine.timing import Bench, make_timer
+from real_engine.timing import Bench, frozen_heap, make_timer
 from real_engine.update_profile import specblock_update_samples
 
 TINY = dataclasses.replace(prof.QUICK, repeats=2, warmup=0)
@@ -224,3 +225,16 @@ def test_the_thread_clock_counts_the_calling_threads_work_alone() -> None:
     assert 0 < t1 - t0 < p1 - p0  # the process clock also counted the spinning thread
     with pytest.raises(InputError, match="thread clock"):
         make_timer(torch.device("meta"), "thread")
+
+
+def test_frozen_heap_keeps_set_up_objects_out_of_collections_until_the_outermost_exits() -> None:
+    before = gc.get_freeze_count()
+    assert before == 0
+    with frozen_heap():
+        outer = gc.get_freeze_count()
+        assert outer > 0
+        kept = [[i] for i in range(1000)]  # allocated inside: scanned until the next freeze
+        with frozen_heap():
+            assert gc.get_freeze_count() >= outer + len(kept)
+        assert gc.get_freeze_count() > 0  # the inner one left everything frozen
+    assert gc.get_freeze_count() == 0

@@ -18,7 +18,7 @@ from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.model import Transformer
 from real_engine.speculate import ServeSteering
 from real_engine.tree import DraftTree
-from simulator.rollout import serve_drafts
+from simulator.rollout import Outcome, run_serve, serve_drafts
 from simulator.serve import Arrivals, SpecServeEnv
 
 
@@ -132,3 +132,19 @@ def test_serve_drafts_follows_the_rule_per_request() -> None:
     assert drafted.tolist() == [3, 2, 0] and calls == 4 + 2
     drafted, calls = serve_drafts(make_policy("batch-table", {"l3": 0}), obs, available)
     assert drafted.tolist() == [0, 0, 0] and calls == 2
+
+
+def test_run_serve_charges_steering_per_iteration_and_per_question() -> None:
+    """With every request admitted at once the episode does not depend on the clock: each steered
+    iteration adds ``iteration_seconds``, each question ``decision_seconds``, and nothing else moves."""
+    at_once = Arrivals(np.zeros(3), np.full(3, 20), np.full(3, 12), np.zeros(3, dtype=int))
+    policy = make_policy("batch-table", {"l1": 3, "l2": 3, "l3": 3})
+
+    def run(iteration: float, question: float) -> Outcome:
+        return run_serve(policy, SpecServeEnv(max_batch=3, arrivals=at_once), 0, iteration, question)
+
+    free, steps, questions = run(0.0, 0.0), run(1.0, 0.0), run(0.0, 1.0)
+    assert steps.tokens == questions.tokens == free.tokens and steps.iterations == free.iterations
+    charged, asked = round(steps.seconds - free.seconds, 6), round(questions.seconds - free.seconds, 6)
+    assert 1 <= charged == int(charged) < asked == int(asked)  # at least one question per iteration
+    assert run(2.0, 0.5).seconds - free.seconds == pytest.approx(2 * charged + 0.5 * asked)

@@ -120,6 +120,7 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     from experiments.serve_report import bench_body
     from real_engine import profile as prof
     from real_engine.model import load_model
+    from real_engine.timing import frozen_heap
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, prompt_domains
 
@@ -141,18 +142,20 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
                        default_settings(files), held_out, rate_list, requests, tokens, max_batch, seed, log)
     bench.warm_up()
     measured = None
-    if profile is None:
-        log(f"live rounds, each after {profile_repeats} rounds of measuring the serving costs")
+    with frozen_heap():  # measuring and serving alike, as a server after start-up
+        if profile is None:
+            log(f"live rounds, each after {profile_repeats} rounds of measuring the serving costs")
 
-        def between(k: int) -> None:
-            if k % profile_repeats == profile_repeats - 1:
-                bench.live_round(k // profile_repeats)
+            def between(k: int) -> None:
+                if k % profile_repeats == profile_repeats - 1:
+                    bench.live_round(k // profile_repeats)
 
-        measured = measure_profile(target, draft, max_batch, tokens, rounds * profile_repeats, seed, between)
-        profile = profile_from_json(measured)
-    else:
-        for k in range(rounds):
-            bench.live_round(k)
+            measured = measure_profile(target, draft, max_batch, tokens, rounds * profile_repeats, seed,
+                                       between)
+            profile = profile_from_json(measured)
+        else:
+            for k in range(rounds):
+                bench.live_round(k)
     result = bench.report(profile)
     if profile_out is not None:
         prof.save(measured, profile_out)
