@@ -60,7 +60,8 @@ def drafting_table(profile: CostProfile, drafter: str, max_batch: int, cap: int)
     chains drafted in turn."""
     r, k = np.arange(max_batch + 1)[:, None], np.arange(cap + 1)[None, :]
     if drafter == "draft-model" and "batch_draft" in profile.fits:
-        table = np.asarray(profile.batch_draft_seconds(np.maximum(r, 1) + 0 * k, np.maximum(k, 1) + 0 * r))
+        requests, tokens = np.broadcast_arrays(np.maximum(r, 1), np.maximum(k, 1))
+        table = np.asarray(profile.batch_draft_seconds(requests, tokens))
         return np.where((r > 0) & (k > 0), table, 0.0)
     return r * profile.draft_row(drafter, cap)[None, :]
 

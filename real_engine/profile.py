@@ -48,7 +48,7 @@ from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_spe
 from real_engine.feedback import FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
-from real_engine.steering import steering_samples
+from real_engine.steering import ScriptedDrafter, steering_samples
 from real_engine.timing import Bench, make_timer, random_tokens
 from real_engine.tree import DraftTree
 from real_engine.update_profile import NEW_TOKENS, specblock_update_samples, update_samples
@@ -183,26 +183,6 @@ def verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: in
     return verify, vanilla
 
 
-class _FixedDraft:
-    """A drafter that costs nothing: the same chain every iteration, so that a timed engine iteration is
-    the engine's own work (``batch_verify_samples``)."""
-
-    model_seconds = 0.0
-
-    def __init__(self, tree: DraftTree) -> None:
-        self.tree = tree
-
-    def begin(self, *_: Any) -> None:
-        """Nothing to start."""
-
-    def propose(self, max_depth: int) -> DraftTree:
-        """The chain."""
-        return self.tree
-
-    def accept(self, *_: Any) -> None:
-        """Nothing to follow."""
-
-
 def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, seed: int = 0,
                          before: Callable[[], None] | None = None) -> list[dict]:
     """Rows of ``samples.batch_verify``: one iteration of ``real_engine.batch.BatchEngine`` over
@@ -212,14 +192,14 @@ def batch_verify_samples(model: Transformer, grid: ProfileGrid, bench: Bench, se
     ``VANILLA_RUN`` times back to back, a batch that verifies drafts right after ``before`` (the drafter's
     step); each sample starts from the same context."""
     vocab, gen = model.args.vocab_size, torch.Generator().manual_seed(seed)
+    device = model.lm_head.weight.device
     rows = []
     for context in _contexts(grid, model):
         for requests, nodes in ((r, n) for r in grid.batch_requests for n in grid.batch_nodes):
             runs = VANILLA_RUN if nodes == 1 else 1
             engine = BatchEngine(model, max_batch=requests)
             for _ in range(requests):
-                chain = random_tokens(nodes, vocab, gen)
-                drafter = None if nodes == 1 else _FixedDraft(DraftTree.chain(int(chain[0]), chain[1:]))
+                drafter = None if nodes == 1 else ScriptedDrafter(nodes - 1, vocab, device)
                 engine.submit(Request(random_tokens(context + 1, vocab, gen).tolist(), runs * nodes + 1,
                                       drafter))
             engine.step()  # admits (prefills) every request

@@ -20,10 +20,10 @@ from real_engine.timing import Bench
 from real_engine.tree import DraftTree
 
 
-class _Scripted:
-    """A drafter that costs nothing: it proposes a prebuilt greedy chain, asking ``keep_drafting`` before
-    each further token as the draft model's chain does, so timing a ``LengthControlled`` around it times
-    the length policy's own machinery."""
+class ScriptedDrafter:
+    """A drafter that costs nothing: it proposes a prebuilt greedy chain of up to ``depth`` tokens, asking
+    ``keep_drafting`` before each further token as the draft model's chain does, so that timing the
+    machinery around it (``LengthControlled``, an iteration of the batched engine) times that alone."""
 
     model_seconds = 0.0
 
@@ -57,7 +57,7 @@ class _Scripted:
 def steering_samples(target: Transformer, draft_tokens: Sequence[int], context: int, bench: Bench,
                      seed: int = 0) -> list[dict]:
     """Rows of ``samples.steering``: one iteration of ``LengthControlled`` steering a drafter that costs
-    nothing (``_Scripted``) with a fixed length of ``drafted`` positions (0 to the longest of
+    nothing (``ScriptedDrafter``) with a fixed length of ``drafted`` positions (0 to the longest of
     ``draft_tokens``) at ``context``, propose and accept, the first half of the chain accepted; timed when
     ``bench`` runs."""
     device = target.lm_head.weight.device
@@ -73,7 +73,7 @@ def steering_samples(target: Transformer, draft_tokens: Sequence[int], context: 
     prompt = torch.ones(context, dtype=torch.long, device=device)
     rows = []
     for drafted in range(max(draft_tokens) + 1):
-        steered = LengthControlled(_Scripted(2 * max(draft_tokens), target.args.vocab_size, device),
+        steered = LengthControlled(ScriptedDrafter(2 * max(draft_tokens), target.args.vocab_size, device),
                                    make_policy("fixed", {"length": drafted}), profile, "draft-model")
         steered.begin(prompt, out, GREEDY, gen, 2 * context)
 
