@@ -32,6 +32,7 @@ holds one or more repeated measurements of one configuration, and the profile us
         "steering": [{"drafted": 3, "seconds": [...]}, ...],                               optional
         "batch_verify": [{"requests": 4, "nodes": 9, "context": 128, "seconds": [...]}, ...] optional
         "batch_draft": [{"requests": 4, "tokens": 3, "seconds": [...]}, ...]               optional
+        "draft_backlog": [{"tokens": 96, "seconds": [...]}, ...]                           optional
         "draft_trees": {"draft-model": [{"depth": 4, "width": 3, "seconds": [...]}, ...]}   optional
       },
       "update_windows": {"head": 4, "full": 16},     optional: query windows the update samples trained on
@@ -75,6 +76,9 @@ holds one or more repeated measurements of one configuration, and the profile us
 - ``batch_draft`` (optional, with a draft-model series): one iteration's drafting of ``requests`` draft-model
   chains of ``tokens`` positions in lockstep, one packed forward per position over all of them
   (``DraftModelDrafter.propose_together``). ``batch_draft_seconds`` charges it.
+- ``draft_backlog`` (optional, with a draft-model series): a one-position proposal of a draft-model chain
+  whose model has not run the last ``tokens`` committed tokens (a request's prompt at its first proposal,
+  or what it committed while it did not draft). ``draft_backlog_seconds`` charges what it adds.
 - Grid rule: rows with two or more parameters must cover the full grid (every value of each
   parameter with every value of the others); repeated rows of one configuration are pooled.
 - ``fits``: per series the grid axes and the median at every grid point, e.g.
@@ -113,6 +117,7 @@ OPTIONAL_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "steering": ("drafted",),
     "batch_verify": ("requests", "nodes", "context"),
     "batch_draft": ("requests", "tokens"),
+    "draft_backlog": ("tokens",),
 })
 """The optional series (``samples.<name>``) -> the parameters each is measured over."""
 DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -237,9 +242,10 @@ class CostProfile:
         }
         if self.update_single:
             fits["update_single"] = {kind: float(combine(s)) for kind, s in self.update_single.items()}
-        if "batch_draft" in self.optional and "draft-model" not in self.draft:
-            raise InputError("samples.batch_draft needs the draft-model series beside it: measure both, or "
-                             "drop it")
+        for name in ("batch_draft", "draft_backlog"):
+            if name in self.optional and "draft-model" not in self.draft:
+                raise InputError(f"samples.{name} needs the draft-model series beside it: measure both, or "
+                                 "drop it")
         fits.update({name: series.grid(f"samples.{name}", est) for name, series in self.optional.items()})
         if self.draft_trees:
             fits["draft_trees"] = {kind: series.grid(f"samples.draft_trees.{kind}", est)
@@ -253,7 +259,7 @@ class CostProfile:
 
     def batch_verify_seconds(self, requests: float | np.ndarray, nodes: float | np.ndarray,
                              context: float | np.ndarray) -> float | np.ndarray:
-        """One batched verify iteration: ``requests`` requests of ``nodes`` tokens each (root included) at
+        """One batched verify iteration of ``requests`` requests of ``nodes`` tokens each (root included) at
         ``context`` cached tokens each (``real_engine.batch``)."""
         if "batch_verify" not in self.fits:
             raise InputError("this profile has no batched verify samples (samples.batch_verify): re-run "
@@ -262,12 +268,17 @@ class CostProfile:
 
     def batch_draft_seconds(self, requests: float | np.ndarray, tokens: float | np.ndarray
                             ) -> float | np.ndarray:
-        """Seconds of ``requests`` draft-model chains of ``tokens`` positions drafted in lockstep
-        (``samples.batch_draft``)."""
+        """``requests`` draft-model chains of ``tokens`` positions in lockstep (``samples.batch_draft``)."""
         if "batch_draft" not in self.fits:
             raise InputError("this profile has no lockstep drafting samples (samples.batch_draft): "
                              "re-run `specblock profile` with a draft model")
         return self.fits["batch_draft"](requests, tokens)
+
+    def draft_backlog_seconds(self, tokens: float | np.ndarray) -> float | np.ndarray:
+        """What a draft-model chain's proposal adds by running ``tokens`` committed tokens its model has not
+        run, over a backlog of one (``samples.draft_backlog``; 0 without it)."""
+        more = self._charged("draft_backlog", np.maximum(tokens, 1))
+        return np.maximum(more - self._charged("draft_backlog", 1), 0.0)
 
     def vanilla_seconds(self, context: float | np.ndarray) -> float | np.ndarray:
         """One plain decoding step at ``context`` cached tokens."""
@@ -310,16 +321,12 @@ class CostProfile:
 
     def prefill_cost(self, tokens: float | np.ndarray) -> float | np.ndarray:
         """Seconds to start a query with a ``tokens``-token prompt (``samples.prefill``; 0 without it)."""
-        if "prefill" not in self.fits:
-            return np.zeros_like(np.asarray(tokens, dtype=float))
-        return self.fits["prefill"](tokens)
+        return self._charged("prefill", tokens)
 
     def steering_seconds(self, drafted: float | np.ndarray) -> float | np.ndarray:
         """A length policy's own seconds in an iteration that drafted ``drafted`` positions
         (``samples.steering``; 0 without it)."""
-        if "steering" not in self.fits:
-            return np.zeros_like(np.asarray(drafted, dtype=float))
-        return self.fits["steering"](drafted)
+        return self._charged("steering", drafted)
 
     def chain_draft_seconds(self, kind: str, depth: int) -> float:
         """Drafting one chain of ``depth`` positions with drafter ``kind`` (0 for depth 0)."""
@@ -366,11 +373,9 @@ class CostProfile:
 
     def step_seconds(self, kind: str, n_range: Sequence[int] | np.ndarray, context: float | np.ndarray,
                      shape: DraftShape | None = None) -> np.ndarray:
-        """T(n) = T_draft(n) + T_verify(n + 1 nodes) for each n in ``n_range`` (T(0) = vanilla decode).
-
-        Shape ``np.shape(context) + (len(n_range),)``: the length features' step seconds; ``shape`` as in
-        ``step_table``.
-        """
+        """T(n) = T_draft(n) + T_verify(n + 1 nodes) for each n in ``n_range`` (T(0) = vanilla decode), shaped
+        ``np.shape(context) + (len(n_range),)``: the length features' step seconds (``shape``: see
+        ``step_table``)."""
         n = np.asarray(n_range, dtype=np.int64)
         if n.ndim != 1 or np.any(n < 0):
             raise InputError("n_range must be a 1-D sequence of draft lengths >= 0: e.g. range(17)")
@@ -414,6 +419,10 @@ class CostProfile:
                 **({"draft_trees": tree_fits} if tree_fits else {}),
             },
         }
+
+    def _charged(self, name: str, value: float | np.ndarray) -> float | np.ndarray:
+        """Optional series ``name`` at ``value``; 0 without it."""
+        return self.fits[name](value) if name in self.fits else np.zeros_like(np.asarray(value, dtype=float))
 
     def _draft_grid(self, kind: str) -> Grid:
         if kind not in self.fits["draft"]:
@@ -573,8 +582,7 @@ def load_profile(path: str | Path) -> CostProfile:
 
 
 def profile_measurement(path: str | Path) -> dict[str, Any]:
-    """The ``measurement`` block of the profile file at ``path``: how, where and when it was measured
-    (empty when the file records none)."""
+    """The ``measurement`` block of the profile file at ``path`` (how, where and when; empty if none)."""
     data = read_json(path, MAX_PROFILE_BYTES, "cost profile", "pass a file written by `specblock profile`")
     block = data.get("measurement") if isinstance(data, dict) else None
     return block if isinstance(block, dict) else {}

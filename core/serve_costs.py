@@ -9,6 +9,8 @@ linear in both, that is weights read once, every node computed and every request
 Drafting follows the engine: draft-model chains draft in lockstep, one packed forward per position over
 every chain still drafting (``samples.batch_draft``), so depth d costs what the chains still drafting at
 d add to a lockstep draft; a profile without those samples, or another drafter, drafts request by request.
+A draft-model chain first runs what its model has not (its prompt, at its first proposal:
+``samples.draft_backlog``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,16 @@ def drafting_table(profile: CostProfile, drafter: str, max_batch: int, cap: int)
         table = np.asarray(profile.batch_draft_seconds(requests, tokens))
         return np.where((r > 0) & (k > 0), table, 0.0)
     return r * profile.draft_row(drafter, cap)[None, :]
+
+
+def backlog_seconds(profile: CostProfile, drafter: str, backlog: np.ndarray) -> np.ndarray:
+    """What each request's drafting adds by first running the ``backlog`` committed tokens its draft model
+    has not run (its prompt at its first proposal): ``CostProfile.draft_backlog_seconds`` for draft-model
+    chains, 0 for drafters that keep no cache of their own."""
+    backlog = np.asarray(backlog, dtype=np.float64)
+    if drafter != "draft-model":
+        return np.zeros(backlog.shape)
+    return np.asarray(profile.draft_backlog_seconds(backlog), dtype=np.float64)
 
 
 def drafting_seconds(table: np.ndarray, drafted: np.ndarray) -> np.ndarray:

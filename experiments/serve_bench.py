@@ -12,8 +12,8 @@ and time per output token (first to last token over the further tokens).
 The simulator replays the same arrivals (``SpecServeEnv(arrivals=...)``) with the cost profile measured
 in this process, its measuring rounds interleaved with the live rounds (``measure_profile``: the batched
 verify, the draft model's chains and prefill on this machine now), acceptance traces recorded in this
-process on calibration prompts (``record_acceptance``), and steering charged as measured here
-(``steering_seconds``: per steered iteration and per question put to the policy), as
+process on calibration prompts (``record_acceptance``), and steering charged as the engine spent it
+(``steering_samples``, timed in every round: per steered iteration and per question put to the policy), as
 ``simulator.rollout.run_serve`` drives it: the engine's drafting rule, then the policy's lengths.
 Idle, the live server polls for the next arrival; it serves with the objects alive before it kept out
 of the garbage collector's scans (``timing.frozen_heap``), as servers do after start-up, and so do the
@@ -37,14 +37,13 @@ from policies import make_policy, policy_from_dict, policy_to_dict, role_kinds
 from policies.base import Policy
 from policies.serving import NEVER
 from real_engine import profile as prof
-from real_engine.batch import BatchEngine, Request, Slot
+from real_engine.batch import BatchEngine, Request
 from real_engine.decode import make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
-from real_engine.speculate import ServeSteering, ranked_nodes, subtree
+from real_engine.speculate import ServeSteering
 from real_engine.timing import frozen_heap
 from real_engine.trace import Prompt, record
-from real_engine.tree import DraftTree
 from simulator.acceptance import AcceptanceModel
 from simulator.replay import TraceReplay
 from simulator.rollout import run_serve
@@ -55,7 +54,7 @@ DEPTH = 8  # the traces' chain depth: what a request's chain can draft
 CONTEXT_TOKENS = 96
 TABLE = "batch-table"  # the per-batch-size table every other policy is compared with, where it runs
 SIM_SEEDS = 8  # simulated episodes per round's arrivals (acceptance draws)
-DECISION_CYCLES = 50
+STEERING_WAVES = 2  # waves of the batch cap's requests per setting and round that time the steering
 
 
 def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.ProfileGrid:
@@ -107,37 +106,34 @@ def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence
     return TraceReplay.from_traces(recording.traces)
 
 
-def steering_seconds(policy: Policy, profile: CostProfile, max_batch: int, target: Transformer
-                     ) -> tuple[float, float]:
-    """What steering by ``policy`` costs the engine: seconds per steered iteration beyond its questions
-    (the observation and its pricing, the lengths, ranking and trimming each draft) and per question put
-    to the policy; the least-squares line through steering cycles as the engine runs them
-    (``ServeSteering.plan``; each request's chain asking ``keep`` until the policy stops it or ``DEPTH``;
-    the lengths; ranking and trimming) at every batch size, each after an untimed forward of ``target``,
-    which leaves the caches as the engine's iteration does. What the simulator charges."""
-    chain = DraftTree.chain(1, torch.arange(2, 2 + DEPTH))
-    forward = prof.warm_step(target, CONTEXT_TOKENS, 1 + DEPTH)
+def steering_samples(policy: Policy, profile: CostProfile, max_batch: int, target: Transformer,
+                     draft: Transformer, prompts: Sequence[Prompt], tokens: int) -> list[tuple[int, float]]:
+    """(questions put to the policy, seconds spent steering) of each iteration of the batched engine
+    steered by ``policy`` (``BatchEngine.steering``: the plan, the chains' questions, ranking and trimming
+    the real drafts), serving ``prompts`` in waves of ``max_batch`` requests of staggered lengths up to
+    ``tokens``, so that every wave runs batches of every size down to one."""
     steer = ServeSteering(policy, profile, KIND, max_batch)
-    asked, seconds = [], []
-    for k in range(DECISION_CYCLES * max_batch):
-        running, before = 1 + k % max_batch, steer.asked
-        with torch.inference_mode():
-            forward()
-        start = time.perf_counter()
-        context = CONTEXT_TOKENS + k  # decoding moves the context on
-        steer.plan([Slot([], context, 32)] * running, 0)
-        for i in range(running):
-            drafted: list[float] = []
-            while len(drafted) < DEPTH and steer.keep(i, drafted):
-                drafted.append(0.7)
-        ranked = [ranked_nodes(chain) for _ in range(running)]
-        lengths = steer([Slot(list(paths), context, 32) for _, paths in ranked], 0)
-        for (order, _), n in zip(ranked, lengths, strict=True):
-            subtree(chain, order[:n])
-        seconds.append(time.perf_counter() - start)
-        asked.append(steer.asked - before)
-    if len(set(asked)) < 2:  # the same questions at every batch size: all of it per question
-        return 0.0, float(np.sum(seconds) / np.sum(asked))
+    engine = BatchEngine(target, max_batch=max_batch, steer=steer)
+    rows = []
+    for first in range(0, len(prompts), max_batch):
+        wave = prompts[first:first + max_batch]
+        for i, prompt in enumerate(wave):
+            engine.submit(Request(prompt.tokens, max(2, tokens * (i + 1) // len(wave)),
+                                  chain_drafter(target, draft)))
+        while engine.busy:
+            seconds, asked = engine.steering, steer.asked
+            engine.step()
+            rows.append((steer.asked - asked, engine.steering - seconds))
+    return rows
+
+
+def steering_fit(rows: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds per steered iteration, per question) of ``steering_samples``' rows: the least-squares
+    line of seconds over questions, both parts kept non-negative; all of it per question when every
+    iteration asked alike. What the simulator charges (``simulator.rollout.run_serve``)."""
+    asked, seconds = np.array(rows, dtype=np.float64).T
+    if len(set(asked)) < 2:
+        return 0.0, float(seconds.sum() / max(asked.sum(), 1.0))
     per_question, per_iteration = np.polyfit(asked, seconds, 1)
     return max(float(per_iteration), 0.0), max(float(per_question), 0.0)
 
@@ -175,7 +171,7 @@ def serve_simulated(policy: Policy, profile: CostProfile, steering: CostProfile,
                     arrivals: Arrivals, max_batch: int, steered: tuple[float, float], seed: int
                     ) -> dict[str, Any]:
     """The simulator's prediction of the same arrivals on ``profile``'s costs (the policy shown
-    ``steering``'s, as live; steering costing ``steered``: ``steering_seconds``), over ``SIM_SEEDS``
+    ``steering``'s, as live; steering costing ``steered``: ``steering_fit``), over ``SIM_SEEDS``
     acceptance draws."""
     tokens = seconds = iterations = 0.0
     ttft: list[float] = []
@@ -288,6 +284,7 @@ class ServeBench:
         self.live: dict[tuple[str, float], list[dict[str, Any]]] = {
             (s.name, r): [] for s in self.settings for r in self.rates}
         self.arrivals: list[tuple[int, float, Arrivals]] = []
+        self.steered: dict[str, list[tuple[int, float]]] = {s.name: [] for s in self.settings}
 
     def warm_up(self) -> None:
         """One untimed run of every setting: a process's first runs pay its allocations and caches."""
@@ -302,8 +299,10 @@ class ServeBench:
                           picked, self.max_batch)
 
     def live_round(self, k: int) -> None:
-        """Round ``k``: a fresh arrival draw per rate, served by every setting in a rotated order."""
-        for rate in self.rates:
+        """Round ``k``: a fresh arrival draw per rate, the rates and within each the settings in a rotated
+        order (what runs right after the measuring rounds changes too); then each policy's steering timed
+        (``steering_samples``)."""
+        for rate in (self.rates[(i + k) % len(self.rates)] for i in range(len(self.rates))):
             arrivals, picked = draw_arrivals(self.prompts, self.acceptance.domains, rate, self.requests,
                                              self.tokens, self.seed + 1000 * k + int(rate * 100))
             self.arrivals.append((k, rate, arrivals))
@@ -313,12 +312,18 @@ class ServeBench:
             last = {s.name: self.live[s.name, rate][-1] for s in self.settings}
             self.log(f"round {k + 1}, rate {rate:g}/s: tokens/s "
                      + ", ".join(f"{name} {r['tokens'] / r['seconds']:.0f}" for name, r in last.items()))
+        rng = np.random.default_rng(self.seed + k)
+        for setting in (s for s in self.settings if s.policy is not None):
+            wave = [self.prompts[i] for i in rng.choice(len(self.prompts), STEERING_WAVES * self.max_batch)]
+            self.steered[setting.name] += steering_samples(
+                setting.live_policy(self.seed), self.steering, self.max_batch, self.target, self.draft, wave,
+                self.tokens)
 
     def report(self, clock: CostProfile) -> dict[str, Any]:
         """Every setting's live figures beside the simulator's on ``clock``'s costs, per rate and over all,
         the ratios to vanilla and to the per-batch-size table, and the fidelity."""
-        steered = {s.name: (0.0, 0.0) if s.policy is None else steering_seconds(
-            s.simulated_policy(self.seed), self.steering, self.max_batch, self.target) for s in self.settings}
+        steered = {s.name: (0.0, 0.0) if s.policy is None else steering_fit(self.steered[s.name])
+                   for s in self.settings}
         sim: dict[tuple[str, float], list[dict[str, Any]]] = {key: [] for key in self.live}
         for k, rate, arrivals in self.arrivals:
             for setting in self.settings:

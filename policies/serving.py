@@ -56,9 +56,13 @@ def request_view(obs: np.ndarray, calibration: Calibration | None = None
     confidences = slots[:, SERVE_SLOT_SLICES["confidences"]]
     if calibration is not None:
         confidences = calibration.apply(confidences)
-    paths = np.cumprod(confidences, axis=1)
+    return active, np.cumprod(confidences, axis=1), observed_costs(obs)
+
+
+def observed_costs(obs: np.ndarray) -> Costs:
+    """The iteration's ``Costs`` from a serving observation's cost fields."""
     base, node, draft, start = (float(obs[SERVE_INDEX[name]]) for name in SERVE_GLOBAL[3:])
-    return active, paths, Costs(base, node + draft, start)
+    return Costs(base, node + draft, start)
 
 
 class Costs(NamedTuple):
@@ -89,6 +93,8 @@ def keeps_drafting(policy: Policy, obs: np.ndarray, slot: int, confidences: Sequ
     k = len(confidences)
     if k >= LENGTH_CAP:
         return False
+    if isinstance(policy, ServingPolicy):  # the same answer, from the probe's parts
+        return policy.keeps(obs, slot, confidences)
     return int(np.asarray(policy.act(serve_probe(obs, slot, np.asarray(confidences))))[slot]) > k
 
 
@@ -124,6 +130,23 @@ class ServingPolicy(ABC):
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         """The running requests' lengths."""
 
+    def keeps(self, obs: np.ndarray, slot: int, confidences: Sequence[float]) -> bool:
+        """``keeps_drafting``'s answer (``act`` on ``serve_probe(obs, slot, confidences)`` verifies more
+        than ``confidences``), from the probe's parts: every other draft is empty, so only this request's
+        path confidences are computed. The engine asks it for every position every chain drafts."""
+        active = serve_slots(obs)[:, SERVE_SLOT_SLICES["active"]][:, 0] > 0
+        if not active[slot]:
+            return False
+        k = len(confidences)
+        paths = np.zeros((int(active.sum()), LENGTH_CAP))
+        paths[int(active[:slot].sum()), :k + 1] = np.cumprod(self.calibrated([*confidences, 1.0]))
+        return int(self.lengths(paths, observed_costs(obs))[int(active[:slot].sum())]) > k
+
+    def calibrated(self, confidences: Sequence[float]) -> np.ndarray:
+        """A request's confidences by position through the calibration (as they are when none)."""
+        conf = np.asarray(confidences, dtype=np.float64)
+        return conf if self.calibration is None else self.calibration.apply(conf)
+
 
 @dataclasses.dataclass(frozen=True)
 class TableParams(Params):
@@ -152,6 +175,10 @@ class BatchTable(ServingPolicy):
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         return np.full(paths.shape[0], self.table[min(paths.shape[0], TABLE_SIZES) - 1])
 
+    def keeps(self, obs: np.ndarray, slot: int, confidences: Sequence[float]) -> bool:
+        active = serve_slots(obs)[:, SERVE_SLOT_SLICES["active"]][:, 0] > 0
+        return bool(active[slot]) and self.table[min(int(active.sum()), TABLE_SIZES) - 1] > len(confidences)
+
     @functools.cached_property
     def table(self) -> tuple[int, ...]:
         """The lengths by batch size (read at every decision: built once)."""
@@ -174,9 +201,11 @@ class Goodput(ServingPolicy):
     params_type = GoodputParams
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
-        rates = [expected_rate(paths, np.full(paths.shape[0], k), costs)
-                 for k in range(self.params.max_length + 1)]
-        return np.full(paths.shape[0], int(np.argmax(rates)))
+        count, k = paths.shape[0], np.arange(self.params.max_length + 1)
+        tokens = count + np.concatenate(([0.0], np.cumsum(paths.sum(0))))[k]  # expected_rate for every k
+        seconds = costs.base + costs.step * (count * k) + costs.start * (count * (k > 0))
+        rates = np.divide(tokens, seconds, out=np.zeros(k.size), where=seconds > 0)
+        return np.full(count, int(np.argmax(rates)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,17 +226,18 @@ class LibraSpecBatch(ServingPolicy):
     params_type = MarginalParams
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
-        count = paths.shape[0]
-        k = np.zeros(count, dtype=np.int64)
-        tokens, seconds = float(count), costs.base
-        cap = self.params.max_length
+        rows = paths.tolist()  # a few requests and positions: plain floats beat numpy's per-call overhead
+        k = [0] * len(rows)
+        tokens, seconds = float(len(rows)), costs.base
+        cap, margin = min(self.params.max_length, LENGTH_CAP), self.params.margin
         while True:
-            gains = np.where(k < cap, paths[np.arange(count), np.minimum(k, LENGTH_CAP - 1)], -1.0)
-            cost = costs.step + np.where(k == 0, costs.start, 0.0)  # a first position starts a chain
-            best = int(np.argmax(gains / cost)) if np.all(cost > 0) else int(np.argmax(gains))
-            worth = gains[best] * seconds > self.params.margin * tokens * cost[best]  # raises tokens/s enough
+            gains = [row[n] if n < cap else -1.0 for row, n in zip(rows, k, strict=True)]
+            cost = [costs.step + (costs.start if n == 0 else 0.0) for n in k]  # a first one starts a chain
+            scores = [g / c for g, c in zip(gains, cost, strict=True)] if min(cost) > 0 else gains
+            best = scores.index(max(scores))
+            worth = gains[best] * seconds > margin * tokens * cost[best]  # raises tokens/s enough
             if gains[best] <= 0 or seconds <= 0 or not worth:
-                return k
+                return np.asarray(k, dtype=np.int64)
             k[best] += 1
             tokens, seconds = tokens + gains[best], seconds + cost[best]
 
@@ -231,3 +261,9 @@ class ThresholdBatch(ServingPolicy):
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         return np.minimum((paths >= self.params.threshold).sum(1), self.params.max_length)
+
+    def keeps(self, obs: np.ndarray, slot: int, confidences: Sequence[float]) -> bool:
+        k = len(confidences)  # the probe's path confidences do not rise: more than k iff the (k+1)-th passes
+        if k >= self.params.max_length or serve_slots(obs)[slot, SERVE_SLOT_SLICES["active"]][0] <= 0:
+            return False
+        return bool(np.cumprod(self.calibrated([*confidences, 1.0]))[-1] >= self.params.threshold)

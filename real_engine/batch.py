@@ -19,6 +19,7 @@ since both read only the draft's laws.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -108,7 +109,9 @@ class BatchEngine:
 
     ``submit`` queues a request and returns its id; ``step`` admits queued requests into free slots
     (each prefilled alone), then runs one iteration for every running request; ``results`` holds each
-    request's ``Result`` (finished or not). With ``batch_drafting`` False every drafter proposes alone."""
+    request's ``Result`` (finished or not). With ``batch_drafting`` False every drafter proposes alone.
+    ``steering`` adds up the seconds spent steering (the policy's plan and questions, ranking and trimming
+    the drafts), which the serving simulator charges as measured here."""
 
     def __init__(self, model: Transformer, max_batch: int = 8, steer: Steer | None = None,
                  batch_drafting: bool = True) -> None:
@@ -120,6 +123,7 @@ class BatchEngine:
         self.results: dict[int, Result] = {}
         self.waiting: list[tuple[int, Request]] = []
         self.running: dict[int, _Running] = {}
+        self.steering = 0.0
 
     @property
     def busy(self) -> bool:
@@ -183,8 +187,10 @@ class BatchEngine:
     def _iterate(self) -> list[int]:
         finished = []
         if self.steer is not None:
+            start = time.perf_counter()
             self.steer.plan([Slot([], s.cache.length, s.request.max_new_tokens - len(s.result.tokens))
                              for s in self.running.values()], len(self.waiting))
+            self.steering += time.perf_counter() - start
         groups: dict[object, list[tuple[int, _Running, int]]] = {}
         for index, (rid, state) in enumerate(list(self.running.items())):
             remaining = state.request.max_new_tokens - len(state.result.tokens)
@@ -194,8 +200,8 @@ class BatchEngine:
                 continue
             if self.steer is not None:  # the chain drafts while the policy would verify more; any other
                 if hasattr(drafter, "keep_drafting"):  # drafter drafts whole
-                    drafter.keep_drafting = functools.partial(self.steer.keep, index)
-                depth = depth if self.steer.keep(index, []) else 0
+                    drafter.keep_drafting = functools.partial(self._keep, index)
+                depth = depth if self._keep(index, []) else 0
             key = getattr(drafter, "batch_key", None) if self.batch_drafting else None
             groups.setdefault(rid if key is None else (type(drafter), key), []).append((rid, state, depth))
         for members in groups.values():
@@ -214,7 +220,9 @@ class BatchEngine:
         if not states:
             return finished
         if self.steer is not None:
+            start = time.perf_counter()
             self._trim([s for _, s in states])
+            self.steering += time.perf_counter() - start
         trees = [s.tree if s.tree is not None and s.tree.size > 1 else None for _, s in states]
         tokens = [t.tokens.to(self.device) if t is not None else torch.tensor([s.root], device=self.device)
                   for t, (_, s) in zip(trees, states, strict=True)]
@@ -235,6 +243,13 @@ class BatchEngine:
                 state.result.finished = now
                 finished.append(rid)
         return finished
+
+    def _keep(self, index: int, confidences: Sequence[float]) -> bool:
+        """``steer.keep``, timed into ``steering``."""
+        start = time.perf_counter()
+        keep = self.steer.keep(index, confidences)
+        self.steering += time.perf_counter() - start
+        return keep
 
     def _trim(self, states: Sequence[_Running]) -> None:
         """Trim every request's draft to the length ``steer`` gives it."""

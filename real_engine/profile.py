@@ -226,14 +226,19 @@ class _Session:
     def __init__(self, target: Transformer, drafter: Drafter, context: int, room: int, seed: int) -> None:
         self.device = target.lm_head.weight.device
         self.gen = torch.Generator().manual_seed(seed)
-        self.vocab = target.args.vocab_size
-        prompt = random_tokens(context, self.vocab, self.gen).to(self.device)
+        self.vocab, self.room, self.seed = target.args.vocab_size, room, seed
+        self.prompt = random_tokens(context, self.vocab, self.gen).to(self.device)
         with torch.inference_mode():
             cache = target.new_cache(context)
-            self.out = prefill(target, cache, prompt[:-1])
-        drafter.begin(prompt, self.out, GREEDY, torch.Generator(device=self.device).manual_seed(seed),
-                      context + room)
+            self.out = prefill(target, cache, self.prompt[:-1])
         self.drafter = drafter
+        self.begin()
+
+    def begin(self) -> None:
+        """Start the drafter afresh on the prompt (its model has run none of it)."""
+        self.drafter.begin(self.prompt, self.out, GREEDY,
+                           torch.Generator(device=self.device).manual_seed(self.seed),
+                           self.prompt.numel() + self.room)
 
     @torch.inference_mode()
     def step(self, depth: int) -> None:
@@ -270,6 +275,26 @@ def batch_draft_samples(target: Transformer, draft: Transformer, grid: ProfileGr
                 session.settle(tree)
 
         rows.append({"requests": requests, "tokens": tokens, "seconds": bench.add(step, before=before)})
+    return rows
+
+
+def draft_backlog_samples(target: Transformer, draft: Transformer, grid: ProfileGrid, bench: Bench,
+                          seed: int = 0) -> list[dict]:
+    """Rows of ``samples.draft_backlog``: a one-position proposal of a draft-model chain started on a
+    prompt of ``tokens`` + 1 tokens, so that it first runs the ``tokens`` its model has not (a request's first
+    proposal), then accepting it; for one token and each of ``grid.prefill_tokens``, timed when ``bench``
+    runs, right after a target verify as in the engine."""
+    limit = min(target.args.max_position_embeddings, draft.args.max_position_embeddings) - 2
+    verified = warm_step(target, min(grid.draft_context, _contexts(grid, target)[-1]), 4, seed)
+    rows = []
+    for tokens in sorted({1, *(n for n in grid.prefill_tokens if n <= limit)}):
+        session = _Session(target, DraftModelDrafter(draft, "chain", 1), tokens + 1, 2, seed)
+
+        def start(session: _Session = session) -> None:
+            verified()
+            session.begin()
+
+        rows.append({"tokens": tokens, "seconds": bench.add(lambda s=session: s.step(1), before=start)})
     return rows
 
 
@@ -426,7 +451,8 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                **({"prefill": prefill_rows} if prefill_rows else {}),
                "steering": steering_samples(target, grid.draft_tokens, grid.draft_context, bench, seed),
                "batch_verify": batch_verify_samples(target, grid, bench, seed, drafting),
-               **({"batch_draft": batch_draft_samples(target, draft, grid, bench, seed)}
+               **({"batch_draft": batch_draft_samples(target, draft, grid, bench, seed),
+                   "draft_backlog": draft_backlog_samples(target, draft, grid, bench, seed)}
                   if draft is not None else {}),
                "draft_trees": tree_rows}
     bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop

@@ -11,11 +11,13 @@ request drafts the length the action gives it, one target forward verifies every
 each emits its accepted tokens and one more.
 
 **Iteration cost** (``core.serve_costs``, as the live engine's serving policies see it): each request's
-chain drafting time for its length, and one batched verify forward. Acceptance per request comes from
-an acceptance model (trace replay or the parametric one), drawn per iteration for the request's domain,
-as in ``SpecLength-v0``: with trace replay each request replays the iterations of one recorded query
-(that of a uniformly random text position of its domain). Prompt and output lengths are a
-``(low, high)`` tuple (uniform) or a numpy array of lengths to draw from (a prompt set's, say).
+chain drafting time for its length (a draft-model chain that drafts after a while without, or for the
+first time, first runs what it committed meanwhile, or its prompt), and one batched verify forward.
+Acceptance per request comes from an acceptance model (trace replay or the parametric one), drawn per
+iteration for the request's domain, as in ``SpecLength-v0``: with trace replay each request replays the
+iterations of one recorded query (that of a uniformly random text position of its domain). Prompt and
+output lengths are a ``(low, high)`` tuple (uniform) or a numpy array of lengths to draw from (a prompt
+set's, say).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from core.cost_profile import resolve_profile
 from core.errors import InputError
 from core.serve_costs import (
     ServeCosts,
+    backlog_seconds,
     batch_verify_seconds,
     chains_fit,
     drafting_seconds,
@@ -139,6 +142,7 @@ class ServeBatch:
         if self.model.cap != LENGTH_CAP:
             raise InputError(f"the acceptance model offers {self.model.cap} positions, serving {LENGTH_CAP}: "
                              f"build it with cap={LENGTH_CAP}")
+        self.drafter = drafter
         self.drafting = drafting_table(self.profile, drafter, self.cap, LENGTH_CAP)
         # The costs the observation shows (the policy's view), by default the ones the clock charges.
         self.observed = self.profile if observed is None else resolve_profile(observed)
@@ -161,6 +165,7 @@ class ServeBatch:
         self.clock, self.done = np.zeros(num), np.zeros(num, dtype=np.int64)
         self.slot_request = np.full(shape, -1, dtype=np.int64)  # request index in each slot (-1: empty)
         self.context, self.remaining = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        self.backlog = np.zeros(shape, dtype=np.int64)  # committed tokens the draft model has not run
         self.confidences = np.zeros((*shape, LENGTH_CAP))
         self.drafted = np.zeros(shape, dtype=np.int64)  # positions each pending draft offers
         self.accepted_by = np.zeros((*shape, LENGTH_CAP + 1), dtype=np.int64)  # accepted for each length
@@ -210,6 +215,7 @@ class ServeBatch:
                 spent[e] += seconds
                 self.slot_request[e, slot], self.admitted[e] = r, r + 1
                 self.context[e, slot], self.remaining[e, slot] = self.prompt[e, r], self.output[e, r]
+                self.backlog[e, slot] = self.prompt[e, r] - 1  # the prompt but its last token, the root
         return spent
 
     def draft(self, rng: np.random.Generator) -> None:
@@ -245,7 +251,9 @@ class ServeBatch:
         safe = np.maximum(running, 1)
         nodes = np.where(active, n + 1, 0).sum(1) / safe
         context = np.where(active, self.context, 0).sum(1) / safe
-        drafting = drafting_seconds(self.drafting, np.where(active, drafted, 0))
+        chains = active & (drafted > 0)
+        drafting = drafting_seconds(self.drafting, np.where(active, drafted, 0)) + np.where(
+            chains, backlog_seconds(self.profile, self.drafter, self.backlog), 0.0).sum(1)
         iteration = drafting + batch_verify_seconds(self.profile, running, nodes, context)
         tokens = np.where(active, np.minimum(accepted + 1, self.remaining), 0)
         self.clock += iteration
@@ -255,6 +263,7 @@ class ServeBatch:
         self.first[servers[fresh], requests[fresh]] = self.clock[servers[fresh]]
         self.context += tokens
         self.remaining -= tokens
+        self.backlog = np.where(chains, 0, self.backlog + tokens)
         ended = active & (self.remaining <= 0)
         e, s = np.nonzero(ended)
         self.finish[e, self.slot_request[e, s]] = self.clock[e]

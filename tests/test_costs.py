@@ -261,8 +261,9 @@ def rich() -> dict:
     batch = [{"requests": r, "nodes": n, "context": c, "seconds": [1e-4 * r * n + 1e-6 * c]}
              for r in (1, 4) for n in (1, 9) for c in (64, 256)]
     samples["batch_verify"] = batch
+    samples["draft_backlog"] = [{"tokens": t, "seconds": [1e-3 + 1e-5 * t]} for t in (1, 96)]
     for rows in (samples["verify"], samples["vanilla"], *samples["draft"].values(), samples["prefill"],
-                 samples["steering"], trees, batch):
+                 samples["steering"], trees, batch, samples["draft_backlog"]):
         for row in rows:  # a third, slow repeat: the mean is no longer the median
             row["seconds"] = [*row["seconds"], 3 * row["seconds"][0], 20 * row["seconds"][0]]
     return data
@@ -293,6 +294,8 @@ def test_every_optional_part_round_trips_and_is_used(tmp_path):
     assert again.batch_verify_seconds(4, 9, 256) == pytest.approx(batched)
     halfway = (mean(samples["batch_verify"], requests=1, nodes=9, context=256) + batched) / 2
     assert again.batch_verify_seconds(2.5, 9, 256) == pytest.approx(halfway)  # linear between requests
+    backlog = mean(samples["draft_backlog"], tokens=96) - mean(samples["draft_backlog"], tokens=1)
+    assert again.draft_backlog_seconds(np.array([0, 1, 96])) == pytest.approx([0.0, 0.0, backlog])
     trees = samples["draft_trees"]["draft-model"]
     tree = again.draft_seconds("draft-model", depth=4, width=3)
     assert tree == pytest.approx(mean(trees, depth=4, width=3))
@@ -342,6 +345,7 @@ def test_draft_rows_start_at_zero_and_step_tables_are_read_only(profile):
     assert none.shape == (2,) and none.dtype == np.float64 and not none.any()
     none = profile.steering_seconds(np.array([0, 3, 4]))
     assert none.shape == (3,) and none.dtype == np.float64 and not none.any()
+    assert not np.any(profile.draft_backlog_seconds(np.array([1, 96])))
 
 
 @pytest.mark.parametrize("counted", [1, 2])

@@ -76,6 +76,8 @@ def test_profile_loads_with_every_series(measured: dict, tmp_path: Path) -> None
     batch = {(r["requests"], r["nodes"], r["context"]) for r in measured["samples"]["batch_verify"]}
     assert batch == {(r, n, c) for r in TINY.batch_requests for n in TINY.batch_nodes for c in TINY.contexts}
     assert profile.batch_verify_seconds(max(TINY.batch_requests), 1, TINY.contexts[0]) > 0
+    backlog = [row["tokens"] for row in measured["samples"]["draft_backlog"]]
+    assert backlog == [1, *TINY.prefill_tokens]  # a chain's first proposal after prompts of these lengths
     # The saved fits are the medians of the samples (load_profile refits and compares).
     assert json.loads(path.read_text())["fits"]["verify"]["nodes"] == list(TINY.nodes)
 

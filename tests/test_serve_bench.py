@@ -9,9 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.cost_profile import resolve_profile
 from core.names import VANILLA
-from experiments.serve_bench import default_settings, draw_arrivals, summarize
+from core.paths import CPU_PROFILE
+from experiments.serve_bench import (
+    default_settings,
+    draw_arrivals,
+    steering_fit,
+    steering_samples,
+    summarize,
+)
 from policies import make_policy, save_policy
+from real_engine.model import Transformer
 from real_engine.trace import Prompt
 
 KEYS = {"tokens_per_second", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "simulated_tokens_per_second",
@@ -85,3 +94,21 @@ def test_a_length_policy_is_refused_with_where_it_goes(tmp_path: Path, cli) -> N
     path = save_policy(make_policy("libraspec"), tmp_path / "length.json")
     code, _, err = cli(["serve-bench", "--policy", str(path), "--out", str(tmp_path)])
     assert code == 2 and "not a serving policy" in err
+
+
+def test_steering_is_timed_per_iteration_of_the_engine(target: Transformer, draft: Transformer) -> None:
+    """Two waves of three requests of staggered lengths: one row per iteration, each asking the policy
+    at least once (its lengths) and timed; the batches drain to one request in each wave."""
+    prompts = [Prompt(f"p{i}", "chat", tokens) for i, tokens in
+               enumerate([(5, 9, 2, 5, 9, 2, 7), (7, 7, 3, 1), (3, 1, 4, 1)])]
+    rows = steering_samples(make_policy("threshold-batch"), resolve_profile(CPU_PROFILE), 3, target, draft,
+                            prompts * 2, 9)
+    asked, seconds = np.array(rows).T
+    assert len(rows) >= 6 and asked.min() >= 1 and seconds.min() > 0
+
+
+def test_steering_fit_reads_a_line_through_the_iterations() -> None:
+    rows = [(q, 0.002 + 0.0005 * q) for q in (1, 3, 4, 7, 9)]
+    assert steering_fit(rows) == pytest.approx((0.002, 0.0005))
+    assert steering_fit([(4, 0.002), (4, 0.004)]) == pytest.approx((0.0, 0.00075))  # all per question
+    assert steering_fit([(1, 0.001), (5, 0.009)])[0] == 0.0  # an intercept below zero is kept at zero

@@ -12,6 +12,7 @@ import simulator  # noqa: F401  (registers the environments)
 from core.cost_profile import CostProfile, profile_from_json, resolve_profile
 from core.errors import InputError
 from core.serve_costs import (
+    backlog_seconds,
     batch_verify_seconds,
     chain_fit,
     chains_fit,
@@ -181,7 +182,30 @@ def test_lockstep_drafting_costs_each_position_once_for_every_chain_drafting_it(
     assert drafting_seconds(alone, ragged) == pytest.approx([row[[4, 1, 0, 2]].sum()])
     chains = chains_fit(table)  # a request's share of a batch drafting alike: the call split among them
     assert chains[4] == pytest.approx((0.0, (1.0 + 4 * 0.25) / 4))
-    with pytest.raises(InputError, match="batch_draft needs the draft-model series"):
+    for name in ("batch_draft", "draft_backlog"):
         data = profile.to_json()
+        data["samples"]["draft_backlog"] = [{"tokens": 1, "seconds": [1.0]}]
         del data["samples"]["draft"]["draft-model"], data["models"]["drafters"]["draft-model"]
-        profile_from_json({**data, "fits": None})
+        data["samples"].pop("batch_draft" if name == "draft_backlog" else "draft_backlog")
+        with pytest.raises(InputError, match=f"{name} needs the draft-model series"):
+            profile_from_json({**data, "fits": None})
+
+
+def test_a_draft_model_chain_first_runs_its_backlog() -> None:
+    """Three requests of 20-token prompts admitted at once: a chain that drafts at every iteration pays its
+    19-token prompt at its first proposal only (18 tokens over a backlog of one, at 1 s a token); one that
+    never drafts never pays; another drafter keeps no backlog."""
+    plain = lockstep_profile(per_call=1.0, per_chain=0.25)
+    data = plain.to_json()
+    data["samples"]["draft_backlog"] = [{"tokens": t, "seconds": [float(t)]} for t in (1, 100)]
+    charged = profile_from_json({**data, "fits": None})
+    at_once = Arrivals(np.zeros(3), np.full(3, 20), np.full(3, 12), np.zeros(3, dtype=int))
+
+    def seconds(profile: CostProfile, length: int, drafter: str = "draft-model") -> float:
+        env = SpecServeEnv(profile, drafter=drafter, max_batch=3, arrivals=at_once)
+        return sum(info["seconds"] for info in serve(env, length))
+
+    assert seconds(charged, 3) - seconds(plain, 3) == pytest.approx(3 * 18.0)
+    assert seconds(charged, 0) == seconds(plain, 0)
+    assert seconds(charged, 3, "eagle") == seconds(plain, 3, "eagle")
+    assert np.all(backlog_seconds(charged, "draft-model", np.array([1, 19])) == [0.0, 18.0])

@@ -6,11 +6,14 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.errors import InputError
 from policies import load_policy, make_policy, save_policy
-from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, serve_features
-from policies.serving import expected_rate, request_view
+from policies.calibration import Calibration
+from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, serve_features, serve_probe
+from policies.serving import expected_rate, keeps_drafting, request_view
 from simulator.serve import SpecServeEnv
 
 
@@ -82,3 +85,33 @@ def test_each_policy_serves_an_episode_and_round_trips_its_file(kind: str, tmp_p
     assert tokens == int(env.batch.output[0].sum())
     again = load_policy(save_policy(policy, tmp_path / f"{kind}.json"))
     assert again.kind == kind and again.params == policy.params
+
+
+CALIBRATION = Calibration((((0.0, 0.3, 1.0), (0.1, 0.6, 0.9)), ((0.0, 1.0), (0.0, 0.8))))
+probability = st.floats(0.0, 1.0)
+
+
+seconds = st.floats(0.0, 0.05).map(lambda x: round(x, 6))  # none so small that a rate overflows
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["batch-table", "goodput", "libraspec-batch", "threshold-batch"]),
+       calibrated=st.booleans(), max_length=st.integers(0, LENGTH_CAP), margin=st.floats(0.5, 2.0),
+       threshold=probability, costs=st.tuples(*[seconds] * 4), data=st.data(),
+       rows=st.lists(st.lists(probability, max_size=LENGTH_CAP), min_size=1, max_size=4))
+def test_a_policys_own_keep_rule_answers_as_its_act_on_the_probe(kind, calibrated, max_length, margin,
+                                                                 threshold, costs, data, rows) -> None:
+    """``keeps_drafting`` asks each serving kind its own ``keeps`` (the engine asks it for every drafted
+    position): the same answer as ``act`` on the probe, ``keeps_drafting``'s definition."""
+    params = {"batch-table": {"l1": max_length, "l3": max_length // 2},
+              "goodput": {"max_length": max_length},
+              "libraspec-batch": {"max_length": max_length, "margin": margin},
+              "threshold-batch": {"threshold": threshold, "max_length": max_length}}[kind]
+    policy = make_policy(kind, params)
+    if calibrated and kind != "batch-table":
+        policy.calibration = CALIBRATION
+    obs = observation(rows, costs=costs)
+    slot = data.draw(st.integers(0, 3))
+    confidences = data.draw(st.lists(probability, max_size=LENGTH_CAP - 1))
+    by_act = int(policy.act(serve_probe(obs, slot, np.asarray(confidences)))[slot]) > len(confidences)
+    assert keeps_drafting(policy, obs, slot, confidences) == by_act
