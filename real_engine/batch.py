@@ -260,8 +260,9 @@ class BatchEngine:
         lengths = self.steer(slots, len(self.waiting))
         for (order, _), state, n in zip(ranked, states, lengths, strict=True):
             state.original = None
-            if state.tree is not None and state.tree.size > 1:
-                state.tree, state.original = subtree(state.tree, order[:max(int(n), 0)])
+            keep = max(int(n), 0)
+            if state.tree is not None and keep < state.tree.size - 1:  # else the draft is kept whole
+                state.tree, state.original = subtree(state.tree, order[:keep])
 
     def _advance(self, state: _Running, tree: DraftTree | None, out: Output, now: float) -> bool:
         """Verify one request's rows, keep its path, tell its drafter; whether the request is done."""

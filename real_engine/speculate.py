@@ -192,9 +192,10 @@ class ServeSteering:
         """The observation of ``slots`` (``batch.Slot``, in batch order) with ``waiting`` requests queued."""
         rows = np.zeros((self.max_batch, SERVE_SLOT_DIM))
         for i, slot in enumerate(slots):
-            conf = tree_confidences(np.asarray(slot.paths[:LENGTH_CAP], dtype=np.float64))
             rows[i, :3] = (1.0, slot.context, slot.remaining)
-            rows[i, 3:3 + conf.size] = conf
+            if slot.paths:  # before drafting there is none
+                conf = tree_confidences(np.asarray(slot.paths[:LENGTH_CAP], dtype=np.float64))
+                rows[i, 3:3 + conf.size] = conf
         key = (len(slots), round(float(np.mean([slot.context for slot in slots]))))
         if key not in self.costs:  # priced whole tokens (as ``iteration_costs`` rounds), PRICED at a time
             running, context = np.meshgrid(np.arange(1, self.max_batch + 1), key[1] + np.arange(PRICED))
