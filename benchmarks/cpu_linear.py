@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from benchmarks.output import finish, table
 from core.errors import InputError
-from core.paths import RESULTS, TARGET
+from core.models import TOY
+from core.paths import RESULTS
 from experiments.provenance import save_result
 from real_engine.model import load_model
 from real_engine.packed import Linear, use_half
@@ -78,7 +79,7 @@ def command(repeats: int, threads: int, out: Path, as_json: bool) -> None:
     if repeats < 1 or threads < 1:
         raise InputError(f"--repeats {repeats} --threads {threads}: give 1 or more of each")
     torch.set_num_threads(threads)
-    a = load_model(TARGET).args
+    a = load_model(TOY.target).args
     shapes = {"lm_head": (a.vocab_size, a.hidden_size),
               "up_proj": (a.intermediate_size, a.hidden_size),
               "down_proj": (a.hidden_size, a.intermediate_size),

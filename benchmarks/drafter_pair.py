@@ -50,8 +50,9 @@ import torch
 from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, resolve_profile
 from core.files import MAX_RECORD_BYTES, read_json, write_text
+from core.models import TOY
 from core.names import DOMAINS
-from core.paths import PAIR_MODELS, PAPER_PROFILE, RESULTS, TARGET, repo_relative
+from core.paths import PAIR_MODELS, PAPER_PROFILE, RESULTS, repo_relative
 from experiments.bench import Recorder, alpha
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
@@ -337,8 +338,8 @@ def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: i
 def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: bool) -> None:
     """SpecBlock against EAGLE-style at equal vocabulary, depth and node budget, with intervals."""
     torch.set_num_threads(1)
-    target = load_model(TARGET)
-    tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
+    target = load_model(TOY.target)
+    tokenizer = Tokenizer.load(TOY.target, target.args.vocab_size, target.args.eos_token_id)
     held = load_prompts(DOMAINS, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)
     shapes = [*SHAPES, *(("deployed",) if all(deployed_shape(n, drafters_dir / n) for n in DRAFTERS) else ())]
     settings = [Setting(d, t, v, s) for t in VERIFIER for v in ("reduced", "full") for s in shapes

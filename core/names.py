@@ -24,7 +24,7 @@ VERIFIERS = ("greedy", "token", "block", "rrs", "gbv", "seqbv", "gds")
 DTYPES = ("float32", "bfloat16", "float16")
 BENCHMARKS = ("engine", "forward_cost", "cpu_linear", "lp_solve_time", "rollout_speed", "verifier_latency",
               "checkout_ab", "pipeline_runs", "mutation", "adapt_breakeven", "multidraft", "batch_throughput",
-              "drafter_pair")
+              "drafter_pair", "model_speed", "peers", "gguf_parity")
 """`specblock benchmark NAME`: each a module of ``benchmarks`` with a click command called `command`, named
 as its module, which is also the default name of its results file."""
 CLOCKS = ("wall", "cpu", "thread")

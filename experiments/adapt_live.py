@@ -79,8 +79,9 @@ import torch
 from core.cost_profile import load_profile, profile_measurement
 from core.errors import InputError
 from core.files import write_text
+from core.models import TOY
 from core.names import DOMAINS
-from core.paths import RESULTS
+from core.paths import RESULTS, repo_relative
 from experiments.adapt_plan import StreamPlan
 from experiments.adapt_predict import (
     add_draft_ratios,
@@ -205,11 +206,15 @@ def run(
     policies: Mapping[str, Mapping[str, Any]] | None = None,
     results: Path = RESULTS,
     overlap: bool = False,
+    prompts: Path = TOY.prompts,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """The whole experiment (see the module doc) for ``policies`` (name -> policy-file content;
     default ``POLICIES``), written under ``results``; returns the saved result. With ``overlap`` updates
     train beside decoding: the trainer on this process's last core, decoding on the others, queries
-    timed on the wall clock (``StreamServer``; the simulator with ``AdaptStream``'s ``overlap``)."""
+    timed on the wall clock (``StreamServer``; the simulator with ``AdaptStream``'s ``overlap``). The
+    stream's prompts come from the prompt sets in ``prompts`` (the model's); ``model`` names the model in
+    the results (default: its folder)."""
     policies = dict(policies or default_policies())
     if "never" not in policies:
         raise InputError(
@@ -222,7 +227,7 @@ def run(
     tokenizer = Tokenizer.load(model_dir)
     count = plan.queries // len(DOMAINS)  # enough for every query of a domain; fewer are held out
     held = [p for part in ("evaluation", "calibration")
-            for p in load_prompts(DOMAINS, count, tokenizer.encode, part, MAX_PROMPT)]
+            for p in load_prompts(DOMAINS, count, tokenizer.encode, part, MAX_PROMPT, folder=prompts)]
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
     stream = build_stream(by_domain, plan, seed)
     cores = sorted(usable_cores())
@@ -346,10 +351,12 @@ def run(
     result["figures"] = {"policies": out, "fidelity_error": fidelity}
     config = {
         "plan": asdict(plan),
-        "model": str(model_dir),
-        "drafter": str(drafter_dir),
+        "model": model or repo_relative(model_dir),
+        "model_dir": repo_relative(model_dir),
+        "drafter": repo_relative(drafter_dir),
+        "prompts_dir": repo_relative(prompts),
         "draft": DRAFT,
-        "profile": str(profile_path),
+        "profile": repo_relative(profile_path),
         "max_prompt_tokens": MAX_PROMPT,
         "policies": policies,
         "adapt": asdict(adapt),

@@ -178,8 +178,8 @@ def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dic
     return prompts
 
 
-def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collection[str] = ()
-         ) -> tuple[list[Config], list[str]]:
+def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collection[str] = (),
+         model: str | None = None) -> tuple[list[Config], list[str]]:
     """The configurations to measure at each temperature (vanilla first) and notes on what was left out.
 
     ``available`` names the drafters that can run (trained weights present); at T = 0 every drafter
@@ -187,12 +187,14 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
     draft shape (the draft model drafts ``settings.shapes``; the trained drafters (SpecBlock, EAGLE,
     Medusa) top-k trees, but those named in ``chains`` deploy a chain, which they sample at T > 0; with
     ``settings.trained_shapes`` they also run at their training shape, a top-k tree; the others, n-gram
-    among them, chains).
+    among them, chains). A note on a drafter left out names the command training it for ``model`` (how
+    ``--model`` names it), when given.
     """
     configs, notes = [], []
     for drafter in settings.drafters:
         if drafter != VANILLA and drafter not in available:
-            notes.append(f"{drafter}: no trained weights, skipped")
+            fix = f" (`specblock train {drafter} --model {model}` trains it)" if model else ""
+            notes.append(f"{drafter}: no trained weights, skipped{fix}")
     for t in settings.temperatures:
         configs.append(Config(VANILLA, None, None, t))
         for drafter in (d for d in settings.drafters if d != VANILLA and d in available):

@@ -10,16 +10,21 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import click
 
+from core import models
 from core.errors import InputError
+from core.models import DEFAULT_MODEL, TOY, ModelSpec, folder_spec, model_names, resolve_model
+from core.names import DOMAINS
 
 # name -> module under experiments.commands that defines a click command called `command`.
 COMMANDS = {
     "pipeline": "pipeline",
     "lp": "lp",
+    "models": "models",
     "generate": "generate",
     "bench": "bench",
     "train": "train",
@@ -58,6 +63,90 @@ class LiveChoice(click.Choice):
     @choices.setter
     def choices(self, _: Sequence[str]) -> None:
         """Ignored: click.Choice sets its choices once; these are read live."""
+
+
+class ModelType(click.ParamType):
+    """``--model NAME|DIR``: a registered or converted model's name, or a checkpoint folder, as a
+    ``core.models.ModelSpec`` (``resolve_model``). A name or path that is neither is bad input naming the
+    choices; an existing folder without ``config.json`` becomes its spec, which the command refuses with
+    its own fix when it needs the target (``ModelSpec.require``)."""
+
+    name = "NAME|DIR"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> ModelSpec:
+        if isinstance(value, ModelSpec):
+            return value
+        try:
+            return resolve_model(value)
+        except InputError:
+            folder = Path(str(value)).expanduser()
+            if str(value) and folder.is_dir():
+                return folder_spec(folder)
+            raise
+
+
+MODEL = ModelType()
+
+
+def model_option(help: str = "The model: its target, drafters, prompt sets and profiles.",
+                 default: str = DEFAULT_MODEL) -> Callable[..., Any]:
+    """The ``--model NAME|DIR`` option every command that loads a model takes (its value: a ``ModelSpec``,
+    given to the command as ``model``; ``default`` names the model it means when not given)."""
+    return click.option("--model", "model", type=MODEL, default=default, show_default=True,
+                        help=f"{help} A name ({', '.join(model_names())}; `specblock models list`) or a "
+                             "checkpoint folder (config.json + safetensors; its drafters in DIR/drafters).")
+
+
+def model_arg(model: ModelSpec) -> str:
+    """How ``--model`` names ``model`` in a fix: its name, or its folder when it is a checkpoint folder."""
+    named = (models.registry.get(model.name) == model
+             or models.imported_spec(models.models_home() / model.name) == model)
+    return model.name if named else str(model.target)
+
+
+def drafter_folder(model: ModelSpec, kind: str, given: Path | None = None) -> Path:
+    """``given``, else the folder of drafter ``kind`` trained for ``model`` (``ModelSpec.drafter_folder``);
+    InputError naming ``specblock train <kind> --model <model>`` when the model's own holds none (a
+    trained drafter's config and weights, the draft model's config)."""
+    if given is not None:
+        return given
+    from real_engine.drafters.trained import trained_available  # the engine's: this module imports core only
+
+    folder = model.drafter_folder(kind)
+    ok = (folder / "config.json").is_file() if kind == "draft-model" else trained_available(folder)
+    if not ok:
+        raise InputError(f"model {model.name!r} has no {kind} drafter in {folder}: train one with "
+                         f"`specblock train {kind} --model {model_arg(model)}`")
+    return folder
+
+
+def model_prompts(model: ModelSpec, domains: Sequence[str] | None = None) -> Path:
+    """The folder of ``model``'s prompt sets (``ModelSpec.prompts``) where it holds any (and every one of
+    ``domains``, when given), else the shipped ones (``data/prompts``: text, the same for every model), as
+    for a checkpoint folder before `specblock models fetch` brought the real workloads' prompt sets, or
+    asked for the shipped family's domains."""
+    own = model.prompts
+    present = {p.stem for p in own.glob("*.jsonl")} if own.is_dir() else set()
+    return own if present and set(domains or ()) <= present else TOY.prompts
+
+
+def model_domains(model: ModelSpec, wanted: Sequence[str] = DOMAINS) -> tuple[str, ...]:
+    """``wanted`` (the shipped family's domains) where ``model``'s prompt sets have them all, else every
+    domain they have (``wanted`` when they have none: the prompt loader then names the fix)."""
+    folder = model_prompts(model)
+    present = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+    return tuple(wanted) if not present or set(wanted) <= set(present) else tuple(present)
+
+
+def model_profile(model: ModelSpec, given: Path | None = None) -> Path:
+    """``given``, else ``model``'s cost profile; InputError naming `specblock profile --model` otherwise
+    (``ModelSpec.require_profile``, with the model named as ``--model`` takes it)."""
+    if given is not None:
+        return given
+    if model.profile is None or not model.profile.is_file():
+        raise InputError(f"model {model.name!r} has no measured cost profile: measure one with "
+                         f"`specblock profile --model {model_arg(model)} --out FILE` and pass --profile FILE")
+    return model.profile
 
 
 def resolve_device(device: str | None) -> str:

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import InputError
-from core.paths import CPU_PROFILE, PAPER_PROFILE, TRACES
+from core.models import TOY, ModelSpec
+from core.paths import PAPER_PROFILE
+from experiments.cli import model_profile
 
 TUNE_SEED, HELD_OUT_SEED = 0, 100
 """The policy studies' seeds: tuning work, and the held-out work every policy is compared on."""
@@ -22,18 +24,23 @@ if TYPE_CHECKING:
     from core.cost_profile import CostProfile
 
 
-def default_profile() -> Path:
-    """The profile used when none is given: the shipped one (measured here), else the paper's."""
-    return CPU_PROFILE if CPU_PROFILE.exists() else PAPER_PROFILE
+def default_profile(model: ModelSpec = TOY) -> Path:
+    """The profile used when none is given: ``model``'s own (measured here); for the shipped toy family
+    the paper's when it has none; for another model InputError naming `specblock profile --model`."""
+    if model == TOY:
+        return TOY.profile if TOY.profile is not None and TOY.profile.exists() else PAPER_PROFILE
+    return model_profile(model)
 
 
-def shipped_traces(profile: Path, measured_here: bool = False) -> Path | None:
-    """The shipped traces when they go with ``profile``, else None.
+def shipped_traces(profile: Path, measured_here: bool = False, model: ModelSpec = TOY) -> Path | None:
+    """``model``'s traces when they go with ``profile``, else None.
 
-    They were recorded with the shipped models: they go with the shipped profile and with a profile
-    measured on this machine (``measured_here``: it times those models), never with one the user picked.
+    They were recorded with the model: they go with its own profile and with a profile measured on this
+    machine (``measured_here``: it times that model), never with one the user picked.
     """
-    return TRACES if (measured_here or profile == CPU_PROFILE) and TRACES.exists() else None
+    traces = model.traces
+    mine = measured_here or (model.profile is not None and profile == model.profile)
+    return traces if mine and traces is not None and traces.exists() else None
 
 
 def default_drafter(profile: CostProfile, traces: pd.DataFrame | None) -> str:

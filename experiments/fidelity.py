@@ -47,6 +47,9 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
+from core.models import ModelSpec
+from core.names import drafter_spec
+from experiments.cli import drafter_folder
 from policies.base import make_policy
 from real_engine.decode import generate, make_drafter
 from real_engine.trace import record
@@ -190,17 +193,23 @@ class Engine:
     eos_id: int | None
     max_new_tokens: int
     seed: int
+    model: ModelSpec | None = None  # whose trained drafters the configurations run (None: none)
 
     def drafter_factory(self, config: Config | Mapping[str, Any]) -> Callable[[], Any] | None:
         """A builder of fresh drafters for a config (or a TRACES entry); None for vanilla; InputError when
-        the engine cannot build the drafter (no trained weights)."""
+        the engine cannot build the drafter (no weights trained for the model)."""
         spec = asdict(config) if isinstance(config, Config) else dict(config)
         name = spec["drafter"]
         options = {k: spec.get(k) for k in ("depth", "width", "budget", "blocks")}
         if name == "none":
             return None
-        make_drafter(name, self.target, self.draft, **options)
-        return lambda: make_drafter(name, self.target, self.draft, **options)
+        folder = None
+        if drafter_spec(name).trained:
+            if self.model is None:
+                raise InputError(f"no model to take the trained {name} drafter from: give the engine one")
+            folder = drafter_folder(self.model, name)
+        make_drafter(name, self.target, self.draft, folder=folder, **options)
+        return lambda: make_drafter(name, self.target, self.draft, folder=folder, **options)
 
     def trace(self, prompts: Sequence[Any], spec: Mapping[str, Any]) -> tuple[Any, list[dict[str, float]]]:
         """Traces of decoding ``prompts`` with the drafter of a TRACES entry (a DataFrame of

@@ -38,9 +38,12 @@ import torch
 from core.cost_profile import load_profile
 from core.errors import InputError
 from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
-from core.paths import CPU_PROFILE, MODELS
+from core.models import TOY, ModelSpec
+from core.names import DOMAINS
+from core.paths import repo_relative
 from experiments import adapt_live
 from experiments.adapt_plan import PIPELINE_PLAN, QUICK_PLAN
+from experiments.cli import drafter_folder, model_arg, model_domains, model_profile, model_prompts
 from experiments.deploy import LiveRun, compare, decision_cost, forecast
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hold, measurement_age
 from experiments.pipeline_report import write_report
@@ -108,6 +111,7 @@ class Run:
     address: str | None = None
     log: Callable[[str], None] = lambda _: None
     loaded: dict[str, Any] | None = None
+    model: ModelSpec = TOY  # whose drafters, prompt sets and profile the steps take
 
     def path(self, name: str) -> Path:
         """A file of the run folder."""
@@ -136,6 +140,7 @@ class Run:
             self.models()["tokenizer"].encode,
             part,
             max_tokens=self.plan.prompt_tokens,
+            folder=model_prompts(self.model, self.plan.domains),
         )
 
 
@@ -146,11 +151,12 @@ def step_models(run: Run) -> dict[str, Any]:
     """Load the models and record what they are."""
     m = run.models()
     info = {
+        "model": run.model.name,
         "target": prof.model_name(m["target"], run.model_dir),
-        "target_dir": str(run.model_dir),
+        "target_dir": repo_relative(run.model_dir),
         "target_fingerprint": target_fingerprint(m["target"]),
         "draft": prof.model_name(m["draft"], run.draft_dir),
-        "draft_dir": str(run.draft_dir),
+        "draft_dir": repo_relative(run.draft_dir),
     }
     write_json(run.path("models.json"), info)
     return info
@@ -185,6 +191,7 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
         threads=1 if plan.clock == "cpu" else None,
         clock_kind=plan.clock,
         seed=plan.seed,
+        models_dir=run.model.drafters,
         between=between,
     )
     prof.save(data, path)
@@ -360,20 +367,23 @@ def _adaptation(run: Run) -> dict[str, Any]:
         if spec["kind"] in ADAPTATION_KINDS:
             policies[path.stem] = {"kind": spec["kind"], "params": spec["params"]}
     profile = run.path("cost_profile.json")
-    if "specblock" not in load_profile(profile).drafters:  # a quick profile times no feature drafter
-        profile = CPU_PROFILE
+    quick = "specblock" not in load_profile(profile).drafters  # a quick profile times no feature drafter
     plan = PIPELINE_PLAN if run.plan.quick else QUICK_PLAN
     threads = torch.get_num_threads()
     try:
+        if quick:
+            profile = model_profile(run.model)
         result = adapt_live.run(
             run.model_dir,
-            MODELS / "specblock",
+            drafter_folder(run.model, "specblock"),
             profile,
             plan,
             run.plan.seed,
             "adaptation",
             policies,
             results=run.out,
+            prompts=model_prompts(run.model, DOMAINS),
+            model=run.model.name,
         )
     except InputError as err:
         return {"skipped": str(err)}
@@ -413,8 +423,8 @@ STEP_FUNCTIONS: dict[str, Callable[[Run], dict[str, Any]]] = {
 # ----------------------------------------------------------------------------- the run
 
 
-def _check_models(model_dir: Path, draft_dir: Path) -> None:
-    for folder, kind in ((model_dir, "target"), (draft_dir, "draft-model")):
+def _check_models(model_dir: Path, draft_dir: Path, model: ModelSpec = TOY) -> None:
+    for folder, kind in ((model_dir, "target"), (draft_dir, f"draft-model --model {model_arg(model)}")):
         if not (folder / "config.json").is_file():
             raise InputError(
                 f"{folder} is not a model folder (no config.json): train one with "
@@ -469,22 +479,28 @@ def run_pipeline(
     plan: PipelinePlan = QUICK,
     *,
     resume: bool = False,
-    model_dir: Path = MODELS / "target",
-    draft_dir: Path = MODELS / "draft",
+    model: ModelSpec = TOY,
+    model_dir: Path | None = None,
+    draft_dir: Path | None = None,
     address: str | None = None,
     log: Callable[[str], None] = lambda _: None,
     advance: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Run (or resume) every step into ``out``, held by this process alone; return the summary that
-    ``--json`` prints, with the age of the cost profile its results rest on."""
-    _check_models(model_dir, draft_dir)
+    ``--json`` prints, with the age of the cost profile its results rest on. ``model`` is the model the
+    steps work on: its target (``model_dir`` overrides it), draft model (``draft_dir``), drafters, prompt
+    sets (the plan's domains where they have them all, else all of theirs) and profile."""
+    model_dir = model.target if model_dir is None else model_dir
+    draft_dir = model.draft_model if draft_dir is None else draft_dir
+    _check_models(model_dir, draft_dir, model)
+    plan = replace(plan, domains=model_domains(model, plan.domains))
     address = check_address(address)
     out = Path(out).resolve()
     check_writable(out)
     with hold(out):
         state = _state(out, plan, resume, log)
         reused = "profile" in state["steps"]
-        run = Run(out, plan, Path(model_dir), Path(draft_dir), address, log)
+        run = Run(out, plan, Path(model_dir), Path(draft_dir), address, log, model=model)
         start = time.perf_counter()
         for name in STEPS:
             if name in state["steps"]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.adapt_plan import QUICK_PLAN
+from experiments.real_model_report import REAL_MODEL_RENDERERS
 from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, pairs, table
 from experiments.serve_report import SERVE_RENDERERS
 
@@ -443,6 +444,7 @@ def _mutation_body(record: Record) -> Lines:
 
 
 RENDERERS: dict[str, Renderer] = {
+    **REAL_MODEL_RENDERERS,
     "pipeline": Renderer("The main job's fidelity, run after run", _pipeline_command, _pipeline_body),
     "fidelity": Renderer("Simulator fidelity: predicted against measured throughput", _fidelity_command,
                          _fidelity_body),

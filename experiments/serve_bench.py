@@ -41,9 +41,10 @@ from real_engine.batch import BatchEngine, Request
 from real_engine.decode import make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
+from real_engine.prompts import Prompt
 from real_engine.speculate import ServeSteering
 from real_engine.timing import frozen_heap
-from real_engine.trace import Prompt, record
+from real_engine.trace import record
 from simulator.acceptance import AcceptanceModel
 from simulator.replay import TraceReplay
 from simulator.rollout import run_serve

@@ -134,8 +134,10 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
 
 def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequence[str], count: int,
         max_new_tokens: int, rounds: int, seed: int, out: Path, tag: str, apply: bool,
-        progress: bool = True) -> dict[str, Any]:
-    """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes."""
+        prompts_dir: Path, model: str, progress: bool = True, train_as: str | None = None) -> dict[str, Any]:
+    """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes. The
+    calibration prompts come from ``prompts_dir`` (the model's), ``model`` names the model in the
+    results, and a missing drafter's fix names ``--model train_as`` when given."""
     unknown = [n for n in names if n not in GRIDS]
     if unknown:
         raise InputError(f"no shapes to tune for {unknown[0]!r}: use {', '.join(GRIDS)}")
@@ -146,17 +148,21 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
     missing = [n for n, ok in present.items() if not ok]
     if missing:
         kind = "draft model" if uses_draft[missing[0]] else f"trained {missing[0]} drafter"
-        raise InputError(f"no {kind} in {folders[missing[0]]}: train it with `specblock train "
-                         f"{missing[0]}` or pass --drafters-dir")
+        train = f"{missing[0]} --model {train_as}" if train_as else missing[0]
+        raise InputError(f"no {kind} in {folders[missing[0]]}: train it with `specblock train {train}` or "
+                         "pass --drafters-dir")
     torch.manual_seed(seed)
     target = load_model(model_dir)
     draft = next((load_model(folders[n]) for n in names if uses_draft[n]), None)
     tokenizer = Tokenizer.load(model_dir)
-    prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192)]
+    prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192,
+                                                    folder=prompts_dir)]
     with torch.inference_mode():
         result = sweep(target, prompts, folders, max_new_tokens=max_new_tokens, rounds=rounds,
                        progress=progress, draft=draft)
-    config = {"model": str(model_dir), "drafters": list(names), "domains": list(domains), "prompts": count,
+    config = {"model": model, "model_dir": repo_relative(model_dir),
+              "prompts_dir": repo_relative(prompts_dir),
+              "drafters": list(names), "domains": list(domains), "prompts": count,
               "max_new_tokens": max_new_tokens, "rounds": rounds, "threads": torch.get_num_threads(),
               "drafters_dir": repo_relative(drafters_dir), "apply": apply}
     path = save_result(tag, result, config, seed, out)

@@ -127,18 +127,16 @@ class Output(NamedTuple):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in float32 (the mean square as a sum times 1/dim: torch's
-    ``mean`` was slower on this CPU, and a decode step runs one norm per half-layer)."""
+    """Root-mean-square layer norm: torch's own (one call; a decode step runs one norm per half-layer and
+    costs more in calls than in arithmetic), which accumulates a 16-bit input in float32."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.eps, self.scale = eps, 1.0 / dim
+        self.eps, self.shape = eps, (dim,)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) * self.scale + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
 def rope_frequencies(args: ModelArgs) -> torch.Tensor:
@@ -207,12 +205,13 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), dim=2)
         qk = apply_rope(qk, cos, sin).transpose(1, 2)  # queries and keys rotated together
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, :, h + kv:].transpose(1, 2)
-        if cache is not None:
+        if cache is not None:  # attention runs in the cache's dtype (``Transformer.new_cache``)
             k, v = cache.write(self.layer, k, v)
+            q = q.to(k.dtype)
         causal = mask is None and cache is None and t > 1
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            enable_gqa=self.kv_heads != self.heads)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1).to(x.dtype))
 
 
 class MLP(nn.Module):
@@ -269,10 +268,13 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
-        """A cache sized for ``max_length`` positions, on this model's device and dtype."""
+        """A cache sized for ``max_length`` positions, on this model's device and dtype, but in float32 for
+        a 16-bit model on a CPU: attention runs in the cache's dtype, and torch's CPU attention is several
+        times slower in 16 bits than in float32 at a decode step's few query rows."""
         a, w = self.args, self.lm_head.weight
-        return KVCache(a.num_hidden_layers, batch, a.num_key_value_heads, a.head_dim, max_length,
-                       w.dtype, w.device)
+        dtype = torch.float32 if w.device.type == "cpu" else w.dtype
+        return KVCache(a.num_hidden_layers, batch, a.num_key_value_heads, a.head_dim, max_length, dtype,
+                       w.device)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, tree_mask: torch.Tensor | None = None,

@@ -1,4 +1,5 @@
-"""Linear layers that run CPU inference on FBGEMM's packed half-precision weights.
+"""Linear layers that run CPU inference on prepacked weights: FBGEMM's half precision for a float32
+model, oneDNN's bfloat16 for a bfloat16 one.
 
 On a CPU a decode step is a string of matrix-vector products, and torch's default kernel (MKL here)
 is slow at the few rows a speculative verify runs: on the shipped target's LM head it takes 2 to 4
@@ -10,6 +11,11 @@ from a 16-bit checkpoint) computes in inference (no autograd, float32 input on a
 with its weights packed in fp16 and fp32 activations and accumulation; anywhere else, and always
 while training, it is ``nn.Linear``. The packed copy follows the weight: an in-place update, a new
 tensor or a move repacks it at the next call.
+
+A bfloat16 model runs its linears on oneDNN with weights reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, the layout inductor's CPU freezing uses): torch's default
+bfloat16 linear is several times slower at one to a few rows (``benchmarks/cpu_linear.py``), and the
+reordered product computes the same numbers. It needs no mark: the weights are already bfloat16.
 
 A small decode step costs more in calls than in arithmetic (each product and its checks cost tens of
 microseconds here), so ``Fused`` runs linears that share an input (query, key and value; gate and
@@ -34,48 +40,79 @@ warnings.filterwarnings("ignore", message="fbgemm_.*is deprecated")
 FBGEMM = (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")
           and "fbgemm" in torch.backends.quantized.supported_engines
           and torch.backends.cpu.get_cpu_capability() != "DEFAULT")
+ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+ONEDNN_ROWS = 1  # the row count oneDNN's reorder is told to expect (it serves every count)
+
+
+def _kind(layer: Linear, x: torch.Tensor) -> str | None:
+    """Which prepacked kernel serves ``layer`` on input ``x``: "fp16" (FBGEMM, a half-marked layer on
+    float32), "bf16" (oneDNN, a bfloat16 layer) or None (torch's own linear: training, another device or
+    dtype, an empty input)."""
+    if torch.is_grad_enabled() or not x.is_cpu or x.numel() == 0:
+        return None
+    if x.dtype is torch.float32:
+        return "fp16" if layer.packs_half else None
+    if x.dtype is torch.bfloat16 and ONEDNN_BF16:
+        return "bf16"
+    return None
+
+
+def _run(kind: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The product of ``x`` and a pack of kind ``kind`` (see ``_kind``)."""
+    if kind == "bf16":
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed, bias)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 class _Pack:
-    """An fp16 pack of one or more layers' weights stacked (and their biases), with the parameters (and
-    their in-place versions) it was packed from; a copy starts empty."""
+    """A pack of one or more layers' weights stacked (and their biases), of one kernel's kind, with the
+    parameters (and their in-place versions) it was packed from; a copy starts empty."""
 
-    __slots__ = ("bias", "sources", "tensor")
+    __slots__ = ("bias", "kind", "sources", "tensor")
 
     def __init__(self) -> None:
         self.sources: list[tuple[dict[str, Any], str, torch.Tensor | None, int]] = []
         self.tensor: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
+        self.kind: str | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Pack:
         return _Pack()
 
-    def get(self, layers: tuple[Linear, ...], x: torch.Tensor) -> torch.Tensor | None:
-        """The pack of ``layers``' weights for input ``x``, repacked if a weight or bias was replaced or
-        changed in place; None where the product runs unpacked (training, not fp32 on a CPU, not marked). A
-        decode step runs this check for every product, so it reads the parameter dicts directly."""
-        if (torch.is_grad_enabled() or x.dtype is not torch.float32 or not x.is_cpu or x.numel() == 0
-                or not layers[0].packs_half):
+    def get(self, layers: tuple[Linear, ...], x: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """The kernel's kind and the pack of ``layers``' weights for input ``x``, repacked if a weight or
+        bias was replaced or changed in place; None where the product runs unpacked (``_kind``). A decode
+        step runs this check for every product, so it reads the parameter dicts directly."""
+        kind = _kind(layers[0], x)
+        if kind is None:
             return None
+        if kind != self.kind:
+            return self._repack(layers, kind)
         for params, name, tensor, version in self.sources:
             now = params[name]
             if now is not tensor or (version >= 0 and now._version != version):
-                return self._repack(layers)
-        return self.tensor if self.sources else self._repack(layers)
+                return self._repack(layers, kind)
+        return (kind, self.tensor) if self.sources else self._repack(layers, kind)
 
-    def _repack(self, layers: tuple[Linear, ...]) -> torch.Tensor | None:
+    def _repack(self, layers: tuple[Linear, ...], kind: str) -> tuple[str, torch.Tensor] | None:
         weights = [m.weight for m in layers]
-        self.sources, self.tensor = [], None
-        if not all(m.packs_half and w.dtype is torch.float32 for m, w in zip(layers, weights, strict=True)):
+        self.sources, self.tensor, self.kind = [], None, None
+        wanted = torch.float32 if kind == "fp16" else torch.bfloat16
+        if not all(w.dtype is wanted and (kind == "bf16" or m.packs_half)
+                   for m, w in zip(layers, weights, strict=True)):
             return None
-        self.tensor = torch.fbgemm_pack_gemm_matrix_fp16(torch.cat([w.detach() for w in weights]))
+        stacked = torch.cat([w.detach() for w in weights])
+        self.tensor = (torch.fbgemm_pack_gemm_matrix_fp16(stacked) if kind == "fp16" else
+                       torch.ops.mkldnn._reorder_linear_weight(stacked, ONEDNN_ROWS))
+        self.kind = kind
         biases = [m.bias for m in layers]
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else m.weight.new_zeros(m.out_features)
              for m, b in zip(layers, biases, strict=True)])
         self.sources = [(m._parameters, name, t, -1 if t is None or t.is_inference() else t._version)
                         for m in layers for name, t in (("weight", m.weight), ("bias", m.bias))]
-        return self.tensor
+        return kind, self.tensor
 
 
 class Linear(nn.Linear):
@@ -91,10 +128,9 @@ class Linear(nn.Linear):
         packed = self._packed(x)
         if packed is None:
             return F.linear(x, self.weight, self.bias)
-        y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed, self.bias)
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return _run(packed[0], x, packed[1], self.bias)
 
-    def _packed(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _packed(self, x: torch.Tensor) -> tuple[str, torch.Tensor] | None:
         return self._pack.get((self,), x)
 
 
@@ -113,9 +149,7 @@ class Fused:
         packed = self._pack.get(self.layers, x)
         if packed is None:
             return torch.cat([F.linear(x, m.weight, m.bias) for m in self.layers], dim=-1)
-        y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed,
-                                                            self._pack.bias)
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return _run(packed[0], x, packed[1], self._pack.bias)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Fused:
         return Fused(*(copy.deepcopy(m, memo) for m in self.layers))

@@ -36,7 +36,6 @@ import torch
 from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.files import write_json
-from core.paths import MODELS
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
 from real_engine.drafters.base import Drafter
@@ -382,10 +381,11 @@ def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, ben
     return rows
 
 
-def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int = 0
+def feature_drafters(target: Transformer, models_dir: Path | None = None, seed: int = 0
                      ) -> tuple[dict[str, Any], dict[str, str]]:
-    """SpecBlock, EAGLE and Medusa drafters for ``target``: shipped weights from ``models_dir/<kind>``
-    when present and fitting this target, else seeded random weights of the shipped shape.
+    """SpecBlock, EAGLE and Medusa drafters for ``target``: trained weights from ``models_dir/<kind>`` (the
+    target's own drafters folder, ``ModelSpec.drafters``; None: none) when present and fitting this target,
+    else seeded random weights of the shipped shape.
 
     Returns (kind -> what ``draft_samples`` needs, kind -> the model name for the profile).
     """
@@ -397,11 +397,15 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int =
     }
     nets, names = {}, {}
     for kind, (load, fresh) in loaders.items():
-        folder = models_dir / kind
+        folder = None if models_dir is None else models_dir / kind
         try:
-            nets[kind], names[kind] = load(folder), f"{folder.name} (trained weights)"
+            loaded = None if folder is None else load(folder)
         except (InputError, OSError, RuntimeError):  # absent, or made for another target
+            loaded = None
+        if loaded is None or folder is None:
             nets[kind], names[kind] = fresh(), f"{kind} (random weights of the shipped shape: timing only)"
+        else:
+            nets[kind], names[kind] = loaded, f"{folder.name} (trained weights)"
     nets["specblock"].eval()
     return nets, names
 
@@ -409,7 +413,7 @@ def feature_drafters(target: Transformer, models_dir: Path = MODELS, seed: int =
 def measure(target: Transformer, *, target_name: str, draft: Transformer | None = None,
             draft_name: str | None = None, grid: ProfileGrid = FULL, feature: bool = True,
             dtype: str = "float32", threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
-            models_dir: Path = MODELS, between: Callable[[int], Any] | None = None,
+            models_dir: Path | None = None, between: Callable[[int], Any] | None = None,
             estimator: str = "mean") -> dict[str, Any]:
     """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
     when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``core.cost_profile``;
@@ -492,7 +496,7 @@ def check_remeasurable(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def remeasure_updates(data: dict[str, Any], target: Transformer, *, grid: ProfileGrid = FULL,
-                      seed: int = 0, models_dir: Path = MODELS) -> dict[str, Any]:
+                      seed: int = 0, models_dir: Path | None = None) -> dict[str, Any]:
     """``data`` (a profile ``measure`` wrote for ``target``) with the SpecBlock update samples timed again as
     ``measure`` times them, on its clock, everything else kept; ``measurement["updates"]`` says when (an
     update's code changes more often than the decoding it is costed beside)."""

@@ -5,14 +5,13 @@ its ``on_iteration`` callback hands over every iteration's draft tree and verdic
 the row holds its depth, its parent (-1 for the root's children), its confidence (the drafter's
 probability of the node's token given its parent: ``DraftTree.confidence``, else ``q[parent, token]``),
 its rank bucket (-1: the tree carries none), whether it is on the accepted path; per iteration the
-context length, the accepted count and the draft and verify seconds. Each domain's prompt file is
-split in two halves: traces are recorded on the *calibration* half, and the *evaluation* half is held
-out for measuring policies.
+context length, the accepted count and the draft and verify seconds. Traces are recorded on each
+domain's *calibration* prompts, and its *evaluation* prompts are held out for measuring policies
+(``real_engine.prompts``: by the rows' split, else by the file's halves).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,23 +22,12 @@ import pandas as pd
 import torch
 
 from core.errors import InputError
-from core.files import MAX_PROMPT_SET_BYTES, read_text
 from core.paths import PROMPTS
 from real_engine.decode import GREEDY, Iteration, Stats, generate
 from real_engine.drafters.base import Drafter
 from real_engine.model import Transformer
+from real_engine.prompts import PARTS, Prompt, encode_row, interleave, read_prompt_set, select_part
 from real_engine.warp import Sampling
-
-PARTS = ("calibration", "evaluation")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt of a domain's prompt set, tokenized."""
-
-    name: str
-    domain: str
-    tokens: tuple[int, ...]
 
 
 def prompt_domains(folder: Path = PROMPTS) -> tuple[str, ...]:
@@ -48,10 +36,15 @@ def prompt_domains(folder: Path = PROMPTS) -> tuple[str, ...]:
 
 
 def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], list[int]],
-                 part: str = "calibration", max_tokens: int | None = None,
-                 folder: Path = PROMPTS) -> list[Prompt]:
-    """The first ``count`` prompts of each domain's ``part`` (the file's first or second half), domains
-    interleaved; ``max_tokens`` keeps only each prompt's last tokens (to fit a short model context)."""
+                 part: str = "calibration", max_tokens: int | None = None, folder: Path = PROMPTS,
+                 chat_encode: Callable[[str], list[int]] | None = None) -> list[Prompt]:
+    """The first ``count`` prompts of each domain's ``part``, domains interleaved; ``max_tokens`` keeps
+    only each prompt's last tokens (to fit a short model context).
+
+    A file whose rows carry a ``"split"`` (the real prompt sets) gives the rows of that split; one whose
+    rows carry none (the toy family's) gives its first half as calibration, its second as evaluation.
+    Chat rows (``"chat": true``) are tokenized by ``chat_encode`` (the model's chat template) when given.
+    """
     if part not in PARTS:
         raise InputError(f"unknown prompt part {part!r}: use one of {', '.join(PARTS)}")
     if not domains:
@@ -64,20 +57,12 @@ def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], lis
         if not path.is_file():
             raise InputError(f"no prompt file for domain {domain!r} ({path}): use one of "
                              f"{', '.join(prompt_domains(folder))}")
-        try:
-            lines = read_text(path, MAX_PROMPT_SET_BYTES, "prompt set", "fix it").splitlines()
-            rows = [json.loads(line) for line in lines if line.strip()]
-            texts = [(str(r.get("id", f"{domain}-{i:03d}")), r["text"]) for i, r in enumerate(rows)]
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise InputError(f"{path} is not a JSON-lines file of {{\"text\": ...}} objects ({exc}): fix it"
-                             ) from None
-        half = len(texts) // 2
-        chosen = texts[:half] if part == "calibration" else texts[half:]
-        prompts = [Prompt(name, domain, tuple(encode(text)[-max_tokens if max_tokens else 0:]))
-                   for name, text in chosen[:count]]
+        chosen = select_part(read_prompt_set(path, domain), part, path)
+        prompts = [Prompt(row.name, domain,
+                          tuple(encode_row(row, encode, chat_encode)[-max_tokens if max_tokens else 0:]))
+                   for row in chosen[:count]]
         per_domain.append([p for p in prompts if p.tokens])
-    ordered = sorted((i, d, p) for d, group in enumerate(per_domain) for i, p in enumerate(group))
-    return [p for _, _, p in ordered]
+    return interleave(per_domain)
 
 
 def node_columns(iteration: Iteration) -> dict[str, np.ndarray]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.models import TOY
 from experiments.bench import alpha
 from experiments.cli import main
 
@@ -159,7 +160,9 @@ def test_a_length_policy_adds_steered_rows(llama_dir: Path, draft_dir: Path, pro
     code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir",
                              str(prompts_dir), "--domains", "code", "--prompts", "1", "--max-new-tokens", "8",
                              "--drafters", "none,draft-model", "--shapes", "chain", "--verifiers", "block",
-                             "--no-hf", "--policy", str(policy), "--out", str(tmp_path), "--json"], capsys)
+                             "--no-hf", "--policy", str(policy),
+                             "--profile", str(TOY.profile),  # a checkpoint folder has none of its own
+                             "--out", str(tmp_path), "--json"], capsys)
     assert code == 0, err
     rows = [r for r in json.loads(stdout)["rows"] if r["domain"] == "code"]
     steered = {r["temperature"]: r for r in rows if r["policy"] == "one"}

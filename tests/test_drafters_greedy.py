@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from core.errors import InputError
+from core.names import trained_drafters
 from core.paths import MODELS, PROMPTS
 from experiments.cli import main
 from real_engine.decode import Iteration, generate, make_drafter
@@ -44,7 +45,8 @@ def test_greedy_output_equals_vanilla_and_trees_carry_confidences(name: str, opt
     accepted = 0
     for prompt, expected in zip(prompts, vanilla, strict=True):
         iterations: list[Iteration] = []
-        out = generate(target, prompt, drafter=make_drafter(name, target, draft, **options),
+        folder = MODELS / name if name in trained_drafters() else None  # the shipped family's own
+        out = generate(target, prompt, drafter=make_drafter(name, target, draft, folder=folder, **options),
                        max_new_tokens=NEW_TOKENS, on_iteration=iterations.append)
         assert out.tokens == expected
         accepted += sum(out.stats.accepted)
@@ -142,7 +144,8 @@ def test_shipped_specblock_reaches_tau_two_on_held_out_code(shipped) -> None:
     new = iterations = 0
     for line in lines[:4]:
         prompt = tokenizer.encode(json.loads(line)["text"])[-192:]
-        stats = generate(target, prompt, drafter=make_drafter("specblock", target), max_new_tokens=48).stats
+        drafter = make_drafter("specblock", target, folder=MODELS / "specblock")
+        stats = generate(target, prompt, drafter=drafter, max_new_tokens=48).stats
         new, iterations = new + stats.new_tokens, iterations + stats.iterations
     assert new / iterations >= 2.0
 

@@ -13,7 +13,7 @@ from core.errors import InputError
 from core.paths import DATA, TRACES
 from experiments import fidelity
 from experiments.cli import main
-from real_engine.trace import Prompt
+from real_engine.prompts import Prompt
 
 TRACE_TOKENS = 128  # new tokens per prompt of the shipped traces (acceptance grows along a generation)
 SHIPPED = (DATA / "models" / "target" / "config.json", DATA / "models" / "draft" / "config.json",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.models import TOY
 from experiments.cli import main
 from experiments.commands import generate as command
 
@@ -148,7 +149,7 @@ def test_a_length_policy_steers_generation_and_keeps_greedy_output(llama_dir: Pa
     vanilla = json.loads(out)["token_ids"]
     code, out, err = run([*base, "--drafter", "draft-model", "--draft-model", str(draft_dir),
                           "--draft-length", "5",
-                          "--policy", str(path)], capsys)
+                          "--policy", str(path), "--profile", str(TOY.profile)], capsys)  # a folder has none
     assert code == 0, err
     result = json.loads(out)
     assert result["token_ids"] == vanilla and result["policy"] == "fixed"

@@ -21,7 +21,7 @@ from experiments.serve_bench import (
 )
 from policies import make_policy, save_policy
 from real_engine.model import Transformer
-from real_engine.trace import Prompt
+from real_engine.prompts import Prompt
 
 KEYS = {"tokens_per_second", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "simulated_tokens_per_second",
         "simulated_tpot_ms_p50"}

@@ -13,7 +13,8 @@ import torch
 from experiments.cli import main
 from real_engine.decode import Iteration, generate, make_drafter
 from real_engine.model import Transformer
-from real_engine.trace import Prompt, load_prompts, node_columns, record
+from real_engine.prompts import Prompt
+from real_engine.trace import load_prompts, node_columns, record
 from real_engine.tree import DraftTree
 from simulator.traces import load_traces, save_traces
 

@@ -43,7 +43,7 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["specblock", "--target", "{tmp}/nowhere"], "no target model"),
+    (["specblock", "--model", "{tmp}/nowhere"], "neither a model name nor a checkpoint folder"),
     (["eagle", "--sequences", "0"], "--sequences"),
     (["target", "--sequences", "8"], "--sequences"),
     (["tokenizer", "--init", "{target}"], "--init starts a model from trained weights"),
@@ -60,8 +60,8 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_dir: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     args = [a.format(tmp=tmp_path, target=target_dir) for a in args]
-    if "--target" not in args:
-        args += ["--target", str(target_dir)]
+    if "--model" not in args:
+        args += ["--model", str(target_dir)]
     args += ["--data-dir", str(tmp_path / "data")]
     code, out, err = run([*args, "--out", str(tmp_path / "out"), "--run-dir", str(tmp_path / "run")], capsys)
     assert (code, out) == (2, "")
@@ -79,7 +79,7 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
 
     monkeypatch.setattr(STREAM, stream)
     out, data = tmp_path / "out", tmp_path / "data"
-    code, stdout, err = run([kind, "--target", str(target_dir), "--out", str(out), "--run-dir",
+    code, stdout, err = run([kind, "--model", str(target_dir), "--out", str(out), "--run-dir",
                              str(tmp_path / "run"), "--data-dir", str(data), "--steps", "2",
                              "--sequences", "8", "--threads", "1", "--json"], capsys)
     assert code == 0, err
@@ -107,7 +107,7 @@ def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir
         state, metadata = {k: saved.get_tensor(k) for k in saved.keys()}, saved.metadata()  # noqa: SIM118
     save_file({k: v + 0.25 if v.is_floating_point() else v for k, v in state.items()},
               str(shifted / "model.safetensors"), metadata=metadata)
-    code, stdout, err = run([kind, "--target", str(target_dir), "--out", str(tmp_path / "warm"), "--run-dir",
+    code, stdout, err = run([kind, "--model", str(target_dir), "--out", str(tmp_path / "warm"), "--run-dir",
                              str(tmp_path / "run2"), "--data-dir", str(data), "--steps", "1", "--lr", "1e-9",
                              "--sequences", "8", "--threads", "1", "--init", str(shifted), "--json"], capsys)
     assert code == 0, err
@@ -133,7 +133,7 @@ def test_on_policy_drafter_data_is_cached_apart(target_dir: Path, tmp_path: Path
     monkeypatch.setattr(STREAM,
                         lambda domain, split: np.random.default_rng(len(domain)).integers(1, VOCAB, 4096))
     data = tmp_path / "data"
-    code, stdout, err = run(["eagle", "--target", str(target_dir), "--out", str(tmp_path / "out"),
+    code, stdout, err = run(["eagle", "--model", str(target_dir), "--out", str(tmp_path / "out"),
                              "--run-dir", str(tmp_path / "run"), "--data-dir", str(data), "--steps", "1",
                              "--sequences", "4", "--on-policy", "0.5", "--threads", "1", "--json"], capsys)
     assert code == 0, err

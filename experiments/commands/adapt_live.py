@@ -18,19 +18,19 @@ from pathlib import Path
 
 import click
 
-from core.paths import CPU_PROFILE, MODELS, RESULTS, TARGET
+from core.models import ModelSpec
+from core.names import DOMAINS
+from core.paths import RESULTS
 from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN
-from experiments.cli import SEED
+from experiments.cli import SEED, drafter_folder, model_option, model_profile, model_prompts
 
 
 @click.command("adapt-live")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
-              show_default="data/models/target", help="Target model folder.")
-@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=MODELS / "specblock",
-              show_default="data/models/specblock", help="SpecBlock drafter folder (save_specblock).")
-@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=CPU_PROFILE,
-              show_default="data/profiles/cpu_shipped.json",
-              help="CPU cost profile the simulator starts from.")
+@model_option()
+@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own", help="SpecBlock drafter folder (save_specblock).")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own", help="CPU cost profile the simulator starts from.")
 @click.option("--quick", is_flag=True, help="The 200-query stream (about 15 minutes here) instead of 2,000.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--overlap", is_flag=True,
@@ -42,14 +42,17 @@ from experiments.cli import SEED
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with each policy's figures.")
-def command(model_dir: Path, drafter_dir: Path, profile_path: Path, quick: bool, overlap: bool, seed: int,
-            name: str | None, out: Path, as_json: bool) -> None:
+def command(model: ModelSpec, drafter_dir: Path | None, profile_path: Path | None, quick: bool,
+            overlap: bool, seed: int, name: str | None, out: Path, as_json: bool) -> None:
     """Serve a domain-shifting stream live with each adaptation policy; compare with the simulator."""
+    model_dir = model.require().target
+    drafter_dir = drafter_folder(model, "specblock", drafter_dir)
+    profile_path = model_profile(model, profile_path)
     from experiments.adapt_live import run  # torch, the simulator: not for --help
 
     name = name or ("adapt_live_quick" if quick else "adapt_live") + ("_overlap" if overlap else "")
     result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name,
-                 results=out, overlap=overlap)
+                 results=out, overlap=overlap, prompts=model_prompts(model, DOMAINS), model=model.name)
     figures = result["figures"]
     files = {suffix: str(out / f"{name}.{suffix}") for suffix in ("json", "md", "png")}
     if as_json:

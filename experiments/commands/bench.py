@@ -10,10 +10,11 @@ from typing import Any
 import click
 
 from core.errors import InputError
+from core.models import ModelSpec
 from core.names import DRAFT_SHAPES, VERIFIERS, drafter_choices, registry, trained_drafters
-from core.paths import CPU_PROFILE, MODELS, PROMPTS, RESULTS
+from core.paths import RESULTS, repo_relative
 from experiments.bench_report import markdown, write_report
-from experiments.cli import SEED, resolve_device
+from experiments.cli import SEED, model_arg, model_option, model_profile, model_prompts, resolve_device
 from experiments.provenance import save_result
 from real_engine.drafters.trained import deployed_shape, trained_available
 
@@ -70,7 +71,8 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.command()
 @click.option("--drafters", default=",".join(drafter_choices()), show_default=True,
               help=f"Drafters to measure (vanilla always runs); {', '.join(trained_drafters())} need their "
-                   "trained weights under --drafters-dir and are skipped with a note otherwise.")
+                   "trained weights under --drafters-dir (the model's own) and are skipped with a note "
+                   "otherwise.")
 @click.option("--verifiers", default="greedy,block,rrs", show_default=True,
               help="Verifiers: T=0 uses greedy; T>0 each listed sampling verifier that fits a draft shape.")
 @click.option("--temperatures", default="0,1", show_default=True, help="Sampling temperatures.")
@@ -85,14 +87,14 @@ def _model(path: Path, flag: str, train: str) -> Path:
                    "papers' deep trees), beside the deployed one.")
 @click.option("--hf/--no-hf", default=True, show_default=True,
               help="Also measure transformers' assisted generation (skipped with a note if unavailable).")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=MODELS / "target",
-              show_default="data/models/target", help="Target checkpoint folder.")
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=MODELS / "draft",
-              show_default="data/models/draft", help="Draft model folder (draft-model and --hf).")
-@click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
+@model_option()
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own", help="Draft model folder (draft-model and --hf).")
+@click.option("--drafters-dir", type=click.Path(path_type=Path), default=None, show_default="the model's own",
               help=f"Folder holding the trained drafters ({', '.join(f'{n}/' for n in trained_drafters())}).")
-@click.option("--prompts-dir", type=click.Path(path_type=Path), default=PROMPTS,
-              show_default="data/prompts", help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
+@click.option("--prompts-dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own",
+              help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Prompt j decodes with seed + j.")
 @click.option("--draft-length", type=int, default=None,
@@ -112,15 +114,15 @@ def _model(path: Path, flag: str, train: str) -> Path:
                                   "once "
                                   "more with the policy choosing how much of each draft to verify.")
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=CPU_PROFILE,
-              show_default="data/profiles/cpu_shipped.json",
+              default=None, show_default="the model's own",
               help="The cost profile the policies see (the one they were tuned on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
 def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
-            trained_shapes: bool, hf: bool, model_dir: Path, draft_dir: Path, drafters_dir: Path,
-            prompts_dir: Path, max_new_tokens: int, seed: int, draft_length: int, tree_width: int,
-            tree_budget: int, threads: int | None, device: str | None, tag: str | None, out: Path,
-            policy_files: tuple[Path, ...], profile_path: Path, as_json: bool) -> None:
+            trained_shapes: bool, hf: bool, model: ModelSpec, draft_dir: Path | None,
+            drafters_dir: Path | None, prompts_dir: Path | None, max_new_tokens: int, seed: int,
+            draft_length: int, tree_width: int, tree_budget: int, threads: int | None, device: str | None,
+            tag: str | None, out: Path, policy_files: tuple[Path, ...], profile_path: Path | None,
+            as_json: bool) -> None:
     """Benchmark vanilla and speculative decoding per domain, drafter, verifier and temperature.
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
@@ -135,6 +137,16 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
     if tag is not None and (not tag or not tag.replace("-", "").replace("_", "").isalnum()):
         raise InputError(f"--tag {tag!r}: use letters, digits, - and _ only")
     device = resolve_device(device)
+    model_dir = model.require().target
+    draft_dir = model.draft_model if draft_dir is None else draft_dir
+    drafters_dir = model.drafters if drafters_dir is None else drafters_dir
+    chosen = None if domains is None else _split(domains, "--domains")
+    prompts_dir = model_prompts(model, chosen) if prompts_dir is None else prompts_dir
+    policies = _policies(policy_files)
+    if policies:
+        profile_path = model_profile(model, profile_path)
+    elif profile_path is None:
+        profile_path = model.profile  # recorded with the results (only policies read it)
     chain = None
     if draft_length is None and (draft_dir / "config.json").is_file():
         from real_engine.drafters.draft_model import CHAIN_OPTIONS
@@ -143,24 +155,25 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
             chain = {k: v for k, v in deployed.items() if k in ("depth", "vocab", *CHAIN_OPTIONS)}
     settings = Settings(
-        domains=load_prompts(prompts_dir, None if domains is None else _split(domains, "--domains"), count),
+        domains=load_prompts(prompts_dir, chosen, count),
         drafters=names, verifiers=_names(verifiers, "--verifiers", VERIFIERS),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", DRAFT_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
-        budget=tree_budget, chain=chain, policies=_policies(policy_files),
-        profile=str(profile_path), trained_shapes=trained_shapes)
-    _model(model_dir, "--model", "target")
+        budget=tree_budget, chain=chain, policies=policies,
+        profile=None if profile_path is None else str(profile_path), trained_shapes=trained_shapes)
     notes: list[str] = []
     has_draft = (draft_dir / "config.json").is_file()
     if any(registry[n].needs_draft_model for n in names if n in registry):
-        _model(draft_dir, "--draft-model", "draft-model")
+        _model(draft_dir, "--draft-model", f"draft-model --model {model_arg(model)}")
     if hf and not has_draft:
         notes.append(f"hf-assisted: no draft model in {draft_dir}, skipped")
     name = f"bench_{tag}" if tag else "bench"
     results, config = _run(settings, model_dir, draft_dir if has_draft else None, drafters_dir,
-                           hf and has_draft, threads, device, notes)
-    config.update(model=str(model_dir), draft_model=str(draft_dir) if has_draft else None,
-                  prompts_dir=str(prompts_dir), name=name)
+                           hf and has_draft, threads, device, notes, model_arg(model))
+    config.update(model=model.name, model_dir=repo_relative(model_dir),
+                  draft_model=repo_relative(draft_dir) if has_draft else None,
+                  drafters_dir=repo_relative(drafters_dir), prompts_dir=repo_relative(prompts_dir),
+                  profile=None if profile_path is None else repo_relative(profile_path), name=name)
     saved = save_result(name, results, config, seed, directory=out)
     md, png = write_report(results, out, name)
     if as_json:
@@ -172,8 +185,10 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
 
 
 def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: Path, hf: bool,
-         threads: int | None, device: str, notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load the models, plan and measure; return (results, config for provenance)."""
+         threads: int | None, device: str, notes: list[str], model: str = ""
+         ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load the models, plan and measure; return (results, config for provenance); ``model`` is how
+    ``--model`` names the model, for the notes on drafters not trained for it."""
     import torch  # torch, rich and the engine: not for --help
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -214,7 +229,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         hf = False
     chains = [n for n in trained_drafters() if n in available  # a deployed chain samples at T > 0
               and deployed_shape(n, drafters_dir / n).get("width") == 1]
-    configs, plan_notes = plan(settings, available, hf, chains)
+    configs, plan_notes = plan(settings, available, hf, chains, model or None)
     notes.extend(plan_notes)
     peer = HFPeer(model_dir, draft_dir, device) if hf else None
     engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id, draft_dir)

@@ -17,18 +17,18 @@ import click
 
 from core.errors import InputError
 from core.files import write_text
-from core.paths import CPU_PROFILE, DRAFT_MODEL, RESULTS, TARGET
-from experiments.cli import SEED
+from core.models import ModelSpec
+from core.paths import RESULTS, repo_relative
+from experiments.cli import SEED, model_option, model_profile, model_prompts
 from experiments.provenance import save_result
 
 
 @click.command("fidelity")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
-              show_default="data/models/target", help="Target model folder.")
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
-              show_default="data/models/draft", help="Draft model folder (skipped when it holds none).")
-@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=CPU_PROFILE,
-              show_default="data/profiles/cpu_shipped.json", help="Cost profile the simulator runs on.")
+@model_option()
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own", help="Draft model folder (skipped when it holds none).")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own", help="Cost profile the simulator runs on.")
 @click.option("--calibration", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
 @click.option("--evaluation", type=int, default=8, show_default=True, help="Evaluation prompts per domain.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -50,7 +50,8 @@ from experiments.provenance import save_result
               show_default="benchmarks/results", help="Folder for <name>.json and <name>.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results instead of the "
                                                       "table.")
-def command(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: int, evaluation: int,
+def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None, calibration: int,
+            evaluation: int,
             max_new_tokens: int, queries: int, threads: int, only: str | None, name: str,
             trace_files: tuple[str, ...], fresh_path: Path | None, profile_repeats: int, seed: int, out: Path,
             as_json: bool) -> None:
@@ -69,16 +70,21 @@ def command(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: i
     if fresh_path is not None and not fresh_path.parent.is_dir():  # fail now, not after the traces
         raise InputError(f"--measure-profile {fresh_path}: folder {fresh_path.parent} does not exist; "
                          "create it or write the profile elsewhere")
+    model_dir = model.require().target
+    draft_dir = model.draft_model if draft_dir is None else draft_dir
+    if fresh_path is None:
+        profile_path = model_profile(model, profile_path)
     torch.set_num_threads(threads)
     profile = None if fresh_path is not None else load_profile(profile_path)  # a bad file fails first
     target = load_model(model_dir)
     draft = load_model(draft_dir) if (draft_dir / "config.json").is_file() else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
-    engine = Engine(target, draft, tokenizer.eos_id, max_new_tokens, seed)
-    domains = prompt_domains()
+    engine = Engine(target, draft, tokenizer.eos_id, max_new_tokens, seed, model)
+    prompt_sets = model_prompts(model)
+    domains = prompt_domains(prompt_sets)
     room = target.args.max_position_embeddings - max_new_tokens - 17
-    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room)
-    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room)
+    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room, folder=prompt_sets)
+    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room, folder=prompt_sets)
     configs = CONFIGS if only is None else tuple(c for c in CONFIGS if c.name in only.split(","))
     start = time.perf_counter()
 
@@ -91,13 +97,16 @@ def command(model_dir: Path, draft_dir: Path, profile_path: Path, calibration: i
         grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
         prof.save(prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
                                draft_name=None if draft is None else prof.model_name(draft, draft_dir),
-                               grid=grid, threads=threads, clock_kind="cpu", seed=seed), fresh_path)
+                               grid=grid, threads=threads, clock_kind="cpu", seed=seed,
+                               models_dir=model.drafters), fresh_path)
         profile_path = fresh_path
         profile = load_profile(profile_path)
     clock = profile_measurement(profile_path).get("clock", "wall")
     result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
-    meta = {"profile": str(profile_path), "model": str(model_dir),
-            "draft_model": str(draft_dir) if draft is not None else None,
+    meta = {"profile": repo_relative(profile_path), "model": model.name,
+            "model_dir": repo_relative(model_dir),
+            "draft_model": repo_relative(draft_dir) if draft is not None else None,
+            "prompts_dir": repo_relative(prompt_sets),
             "calibration": len(cal), "evaluation": len(ev), "max_new_tokens": max_new_tokens,
             "queries": queries, "threads": threads, "given_traces": list(trace_files)}
     saved = save_result(name, result, meta, seed, directory=out)

@@ -12,6 +12,7 @@ import click
 
 from core.errors import InputError
 from core.files import MAX_PROMPT_BYTES, read_text
+from core.models import ModelSpec
 from core.names import (
     DTYPES,
     VANILLA,
@@ -22,9 +23,8 @@ from core.names import (
     registry,
     trained_drafters,
 )
-from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
-from experiments.cli import SEED, LiveChoice, resolve_device
-from real_engine.drafters.trained import deployed_shape, trained_folder
+from experiments.cli import SEED, LiveChoice, drafter_folder, model_option, model_profile, resolve_device
+from real_engine.drafters.trained import deployed_shape
 
 # make_drafter's options and the flags that set them, in the order --help lists them
 FLAGS = {"depth": "--draft-length", "width": "--tree-width", "budget": "--tree-budget", "paths": "--paths",
@@ -66,6 +66,19 @@ def _folder(path: Path, flag: str, train: str) -> Path:
         raise InputError(f"{flag} {path} is not a model folder (no config.json): train one with "
                          f"`specblock train {train}` or pass {flag} DIR")
     return path
+
+
+def _drafter_folder(model: ModelSpec, spec: DrafterSpec | None, draft_dir: Path | None,
+                    drafter_dir: Path | None) -> Path | None:
+    """Where the drafter's weights or deployed shape lie: the draft model's folder (--draft-model, else the
+    model's own) for a drafter drafting with it, a trained drafter's (--drafter-model, else the one trained
+    for the model); None for the others."""
+    if spec is not None and spec.needs_draft_model:
+        return (drafter_folder(model, spec.name) if draft_dir is None
+                else _folder(draft_dir, "--draft-model", "draft-model"))
+    if spec is not None and spec.trained:
+        return drafter_folder(model, spec.name, drafter_dir)
+    return None
 
 
 def _check_policy(path: Path, drafter: str, paths: int | None) -> Any:
@@ -155,16 +168,16 @@ class _Stream:
 
 
 @click.command()
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
-              show_default="data/models/target", help="Target checkpoint folder (config.json + safetensors).")
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
-              show_default="data/models/draft",
+@model_option()
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own",
               help=f"Draft model folder, for --drafter {_either(_which(lambda s: s.needs_draft_model))}.")
 @click.option("--drafter", type=LiveChoice(drafter_choices), default="ngram", show_default=True,
               help=_drafter_help())
 @click.option("--drafter-model", "drafter_dir", type=click.Path(path_type=Path), default=None,
-              show_default="data/models/<drafter>",
-              help=f"Trained weights folder, for --drafter {_either(trained_drafters())}.")
+              show_default="the model's own",
+              help=f"Trained weights folder, for --drafter {_either(trained_drafters())} [default: the one "
+                   "trained for --model].")
 @click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
               help="Default: greedy at temperature 0, else block (chain), rrs (tree) or seqbv (paths).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
@@ -202,22 +215,25 @@ class _Stream:
                    "each "
                    "draft the target verifies.")
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=CPU_PROFILE, show_default=True,
+              default=None, show_default="the model's own",
               help="The cost profile whose iteration times the policy sees (the one it was tuned on).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own",
+              help="The dtype the models load in.")
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Read the prompt from this file instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | None, verifier: str | None,
+def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir: Path | None,
+            verifier: str | None,
             temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int,
             draft_length: int | None, tree_width: int | None, tree_budget: int | None,
             min_confidence: float | None, draft_vocab: int | None, staged: int | None, lookup: int | None,
             paths: int | None,
             blocks: int | None,
             ngram_max: int | None,
-            policy: Path | None, profile_path: Path, device: str | None, dtype: str, prompt: str | None,
+            policy: Path | None, profile_path: Path | None, device: str | None, dtype: str | None,
+            prompt: str | None,
             prompt_file: Path | None, as_json: bool) -> None:
     """Generate text from a prompt, with speculative decoding unless --drafter none.
 
@@ -242,22 +258,26 @@ def command(model_dir: Path, draft_dir: Path, drafter: str, drafter_dir: Path | 
     from real_engine.warp import Sampling
 
     sampling = Sampling(temperature, top_k, top_p)
+    model_dir = model.require().target
+    dtype = dtype or model.dtype
     needs_draft = spec is not None and spec.needs_draft_model
-    folder = draft_dir if needs_draft else drafter_dir  # where its weights or drafting.json lie
     width = tree_width
     if spec is not None and "width" in spec.shape_options and width is None and paths is None:
-        saved = trained_folder(drafter, folder) if spec.trained else folder
+        saved = _drafter_folder(model, spec, draft_dir, drafter_dir)
         width = (deployed_shape(drafter, saved) if saved else {}).get("width", None if spec.trained else 1)
     verifier = verifier or _auto_verifier(temperature, spec, width, paths or 1)
     _check_verifier(verifier, spec, width)
+    folder = _drafter_folder(model, spec, draft_dir, drafter_dir)  # where its weights or drafting.json lie
+    if length_policy is not None:
+        profile_path = model_profile(model, profile_path)
     device = resolve_device(device)
-    target = load_model(_folder(model_dir, "--model", "target"), getattr(torch, dtype), device)
+    target = load_model(model_dir, getattr(torch, dtype), device)
     draft = None
     if needs_draft:
-        draft = load_model(_folder(draft_dir, "--draft-model", "draft-model"), getattr(torch, dtype), device)
+        draft = load_model(folder, getattr(torch, dtype), device)
     speculator = make_drafter(drafter, target, draft, folder=folder, **given)
     if length_policy is not None:
-        from core.cost_profile import load_profile
+        from core.cost_profile import load_profile  # numpy: only with a policy
         from real_engine.speculate import LengthControlled
 
         speculator = LengthControlled(speculator, length_policy, load_profile(profile_path), drafter)

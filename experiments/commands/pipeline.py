@@ -16,7 +16,9 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
-from core.paths import DRAFT_MODEL, PIPELINE_RUNS, TARGET
+from core.models import ModelSpec
+from core.paths import PIPELINE_RUNS
+from experiments.cli import model_option
 
 
 def _latest() -> Path:
@@ -47,20 +49,13 @@ def _latest() -> Path:
     help="A running Ray cluster for the tuning step: host:port, ray://host:port or auto, checked before "
     "any step [default: a private local Ray].",
 )
-@click.option(
-    "--model",
-    "model_dir",
-    type=click.Path(path_type=Path),
-    default=TARGET,
-    show_default=True,
-    help="Target model folder.",
-)
+@model_option("The model every step works on: its target, draft model, drafters, prompt sets and profile.")
 @click.option(
     "--draft-model",
     "draft_dir",
     type=click.Path(path_type=Path),
-    default=DRAFT_MODEL,
-    show_default=True,
+    default=None,
+    show_default="the model's own",
     help="Draft model folder.",
 )
 @click.option(
@@ -74,8 +69,8 @@ def command(
     quick: bool,
     resume: bool,
     address: str | None,
-    model_dir: Path,
-    draft_dir: Path,
+    model: ModelSpec,
+    draft_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Profile, trace, simulate, tune, deploy and report, into one run folder."""
@@ -99,7 +94,7 @@ def command(
             out,
             QUICK if quick else FULL,
             resume=resume,
-            model_dir=model_dir,
+            model=model,
             draft_dir=draft_dir,
             address=address,
             log=lambda line: console.log(line),

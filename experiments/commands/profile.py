@@ -1,10 +1,11 @@
 """`specblock profile`: measure this device's decoding costs and write a cost profile (JSON).
 
 Times the target's verify step over tree sizes and contexts, its vanilla step, every available
-drafter's drafting per iteration (draft model, n-gram, and SpecBlock/EAGLE/Medusa with shipped or
-random weights of the shipped shape) and a head-only and a full drafter update; see
-``real_engine.profile``. ``--quick`` measures a small grid with few repeats (seconds, not minutes);
-``--only-updates`` re-times the SpecBlock updates of an existing profile and keeps the rest.
+drafter's drafting per iteration (draft model, n-gram, and SpecBlock/EAGLE/Medusa with the weights trained
+for ``--model`` or random weights of the shipped shape) and a head-only and a full drafter update; see
+``real_engine.profile``. The profile is written to the model's own (``--out`` for a model without one).
+``--quick`` measures a small grid with few repeats (seconds, not minutes); ``--only-updates`` re-times
+the SpecBlock updates of an existing profile and keeps the rest.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import click
 
 from core.errors import InputError
 from core.files import MAX_PROFILE_BYTES, read_json
+from core.models import ModelSpec
 from core.names import DTYPES, trained_drafters
-from core.paths import CPU_PROFILE, DRAFT_MODEL, TARGET
-from experiments.cli import SEED, resolve_device
+from experiments.cli import SEED, model_arg, model_option, resolve_device
 
 
 def _model_folder(path: Path, flag: str, train: str) -> Path:
@@ -31,18 +32,19 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
 
 
 @click.command("profile")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
-              show_default="data/models/target", help="Target checkpoint folder.")
+@model_option()
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
-              help="Draft model folder [default: data/models/draft when it exists; 'none' skips it].")
-@click.option("--out", type=click.Path(path_type=Path), default=CPU_PROFILE,
-              show_default="data/profiles/cpu_shipped.json", help="Profile JSON to write.")
+              help="Draft model folder [default: the model's own when it exists; 'none' skips it].")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              show_default="the model's profile (toy-16m: data/profiles/cpu_shipped.json)",
+              help="Profile JSON to write (required for a model without a profile of its own).")
 @click.option("--quick", is_flag=True, help="Small grid and few repeats (well under a minute).")
 @click.option("--no-feature-drafters", is_flag=True,
-              help=f"Skip the trained feature drafters ({', '.join(trained_drafters())}).")
+              help=f"Skip the trained feature drafters ({', '.join(trained_drafters())}; those trained for "
+                   "the model, else random weights of the shipped shape).")
 @click.option("--repeats", type=int, default=None, help="Timed repeats per configuration (median kept).")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
 @click.option("--clock", "clock_kind", type=click.Choice(("wall", "cpu")), default="wall", show_default=True,
               help="wall: elapsed time; cpu: CPU seconds of this process (reproducible on a shared CPU "
@@ -52,17 +54,24 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
               help="Re-time only the SpecBlock updates of the profile at --out (on its clock), keeping the "
                    "rest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the summary) on stdout.")
-def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_feature_drafters: bool,
-            repeats: int | None, device: str | None, dtype: str, threads: int | None, clock_kind: str,
-            seed: int, only_updates: bool, as_json: bool) -> None:
+def command(model: ModelSpec, draft_dir: Path | None, out: Path | None, quick: bool,
+            no_feature_drafters: bool, repeats: int | None, device: str | None, dtype: str | None,
+            threads: int | None, clock_kind: str, seed: int, only_updates: bool, as_json: bool) -> None:
     """Measure verify, vanilla, drafting and update costs on this device; write a cost profile."""
-    _model_folder(model_dir, "--model", "target")
+    model_dir = model.require().target
+    if out is None:
+        if model.profile is None:
+            raise InputError(f"model {model.name!r} has no profile of its own to write: give --out FILE (and "
+                             "pass it as --profile FILE to the commands that read it)")
+        out = model.profile
+    dtype = dtype or model.dtype
     if draft_dir is None:
-        draft_dir = DRAFT_MODEL if (DRAFT_MODEL / "config.json").is_file() else None
+        own = model.draft_model
+        draft_dir = own if (own / "config.json").is_file() else None
     elif str(draft_dir) == "none":
         draft_dir = None
     else:
-        _model_folder(draft_dir, "--draft-model", "draft-model")
+        _model_folder(draft_dir, "--draft-model", f"draft-model --model {model_arg(model)}")
     if repeats is not None and repeats < 1:
         raise InputError(f"--repeats {repeats} is too few: time each configuration at least once")
     if threads is not None and threads < 1:
@@ -87,14 +96,15 @@ def command(model_dir: Path, draft_dir: Path | None, out: Path, quick: bool, no_
     click.echo(f"profiling {model_dir} on {device} ({'quick' if quick else 'full'} grid"
                f"{', updates only' if only_updates else ''})...", err=True)
     if only_updates:
-        data = prof.remeasure_updates(measured, target, grid=grid, seed=seed)
+        data = prof.remeasure_updates(measured, target, grid=grid, seed=seed, models_dir=model.drafters)
     else:
         data = prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
                             draft_name=None if draft is None else prof.model_name(draft, draft_dir),
                             grid=grid, feature=not no_feature_drafters, dtype=dtype, threads=threads,
-                            clock_kind=clock_kind, seed=seed)
+                            clock_kind=clock_kind, seed=seed, models_dir=model.drafters)
+    data["measurement"] = {**data["measurement"], "model": model.name}  # which --model it times
     prof.save(data, out)
-    result = {"out": str(out), **prof.summary(data), "clock": clock_kind,
+    result = {"out": str(out), "model": model.name, **prof.summary(data), "clock": clock_kind,
               "drafters": data["models"]["drafters"], "verify_rows": len(data["samples"]["verify"]),
               "quick": quick}
     if as_json:

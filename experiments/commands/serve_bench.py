@@ -13,16 +13,9 @@ import click
 
 from core.errors import InputError
 from core.files import write_text
-from core.paths import (
-    DRAFT_MODEL,
-    RESULTS,
-    SERVE_BENCH_RUNS,
-    SERVE_POLICIES,
-    SERVE_PROFILE,
-    TARGET,
-    repo_relative,
-)
-from experiments.cli import SEED
+from core.models import TOY, ModelSpec
+from core.paths import RESULTS, SERVE_BENCH_RUNS, SERVE_POLICIES, repo_relative
+from experiments.cli import SEED, drafter_folder, model_arg, model_option, model_prompts
 
 QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4}
 
@@ -51,10 +44,24 @@ def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
     return list(out.items())
 
 
+def _steering(model: ModelSpec, given: Path | None) -> Path:
+    """``given``, else ``model``'s serving profile; InputError naming how to measure one otherwise."""
+    if given is not None:
+        return given
+    if model.serve_profile is None or not model.serve_profile.is_file():
+        arg = model_arg(model)
+        raise InputError(f"model {model.name!r} has no serving profile: measure a cost profile with "
+                         f"`specblock profile --model {arg} --out FILE` and pass --steering-profile FILE "
+                         "(--profile-out then keeps the serving costs measured beside)")
+    return model.serve_profile
+
+
 @click.command("serve-bench")
+@model_option()
 @click.option("--policy", "policy_paths", multiple=True, type=click.Path(path_type=Path),
-              help="A serving policy file (repeatable) [default: the tuned files in data/policies/serve, "
-                   "else each serving kind's defaults]. Vanilla decoding always runs beside them.")
+              help="A serving policy file (repeatable) [default: for toy-16m the tuned files in "
+                   "data/policies/serve, else each serving kind's defaults]. Vanilla decoding always runs "
+                   "beside them.")
 @click.option("--rates", default="2,8,32", show_default=True, help="Arrival rates (requests per second).")
 @click.option("--requests", type=int, default=16, show_default=True, help="Requests per round and rate.")
 @click.option("--tokens", type=int, default=32, show_default=True, help="New tokens per request.")
@@ -65,7 +72,8 @@ def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
 @click.option("--prompts", type=int, default=8, show_default=True,
               help="Held-out prompts per domain to draw from.")
 @click.option("--steering-profile", "steering_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=SERVE_PROFILE, show_default="data/profiles/cpu_serve.json",
+              default=None,
+              show_default="the model's serving profile (toy-16m: data/profiles/cpu_serve.json)",
               help="The costs the policies see (the profile they were tuned on), live and simulated alike.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The costs the simulator charges [default: measured in this process, its rounds "
@@ -84,8 +92,8 @@ def _policies(paths: tuple[Path, ...]) -> list[tuple[str, dict[str, Any]]]:
               help="Folder for <name>.json and <name>.md [default: benchmarks/results; with --quick, "
                    "runs/serve-bench].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
-def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int, rounds: int,
-            max_batch: int, prompts: int, steering_path: Path, profile_path: Path | None,
+def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int,
+            rounds: int, max_batch: int, prompts: int, steering_path: Path | None, profile_path: Path | None,
             profile_out: Path | None, profile_repeats: int, threads: int, quick: bool, seed: int, name: str,
             out: Path | None, as_json: bool) -> None:
     """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
@@ -105,7 +113,11 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     if profile_out is not None and (profile_path is not None or not profile_out.parent.is_dir()):
         raise InputError(f"--profile-out {profile_out}: give an existing folder, and no --profile (it "
                          "writes the profile measured first)")
-    files = _policies(policy_paths or tuple(sorted(SERVE_POLICIES.glob("*.json"))))
+    tuned = tuple(sorted(SERVE_POLICIES.glob("*.json"))) if model == TOY else ()  # tuned on its costs
+    files = _policies(policy_paths or tuned)
+    model_dir = model.require().target
+    draft_dir = drafter_folder(model, "draft-model")
+    steering_path = _steering(model, steering_path)
     import torch  # torch, the engine and the simulator load here, not for --help
 
     from core.cost_profile import load_profile, profile_from_json
@@ -128,10 +140,14 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)  # every input checked (an existing folder, or the scratch one)
-    target, draft = load_model(TARGET), load_model(DRAFT_MODEL)
-    tokenizer = Tokenizer.load(TARGET, target.args.vocab_size, target.args.eos_token_id)
-    held_out = load_prompts(prompt_domains(), prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)
-    calibration = load_prompts(prompt_domains(), prompts, tokenizer.encode, "calibration", CONTEXT_TOKENS)
+    target, draft = load_model(model_dir), load_model(draft_dir)
+    tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
+    prompt_sets = model_prompts(model)
+    domains = prompt_domains(prompt_sets)
+    held_out = load_prompts(domains, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS,
+                            folder=prompt_sets)
+    calibration = load_prompts(domains, prompts, tokenizer.encode, "calibration", CONTEXT_TOKENS,
+                               folder=prompt_sets)
     start = time.perf_counter()
 
     def log(line: str) -> None:
@@ -159,7 +175,9 @@ def command(policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: i
     result = bench.report(profile)
     if profile_out is not None:
         prof.save(measured, profile_out)
-    config = {"rates": list(rate_list), "requests": requests, "tokens": tokens, "rounds": rounds,
+    config = {"model": model.name, "model_dir": repo_relative(model_dir),
+              "draft_model": repo_relative(draft_dir), "prompts_dir": repo_relative(prompt_sets),
+              "rates": list(rate_list), "requests": requests, "tokens": tokens, "rounds": rounds,
               "max_batch": max_batch, "prompts": prompts, "context_tokens": CONTEXT_TOKENS,
               "threads": threads, "quick": quick,
               "traces": f"recorded: draft-model chains on {len(calibration)} calibration prompts",

@@ -3,7 +3,8 @@
 Greedy tokens/s of every shape of ``experiments.shapes.GRIDS`` over vanilla, round-robin on the
 calibration prompts; writes ``<out>/<tag>.json`` and ``.md``; ``--apply`` saves each drafter's fastest
 shape as its folder's ``drafting.json``, which ``generate`` (and for the trained drafters ``bench`` and
-``trace``) then use; the draft model's lies in ``<drafters-dir>/draft``.
+``trace``) then use; the draft model's lies in ``<drafters-dir>/draft``. ``--model`` chooses the model:
+its target, its drafters folder (default ``--drafters-dir``) and its prompt sets.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.models import ModelSpec
 from core.names import registry, trained_drafters
-from core.paths import MODELS, RESULTS
-from experiments.cli import SEED
+from core.paths import RESULTS
+from experiments.cli import SEED, model_arg, model_domains, model_option, model_prompts
 
 # the drafters with a deployable shape: the trained ones, then the others (the draft model)
 TUNABLE = (*trained_drafters(),
@@ -26,14 +28,14 @@ TUNABLE = (*trained_drafters(),
 @click.command("shapes")
 @click.option("--drafters", default=",".join(TUNABLE), show_default=True,
               help="Comma-separated drafters to tune (trained ones and the draft model).")
-@click.option("--domains", default="code,tests,prose,text", show_default=True, help="Prompt domains.")
+@click.option("--domains", default=None, show_default="code,tests,prose,text where the model's prompt sets "
+              "have them, else all of them", help="Prompt domains.")
 @click.option("--prompts", "count", type=int, default=4, show_default=True,
               help="Calibration prompts per domain.")
 @click.option("--rounds", type=int, default=2, show_default=True, help="Passes over the prompts.")
 @click.option("--max-new-tokens", type=int, default=48, show_default=True)
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=MODELS / "target",
-              show_default="data/models/target", help="Target folder.")
-@click.option("--drafters-dir", type=click.Path(path_type=Path), default=MODELS, show_default="data/models",
+@model_option()
+@click.option("--drafters-dir", type=click.Path(path_type=Path), default=None, show_default="the model's own",
               help="Folder holding <drafter>/ weights and the draft model's draft/.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
@@ -42,9 +44,9 @@ TUNABLE = (*trained_drafters(),
 @click.option("--tag", default="shapes", show_default=True, help="Results file name.")
 @click.option("--apply", is_flag=True, help="Save each drafter's fastest shape as its drafting.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
-def command(drafters: str, domains: str, count: int, rounds: int, max_new_tokens: int, model_dir: Path,
-            drafters_dir: Path, threads: int, seed: int, out: Path, tag: str, apply: bool,
-            as_json: bool) -> None:
+def command(drafters: str, domains: str | None, count: int, rounds: int, max_new_tokens: int,
+            model: ModelSpec, drafters_dir: Path | None, threads: int, seed: int, out: Path, tag: str,
+            apply: bool, as_json: bool) -> None:
     """Measure every shape of each drafter against vanilla; optionally deploy the fastest."""
     import torch  # torch and the engine: not for --help
 
@@ -55,15 +57,15 @@ def command(drafters: str, domains: str, count: int, rounds: int, max_new_tokens
         if value < 1:
             raise InputError(f"{flag} {value} is invalid: give 1 or more")
     names = [n.strip() for n in drafters.split(",") if n.strip()]
-    doms = [d.strip() for d in domains.split(",") if d.strip()]
+    doms = (list(model_domains(model)) if domains is None
+            else [d.strip() for d in domains.split(",") if d.strip()])
     if not names or not doms:
         raise InputError("--drafters and --domains need at least one name each: e.g. --drafters specblock")
-    if not (model_dir / "config.json").is_file():
-        raise InputError(f"--model {model_dir} is not a model folder (no config.json): pass the target's "
-                         "folder")
+    model_dir = model.require().target
     torch.set_num_threads(threads)
-    result = run(model_dir, drafters_dir, names, doms, count, max_new_tokens, rounds, seed, out, tag, apply,
-                 progress=not as_json)
+    result = run(model_dir, model.drafters if drafters_dir is None else drafters_dir, names, doms, count,
+                 max_new_tokens, rounds, seed, out, tag, apply, model_prompts(model, doms), model.name,
+                 progress=not as_json, train_as=model_arg(model) if drafters_dir is None else None)
     if as_json:
         click.echo(json.dumps(result))
         return

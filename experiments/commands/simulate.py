@@ -1,8 +1,10 @@
 """`specblock simulate`: predict each policy's tokens/s, tau and latency on the simulator.
 
-Defaults: the profile is ``data/profiles/cpu_shipped.json`` when it exists, else the paper-derived
-A100 profile; the acceptance model replays ``data/traces/default.parquet`` when the shipped profile
-is used and the traces exist, else it is the paper-derived parametric model
+Defaults: the profile is the model's own (``--model``; the toy family's is
+``data/profiles/cpu_shipped.json``: when it does not exist, the paper-derived A100 profile; another
+model without one is refused, naming `specblock profile --model`); the acceptance model replays the
+model's traces (the toy family's ``data/traces/default.parquet``) when its own profile is used and
+the traces exist, else it is the paper-derived parametric model
 (``simulator.parametric.default_acceptance``). The drafter is the one the traces were recorded with,
 else ``specblock`` when profiled, else the profile's first.
 Without ``--policy`` the baselines are fixed lengths 1, 2, 4 and 8. Vanilla decoding (length 0) is
@@ -13,20 +15,21 @@ always evaluated: ``speedup`` is tokens/s over vanilla's. Length policies serve 
 Where the predictions hold: a profile's seconds are those of the machine it was measured on. Without
 ``--profile``, the command says which device the shipped profile was measured on and when (its own date
 field, else the date of the git commit that last changed it, else the file's modification time; the
-output names the source), and runs a probe of about one second that times this machine's vanilla step
-of the shipped target (``data/models/target``) at one of the profile's contexts, on the clock and with
-the torch threads the profile records (median of runs of ``real_engine.profile.VANILLA_RUN`` steps, as
-the profile times it), and compares it with the profile's vanilla step there: ``ratio`` = this
-machine's milliseconds / the profile's (above 1: this machine is slower). The table output prints this
-on stderr; ``--json`` carries it under ``where``. ``--no-probe`` skips the probe (and torch); a profile
-given with ``--profile`` gets neither. The probe is skipped, with the reason, when the default profile
-is paper-derived, times a GPU this machine lacks, or times another target than the shipped one.
+output names the source), and runs a probe of about one second that times this machine's vanilla step of
+the model's target (the toy family's ``data/models/target``) at one of the profile's contexts, on the
+clock and with the torch threads the profile records (median of runs of
+``real_engine.profile.VANILLA_RUN`` steps, as the profile times it), and compares it with the profile's
+vanilla step there: ``ratio`` = this machine's milliseconds / the profile's (above 1: this machine is
+slower). The table output prints this on stderr; ``--json`` carries it under ``where``. ``--no-probe``
+skips the probe (and torch); a profile given with ``--profile`` gets neither. The probe is skipped, with
+the reason, when the default profile is paper-derived, times a GPU this machine lacks, or times another
+target than the model's.
 
 ``--measure`` profiles this machine first (``real_engine.profile.measure`` on a quick grid like the
-pipeline's, the shipped target and draft model, no feature drafters, CPU seconds with one torch
+pipeline's, the model's target and draft model, no feature drafters, CPU seconds with one torch
 thread: a few seconds) and simulates with that profile; it is written to ``--measure-out FILE``, else to
-a new temporary folder, and kept there to be reused with ``--profile``. The shipped traces stay the
-default acceptance model, as they were recorded with the shipped models the measured profile times.
+a new temporary folder, and kept there to be reused with ``--profile``. The model's traces stay the
+default acceptance model, as they were recorded with the models the measured profile times.
 ``--measure`` with ``--profile`` is bad input (exit 2).
 """
 
@@ -47,8 +50,9 @@ import click
 
 from core.errors import InputError
 from core.files import MAX_PROFILE_BYTES, read_json
-from core.paths import MODELS, REPO, TARGET
-from experiments.cli import SEED
+from core.models import TOY, ModelSpec
+from core.paths import REPO
+from experiments.cli import SEED, model_arg, model_option
 from experiments.defaults import default_drafter, default_profile, shipped_traces
 from experiments.provenance import cpu_name
 
@@ -94,17 +98,18 @@ def _probe_context(profile: Any) -> int:
     return min(contexts, key=lambda c: (abs(c - PROBE_CONTEXT), c))
 
 
-def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> dict[str, Any]:
-    """Time this machine's vanilla step of the shipped target as ``profile`` (its JSON ``data``) timed it:
+def probe(profile: Any, data: dict[str, Any], seconds: float | None = None,
+          target_dir: Path = TOY.target) -> dict[str, Any]:
+    """Time this machine's vanilla step of the target in ``target_dir`` (the model's) as ``profile`` (its
+    JSON ``data``) timed it:
     at the profile's vanilla context nearest ``PROBE_CONTEXT``, on its clock and torch threads, in runs
     of ``VANILLA_RUN`` steps for about ``seconds`` (default ``PROBE_SECONDS``) of wall time; the median
     against the profile's.
     Raises ``LookupError`` with the reason when the probe cannot compare like with like."""
     if profile.derived_from is not None:
         raise LookupError("the profile is derived from publications, not measured")
-    target_dir = TARGET
     if not (target_dir / "config.json").is_file():
-        raise LookupError(f"no shipped target at {target_dir}")
+        raise LookupError(f"no target at {target_dir}")
     import torch  # torch and the engine: not for --help
 
     from real_engine import profile as prof
@@ -161,9 +166,10 @@ def probe(profile: Any, data: dict[str, Any], seconds: float | None = None) -> d
             "this_device": prof.device_name(device)}
 
 
-def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
+def where_shipped(profile_path: Path, run_probe: bool, target_dir: Path = TOY.target) -> dict[str, Any]:
     """Where the default profile comes from and, unless ``run_probe`` is false, how this machine's
-    vanilla step compares with it (``probe``; null with ``probe_skipped`` saying why)."""
+    vanilla step of the target in ``target_dir`` compares with it (``probe``; null with ``probe_skipped``
+    saying why)."""
     from core.cost_profile import load_profile  # numpy: not for --help
 
     profile = load_profile(profile_path)
@@ -180,7 +186,7 @@ def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
         where["probe_skipped"] = "--no-probe"
         return where
     try:
-        result = probe(profile, data)
+        result = probe(profile, data, target_dir=target_dir)
     except LookupError as err:
         where["probe_skipped"] = str(err)
         return where
@@ -189,20 +195,20 @@ def where_shipped(profile_path: Path, run_probe: bool) -> dict[str, Any]:
     return where
 
 
-def measure_here(out: Path | None, seed: int) -> tuple[Path, dict[str, Any]]:
-    """Profile this machine on a quick grid (the shipped target and draft model, CPU seconds, one torch
+def measure_here(out: Path | None, seed: int, model: ModelSpec = TOY) -> tuple[Path, dict[str, Any]]:
+    """Profile this machine on a quick grid (``model``'s target and draft model, CPU seconds, one torch
     thread), write it to ``out`` (else a new temporary folder) and say where it comes from."""
     import torch  # torch and the engine: not for --help
 
     from real_engine import profile as prof
     from real_engine.model import load_model
 
-    folders = {kind: MODELS / kind for kind in ("target", "draft")}
+    folders = {"target": model.target, "draft": model.draft_model}
     for kind, folder in folders.items():
         if not (folder / "config.json").is_file():
-            raise InputError(f"--measure needs the shipped {kind} model at {folder}: train it with "
-                             f"`specblock train {'target' if kind == 'target' else 'draft-model'}` "
-                             "or pass --profile FILE")
+            train = "target" if kind == "target" else f"draft-model --model {model_arg(model)}"
+            raise InputError(f"--measure needs the model's {kind} model at {folder}: train it with "
+                             f"`specblock train {train}` or pass --profile FILE")
     if out is None:
         out = Path(tempfile.mkdtemp(prefix="specblock-measure-")) / "cost_profile.json"
     # As the pipeline's quick profile, with drafts as long as the longest baseline.
@@ -318,12 +324,13 @@ def _table(result: dict[str, Any]) -> None:
 
 
 @click.command("simulate")
+@model_option("The model whose profile, traces and target the defaults are.")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path),
-              help="Cost profile JSON [default: data/profiles/cpu_shipped.json, else the A100 paper "
-                   "profile; then the output says which device and date it comes from and how this "
-                   "machine's vanilla step compares].")
+              help="Cost profile JSON [default: the model's own (toy-16m: data/profiles/cpu_shipped.json, "
+                   "else the A100 paper profile); then the output says which device and date it comes from "
+                   "and how this machine's vanilla step compares].")
 @click.option("--measure", is_flag=True,
-              help="Profile this machine first (quick grid, shipped target and draft model, CPU seconds "
+              help="Profile this machine first (quick grid, the model's target and draft model, CPU seconds "
                    "on one thread: seconds) and simulate with that profile; not with --profile.")
 @click.option("--measure-out", type=click.Path(path_type=Path),
               help="With --measure: write the measured profile here [default: a new temporary folder].")
@@ -331,8 +338,9 @@ def _table(result: dict[str, Any]) -> None:
               help="Do not time this machine's vanilla step against the default profile (no torch); "
                    "a --profile is never probed.")
 @click.option("--traces", "traces_path", type=click.Path(path_type=Path),
-              help="Acceptance traces (parquet) to replay [default: data/traces/default.parquet with the "
-                   "shipped or a --measure profile, else the parametric model].")
+              help="Acceptance traces (parquet) to replay [default: the model's own (toy-16m: "
+                   "data/traces/default.parquet) with its profile or a --measure profile, else the "
+                   "parametric model].")
 @click.option("--policy", "policy_paths", type=click.Path(path_type=Path), multiple=True,
               help="Policy file to evaluate (repeatable) [default: fixed lengths 1, 2, 4, 8].")
 @click.option("--queries", type=int, default=100, show_default=True,
@@ -341,8 +349,8 @@ def _table(result: dict[str, Any]) -> None:
               help="Seed of the simulated queries (and of a --measure profile).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object instead of a table (with the default profile, its `where`).")
-def command(profile_path: Path | None, measure: bool, measure_out: Path | None, no_probe: bool,
-            traces_path: Path | None, policy_paths: tuple[Path, ...], queries: int, seed: int,
+def command(model: ModelSpec, profile_path: Path | None, measure: bool, measure_out: Path | None,
+            no_probe: bool, traces_path: Path | None, policy_paths: tuple[Path, ...], queries: int, seed: int,
             as_json: bool) -> None:
     """Predict tokens/s, tau and latency of speculation policies on the simulator."""
     if queries < 1:
@@ -356,12 +364,12 @@ def command(profile_path: Path | None, measure: bool, measure_out: Path | None, 
         raise InputError("--measure-out names where --measure writes its profile: add --measure")
     where = None
     if measure:
-        profile_path, where = measure_here(measure_out, seed)
+        profile_path, where = measure_here(measure_out, seed, model.require())
     elif profile_path is None:
-        profile_path = default_profile()
-        where = where_shipped(profile_path, not no_probe)
+        profile_path = default_profile(model)
+        where = where_shipped(profile_path, not no_probe, model.target)
     if traces_path is None:
-        traces_path = shipped_traces(profile_path, measured_here=measure)
+        traces_path = shipped_traces(profile_path, measured_here=measure, model=model)
     result = _evaluate(profile_path, traces_path, policy_paths, queries, seed)
     if where is not None:
         result["where"] = where

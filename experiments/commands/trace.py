@@ -1,8 +1,8 @@
 """`specblock trace`: record acceptance traces of the live engine on calibration prompts (parquet).
 
-Decodes the first ``--prompts`` calibration prompts (the first half of ``data/prompts/<domain>.jsonl``)
-of each domain with the chosen drafter and writes one row per decoding iteration
-(``simulator.traces``; see ``real_engine.trace``).
+Decodes the first ``--prompts`` calibration prompts (the first half of each ``<domain>.jsonl`` of the
+model's prompt sets; the toy family's are ``data/prompts``) of each domain with the chosen drafter and
+writes one row per decoding iteration (``simulator.traces``; see ``real_engine.trace``).
 """
 
 from __future__ import annotations
@@ -14,21 +14,36 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.models import ModelSpec
 from core.names import DTYPES, VERIFIERS, drafter_names, drafter_spec
-from core.paths import DRAFT_MODEL, TARGET
-from experiments.cli import SEED, LiveChoice, resolve_device
+from experiments.cli import (
+    SEED,
+    LiveChoice,
+    drafter_folder,
+    model_arg,
+    model_option,
+    model_prompts,
+    resolve_device,
+)
 
 UNTRAINED_SHAPE = {"depth": 8, "width": 1, "budget": 16}  # defaults of a drafter that is not trained
 
 
-def _domains(text: str) -> tuple[str, ...]:
+def _domains(text: str | None, model: ModelSpec) -> tuple[tuple[str, ...], Path]:
+    """The domains ``--domains`` names (None: every domain of the model's prompt sets) and the folder of
+    the prompt sets holding them (``model_prompts``)."""
     from real_engine.trace import prompt_domains  # torch, pandas: not for --help
 
+    if text is None:
+        folder = model_prompts(model)
+        if not prompt_domains(folder):
+            raise InputError(f"no <domain>.jsonl prompt sets in {folder}: give the model's prompt sets")
+        return prompt_domains(folder), folder
     names = tuple(d.strip() for d in text.split(",") if d.strip())
     if not names:
         raise InputError(f"--domains {text!r} names no domain: give a comma-separated list such as "
-                         f"{','.join(prompt_domains())}")
-    return names
+                         f"{','.join(prompt_domains(model_prompts(model)))}")
+    return names, model_prompts(model, names)
 
 
 def _folder(path: Path, flag: str, train: str) -> Path:
@@ -41,14 +56,16 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.command("trace")
 @click.option("--drafter", type=LiveChoice(drafter_names), default="draft-model", show_default=True,
               help="Drafter kind.")
-@click.option("--domains", default="code,prose,tests,text", show_default=True,
-              help="Comma-separated prompt domains (files in data/prompts).")
+@click.option("--domains", default=None, show_default="every domain of the model's prompt sets",
+              help="Comma-separated prompt domains (<domain>.jsonl files of the model's prompt sets).")
 @click.option("--prompts", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Parquet trace file to write.")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=TARGET,
-              show_default="data/models/target", help="Target checkpoint folder.")
-@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=DRAFT_MODEL,
-              show_default="data/models/draft", help="Draft model folder (for --drafter draft-model).")
+@model_option()
+@click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own", help="Draft model folder (for --drafter draft-model).")
+@click.option("--drafter-model", "drafter_dir", type=click.Path(path_type=Path), default=None,
+              show_default="the model's own",
+              help="A trained drafter's folder (for the trained drafters).")
 @click.option("--draft-length", type=int, default=None,
               help="Draft depth per iteration [default: 8 for n-gram and the draft model; a trained "
                    "drafter's own].")
@@ -62,29 +79,34 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Query i decodes with seed + i.")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a summary) on stdout.")
-def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path, draft_dir: Path,
-            draft_length: int | None, tree_width: int | None, tree_budget: int | None, max_new_tokens: int,
-            verifier: str | None,
-            temperature: float, seed: int, device: str | None, dtype: str, threads: int | None,
+def command(drafter: str, domains: str | None, prompts: int, out: Path, model: ModelSpec,
+            draft_dir: Path | None, drafter_dir: Path | None, draft_length: int | None,
+            tree_width: int | None, tree_budget: int | None, max_new_tokens: int, verifier: str | None,
+            temperature: float, seed: int, device: str | None, dtype: str | None, threads: int | None,
             as_json: bool) -> None:
     """Record one trace row per decoding iteration of the live engine."""
     spec = drafter_spec(drafter)
     given = {"depth": draft_length, "width": tree_width, "budget": tree_budget}
     if not spec.trained:  # a trained drafter keeps the settings it was trained with
         given = {k: UNTRAINED_SHAPE[k] if v is None and k in spec.options else v for k, v in given.items()}
-    names = _domains(domains)
+    names, prompt_sets = _domains(domains, model)
     if prompts < 1:
         raise InputError(f"--prompts {prompts} is too few: trace at least 1 prompt per domain")
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} is too few: give at least 1")
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads} is invalid: give 1 or more")
-    _folder(model_dir, "--model", "target")
+    model_dir = model.require().target
+    dtype = dtype or model.dtype
+    if drafter_dir is not None and not spec.trained:
+        raise InputError(f"--drafter-model is a trained drafter's folder: drop it for --drafter {drafter}")
+    folder = drafter_folder(model, drafter, drafter_dir) if spec.trained else None
     if spec.needs_draft_model:
-        _folder(draft_dir, "--draft-model", "draft-model")
+        draft_dir = (drafter_folder(model, drafter) if draft_dir is None
+                     else _folder(draft_dir, "--draft-model", f"draft-model --model {model_arg(model)}"))
     import torch  # torch and the engine: not for --help
 
     from real_engine.decode import make_drafter
@@ -106,11 +128,11 @@ def command(drafter: str, domains: str, prompts: int, out: Path, model_dir: Path
     if room < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
                          f"{target.args.max_position_embeddings} positions: lower it")
-    chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room)
+    chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room, folder=prompt_sets)
     draft = load_model(draft_dir, getattr(torch, dtype), device) if spec.needs_draft_model else None
 
     def new() -> object:
-        return make_drafter(drafter, target, draft, **given)
+        return make_drafter(drafter, target, draft, folder=folder, **given)
 
     new()  # bad drafter settings fail here, before any decoding
 

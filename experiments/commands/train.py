@@ -1,12 +1,15 @@
-"""`specblock train KIND`: build the corpus data, or train a model of the shipped family.
+"""`specblock train KIND`: build the corpus data, or train a model of the shipped family, or a drafter
+for any model.
 
-Kinds: ``tokenizer`` (corpus manifest, tokenizer and prompt sets under data/), ``target`` (the target
-LM, shipped to data/models/target), ``draft-model`` (a small model distilled from the target,
-shipped to data/models/draft) and the feature drafters ``specblock``, ``eagle`` and ``medusa``
-(trained on the target's rows, cached under runs/drafter-data; shipped to data/models/<kind>, see
-``real_engine.training.recipes``). Checkpoints live under runs/<kind>/ and ``--resume`` continues them.
-The default paths (data/..., runs/...) lie in the repository wherever the command runs; a path given
-on the command line is relative to the working directory.
+Kinds: ``tokenizer`` (corpus manifest, tokenizer and prompt sets under data/) and ``target`` (the target
+LM, shipped to data/models/target), both the shipped toy family's only; ``draft-model`` (a small model
+distilled from the target) and the feature drafters ``specblock``, ``eagle`` and ``medusa`` (trained on
+the target's rows, cached under runs/drafter-data; see ``real_engine.training.recipes``), each for the
+model ``--model`` names and written to that model's drafters folder (``ModelSpec.drafter_folder``: the
+toy family's are data/models/draft and data/models/<kind>, a checkpoint folder's DIR/drafters/<kind>).
+Checkpoints live under runs/<kind>/ (another model's under runs/<kind>-<model>/) and ``--resume``
+continues them. The default paths (data/..., runs/...) lie in the repository wherever the command runs;
+a path given on the command line is relative to the working directory.
 """
 
 from __future__ import annotations
@@ -18,30 +21,43 @@ from pathlib import Path
 import click
 
 from core.errors import InputError
+from core.models import TOY, ModelSpec
 from core.names import trained_drafters
-from core.paths import DRAFT_MODEL, MODELS, RUNS, TARGET
+from core.paths import RUNS
+from experiments.cli import model_option
 
 DRAFTERS = trained_drafters()  # the feature drafters (core.names registers them trained)
 KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
-DEFAULT_OUT = {"target": TARGET, "draft-model": DRAFT_MODEL,
-               **{kind: MODELS / kind for kind in DRAFTERS}}
+TOY_ONLY = ("tokenizer", "target")  # they build the shipped toy family itself
+
+
+def default_out(kind: str, model: ModelSpec) -> Path:
+    """Where ``kind`` trained for ``model`` goes: the toy family's target for ``target``, else the model's
+    own folder of the drafter (``ModelSpec.drafter_folder``; the draft model's for ``draft-model``)."""
+    return TOY.target if kind == "target" else model.drafter_folder(kind)
+
+
+def default_run_dir(kind: str, model: ModelSpec) -> Path:
+    """The checkpoint folder of ``kind`` trained for ``model``: runs/<kind> for the toy family, else
+    runs/<kind>-<model name>, so one model's checkpoints never resume another's."""
+    return RUNS / kind if model == TOY else RUNS / f"{kind}-{model.name}"
 
 
 @click.command("train")
 @click.argument("kind", type=click.Choice(KINDS))
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Folder for the trained model (default data/models/<kind>, data/models/draft for "
-                   "draft-model).")
+              help="Folder for the trained model [default: the model's own drafter folder (toy-16m: "
+                   "data/models/<kind>, data/models/draft for draft-model; a folder DIR: "
+                   "DIR/drafters/<kind>); target: data/models/target].")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
-              help="Checkpoint folder (default runs/<kind>).")
+              help="Checkpoint folder [default: runs/<kind>; another model's runs/<kind>-<model>].")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in the run folder.")
 @click.option("--minutes", type=float, default=None,
               help="Wall-clock budget: the schedule spans it (target, draft-model), or the run stops there, "
                    "checkpointed for --resume (specblock, eagle, medusa).")
 @click.option("--steps", type=int, default=None, help="A fixed number of steps instead of a time budget.")
-@click.option("--target", "target_dir", type=click.Path(path_type=Path), default=MODELS / "target",
-              show_default="data/models/target",
-              help="The target to distil from, or to train a drafter for (all but tokenizer and target).")
+@model_option("The model to distil a draft model from, or to train a drafter for (tokenizer and target "
+              "build the toy family: toy-16m only).")
 @click.option("--sequences", type=int, default=None,
               help="Corpus windows of the target's rows to train on (drafters; default 1920).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=RUNS / "drafter-data",
@@ -62,7 +78,7 @@ DEFAULT_OUT = {"target": TARGET, "draft-model": DRAFT_MODEL,
 @click.option("--threads", type=int, default=2, help="CPU threads for torch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, minutes: float | None,
-            steps: int | None, target_dir: Path, sequences: int | None, data_dir: Path, init_dir: Path | None,
+            steps: int | None, model: ModelSpec, sequences: int | None, data_dir: Path, init_dir: Path | None,
             lr: float | None, batch_size: int | None, on_policy: float | None, size: str | None, threads: int,
             as_json: bool) -> None:
     """Build the tokenizer data, or train the target, the draft model or a feature drafter."""
@@ -86,8 +102,17 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"--threads must be at least 1, got {threads}: give 1 or 2")
     if sequences is not None and (kind not in DRAFTERS or sequences < 1):
         raise InputError(f"--sequences {sequences}: give a positive count, for specblock, eagle or medusa")
+    if kind in TOY_ONLY and model != TOY:
+        raise InputError(f"`specblock train {kind}` builds the shipped toy family ({TOY.name}), not a target "
+                         f"for model {model.name!r}: drop --model, or train a drafter (draft-model, "
+                         f"{', '.join(DRAFTERS)}) for it")
+    target_dir = model.target
     if kind in (*DRAFTERS, "draft-model") and not (target_dir / "config.json").exists():
-        raise InputError(f"no target model in {target_dir}: run `specblock train target` or give --target")
+        if model != TOY:
+            model.require()
+        raise InputError(f"no target model in {target_dir}: run `specblock train target` or give --model")
+    out = out or default_out(kind, model)
+    run_dir = run_dir or default_run_dir(kind, model)
     import torch  # torch and the training code: not for --help
 
     from real_engine.training import corpus, draft_model, target
@@ -102,8 +127,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         overrides = {k: v for k, v in given if v is not None}
         recipe = DataRecipe(**{k: v for k, v in (("sequences", sequences), ("on_policy", on_policy))
                                 if v is not None})
-        out = out or DEFAULT_OUT[kind]
-        log = train_drafter(kind, target_dir, out, run_dir or RUNS / kind, data_dir=data_dir,
+        log = train_drafter(kind, target_dir, out, run_dir, data_dir=data_dir,
                             recipe=recipe, overrides=overrides, resume=resume, minutes=minutes, init=init_dir)
         result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
         result["out"] = str(out)
@@ -113,8 +137,6 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
                                        ("batch_size", batch_size), ("on_policy", on_policy))
                      if v is not None}
         cfg = dataclasses.replace(base, **overrides)
-        out = out or DEFAULT_OUT[kind]
-        run_dir = run_dir or RUNS / kind
         if kind == "target":
             log = target.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
         else:

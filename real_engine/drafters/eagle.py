@@ -316,9 +316,9 @@ def eagle_drafter(folder: str | Path, target: Transformer, depth: int | None = N
 def build_eagle(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
                 depth: int | None = None, width: int | None = None, budget: int | None = None,
                 vocab: int | None = None) -> EagleDrafter:
-    """The ``eagle`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
-    ``data/models/eagle``): a dynamic tree ``depth`` deep, ``width`` the top-k (children per node and
-    frontier width), ``budget`` tokens in all, drafting the ``vocab`` most frequent tokens; options not
+    """The ``eagle`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (the model's own,
+    ``ModelSpec.drafter_folder``): a dynamic tree ``depth`` deep, ``width`` the top-k (children per node
+    and frontier width), ``budget`` tokens in all, drafting the ``vocab`` most frequent tokens; options not
     given keep the deployed shape (``deployed``), else the saved tree shape and vocabulary."""
     folder, shape = trained_shape("eagle", folder, deployed, depth=depth, width=width, budget=budget,
                                   vocab=vocab)

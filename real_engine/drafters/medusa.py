@@ -244,10 +244,10 @@ def medusa_drafter(folder: str | Path, target: Transformer, budget: int | None =
 
 def build_medusa(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
                  depth: int | None = None, budget: int | None = None) -> MedusaDrafter:
-    """The ``medusa`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
-    ``data/models/medusa``): a static tree of ``budget`` nodes (re-chosen from the saved calibration
-    accuracies) cut at ``depth``; options not given keep the deployed shape (``deployed``), else the saved
-    tree."""
+    """The ``medusa`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (the model's own,
+    ``ModelSpec.drafter_folder``): a static tree of ``budget`` nodes (re-chosen from the saved
+    calibration accuracies) cut at ``depth``; options not given keep the deployed shape (``deployed``),
+    else the saved tree."""
     folder, shape = trained_shape("medusa", folder, deployed, depth=depth, budget=budget)
     with train_hint("medusa"):
         net, tree = load_medusa(folder, target, shape.get("budget"))

@@ -518,8 +518,8 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
 def build_specblock(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool,
                     *, blocks: int | None = None, budget: int | None = None, width: int | None = None,
                     vocab: int | None = None) -> SpecBlockDrafter:
-    """The ``specblock`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (default
-    ``data/models/specblock``): ``blocks`` block forwards (M), ``budget`` drafted nodes, ``width``
+    """The ``specblock`` drafter (``make_drafter``) trained for ``target`` in ``folder`` (the model's own,
+    ``ModelSpec.drafter_folder``): ``blocks`` block forwards (M), ``budget`` drafted nodes, ``width``
     children per node at most (1 drafts a chain that still stops where the rank head gives up), drafting
     the folder's ``vocab`` most frequent tokens (the vocabulary's size: all); options not given keep
     the deployed shape (``deployed``), else the trained settings."""

