@@ -14,7 +14,6 @@ The ``transformers`` peer
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,13 +25,13 @@ import torch
 
 from core.cost_profile import resolve_profile
 from core.errors import InputError
-from core.files import MAX_PROMPT_SET_BYTES, read_text
 from core.names import VANILLA, drafter_spec
 from experiments.intervals import REPLICATES, interval, resamples
 from policies import policy_from_dict
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.base import Drafter
 from real_engine.model import Output, Transformer
+from real_engine.prompts import PromptRow, read_prompt_set, select_part
 from real_engine.speculate import LengthControlled
 from real_engine.training.specblock import specblock_loss
 from real_engine.tree import DraftTree
@@ -67,7 +66,7 @@ class Config:
 class Settings:
     """Everything a bench run needs besides the loaded models."""
 
-    domains: dict[str, list[str]]  # domain -> prompt texts
+    domains: dict[str, list[PromptRow]]  # domain (a prompt file's category) -> its prompts, untokenized
     drafters: tuple[str, ...] = (VANILLA, "ngram", "draft-model")
     verifiers: tuple[str, ...] = ("greedy", "block", "rrs")
     temperatures: tuple[float, ...] = (0.0, 1.0)
@@ -144,9 +143,10 @@ class Recorder:
         self.calls += self.counter[0] - before
 
 
-def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dict[str, list[str]]:
-    """The first ``count`` prompt texts of each domain's ``<folder>/<domain>.jsonl`` (all domains there
-    when ``domains`` is None)."""
+def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dict[str, list[PromptRow]]:
+    """The first ``count`` prompts of each domain's ``<folder>/<domain>.jsonl`` (all domains there when
+    ``domains`` is None): of its evaluation split where its rows carry splits (the real prompt sets), else
+    of the whole file."""
     if count < 1:
         raise InputError(f"--prompts is {count}: give at least 1 prompt per domain")
     present = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
@@ -157,24 +157,15 @@ def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dic
     unknown = [d for d in chosen if d not in present]
     if unknown:
         raise InputError(f"unknown domain {unknown[0]!r}: use some of {', '.join(present)}")
-    prompts: dict[str, list[str]] = {}
+    prompts: dict[str, list[PromptRow]] = {}
     for domain in chosen:
-        path, texts = folder / f"{domain}.jsonl", []
-        text = read_text(path, MAX_PROMPT_SET_BYTES, "prompt set",
-                         "give a JSON-lines file of {\"text\": ...} objects")
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                texts.append(str(json.loads(line)["text"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise InputError(f"{path}:{number} is not a JSON object with a \"text\" field: "
-                                 "fix the prompt file") from exc
-            if len(texts) == count:
-                break
-        if not texts:
+        path = folder / f"{domain}.jsonl"
+        rows = read_prompt_set(path, domain)
+        if any(row.split is not None for row in rows):
+            rows = select_part(rows, "evaluation", path)
+        if not rows:
             raise InputError(f"{path} holds no prompts: add JSON lines with a \"text\" field")
-        prompts[domain] = texts
+        prompts[domain] = rows[:count]
     return prompts
 
 

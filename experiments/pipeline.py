@@ -53,6 +53,7 @@ from policies import POLICY_KINDS, load_policy, make_policy, policy_from_dict, p
 from real_engine import profile as prof
 from real_engine.decode import make_drafter
 from real_engine.model import load_model
+from real_engine.prompts import Prompt, encode_row, interleave, read_prompt_file, select_part
 from real_engine.speculate import LengthControlled
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts, record
@@ -63,6 +64,7 @@ from simulator.traces import load_traces, save_traces
 STEPS = ("models", "profile", "traces", "simulate", "tune", "deploy", "report")
 DRAFTER = "draft-model"
 LENGTH_KINDS = ("fixed", "threshold", "heuristic", "libraspec")
+MAX_FILE_PROMPTS = 10_000  # rows per category read from a prompt file (the plan takes its few)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class PipelinePlan:
     adapt: bool = True  # also tune the adaptation policies
     clock: str = "cpu"  # the profile's and the deployment's clock (process CPU time on one thread)
     seed: int = 0
+    prompt_file: str | None = None  # a user's prompt file instead of the model's sets (its categories)
 
 
 FULL = PipelinePlan(quick=False)
@@ -132,16 +135,20 @@ class Run:
         return self.loaded
 
     def prompts(self, part: str) -> list[Any]:
-        """The plan's calibration or evaluation prompts, domains interleaved."""
+        """The plan's calibration or evaluation prompts, domains interleaved: of the model's prompt sets,
+        or of the plan's prompt file (each category's rows by their split, else by halves)."""
         count = self.plan.calibration if part == "calibration" else self.plan.evaluation
-        return load_prompts(
-            self.plan.domains,
-            count,
-            self.models()["tokenizer"].encode,
-            part,
-            max_tokens=self.plan.prompt_tokens,
-            folder=model_prompts(self.model, self.plan.domains),
-        )
+        tokenizer = self.models()["tokenizer"]
+        chat = tokenizer.encode_chat if tokenizer.chat_template else None
+        if self.plan.prompt_file is None:
+            return load_prompts(self.plan.domains, count, tokenizer.encode, part,
+                                max_tokens=self.plan.prompt_tokens,
+                                folder=model_prompts(self.model, self.plan.domains), chat_encode=chat)
+        path = Path(self.plan.prompt_file)
+        groups = read_prompt_file(path, MAX_FILE_PROMPTS)
+        last = self.plan.prompt_tokens
+        return interleave([[Prompt(r.name, r.domain, tuple(encode_row(r, tokenizer.encode, chat)[-last:]))
+                            for r in select_part(groups[d], part, path)[:count]] for d in self.plan.domains])
 
 
 # ----------------------------------------------------------------------------- steps
@@ -485,6 +492,7 @@ def run_pipeline(
     address: str | None = None,
     log: Callable[[str], None] = lambda _: None,
     advance: Callable[[str], None] = lambda _: None,
+    prompt_file: Path | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) every step into ``out``, held by this process alone; return the summary that
     ``--json`` prints, with the age of the cost profile its results rest on. ``model`` is the model the
@@ -493,7 +501,16 @@ def run_pipeline(
     model_dir = model.target if model_dir is None else model_dir
     draft_dir = model.draft_model if draft_dir is None else draft_dir
     _check_models(model_dir, draft_dir, model)
-    plan = replace(plan, domains=model_domains(model, plan.domains))
+    if prompt_file is None:
+        plan = replace(plan, domains=model_domains(model, plan.domains))
+    else:
+        groups = read_prompt_file(prompt_file, MAX_FILE_PROMPTS)
+        short = [d for d, rows in groups.items() if len(rows) < 2]
+        if short:
+            raise InputError(f"--prompt-file {prompt_file}: category {short[0]!r} has one prompt: "
+                             "the pipeline traces on one half of each category and deploys on the other; "
+                             "give two or more")
+        plan = replace(plan, domains=tuple(groups), prompt_file=str(Path(prompt_file).resolve()))
     address = check_address(address)
     out = Path(out).resolve()
     check_writable(out)

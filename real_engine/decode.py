@@ -71,12 +71,14 @@ class Generation:
 
 
 def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
-    """Run ``tokens`` ([T]) into ``cache`` and commit them; ``T = 0`` gives empty rows."""
+    """Run ``tokens`` ([T]) into ``cache`` and commit them; ``T = 0`` gives empty rows. The logits are the
+    last position's only: the decode loop runs the prompt's last token (the root) in its first step, and
+    drafters read the prompt's features and final hidden states, never its logits."""
     if tokens.numel() == 0:
         a, w = model.args, model.lm_head.weight
         return Output(w.new_zeros(1, 0, a.vocab_size), w.new_zeros(1, 0, 3 * a.hidden_size),
                       w.new_zeros(1, 0, a.hidden_size))
-    out = model(tokens[None], cache=cache)
+    out = model(tokens[None], cache=cache, last=1)
     cache.commit()
     return out
 

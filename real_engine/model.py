@@ -278,14 +278,18 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, tree_mask: torch.Tensor | None = None,
-                head: nn.Module | None = None) -> Output:
+                head: nn.Module | None = None, last: int | None = None) -> Output:
         """Run ``tokens`` ([B, T]) at ``positions`` ([T] or [B, T]; default after the cache).
 
         With a cache the new tokens attend to the committed prefix and, among themselves, causally
         or by ``tree_mask`` ([T, T] bool, True where attention is allowed; or [T, length + T] to mask
         committed positions too, as a drafter expanding a tree depth by depth needs). The cache's
         pending region holds them afterwards: commit or ``keep`` it. ``head`` replaces the LM head (a
-        drafter's head cut to a reduced vocabulary; the logits then have its width).
+        drafter's head cut to a reduced vocabulary; the logits then have its width). ``last`` computes the
+        logits of the last ``last`` positions only (a prefill needs none of the prompt's: the LM head over
+        a long prompt costs more than the rest of the forward). The logits are float32 whatever the
+        model's dtype: verification reads them as probabilities, and a 16-bit argmax or softmax is several
+        times slower on a CPU.
         """
         t = tokens.shape[1]
         start = cache.length if cache is not None else 0
@@ -302,7 +306,8 @@ class Transformer(nn.Module):
         by_layer = dict(zip(sorted(set(self.args.feature_layers)), feats, strict=True))
         features = torch.cat([by_layer[i] for i in self.args.feature_layers], dim=-1)
         hidden = self.model.norm(x)
-        return Output((self.lm_head if head is None else head)(hidden), features, hidden)
+        rows = hidden if last is None else hidden[:, -last:]
+        return Output((self.lm_head if head is None else head)(rows).float(), features, hidden)
 
     @staticmethod
     def _mask(t: int, start: int, tree_mask: torch.Tensor | None,

@@ -437,31 +437,39 @@ def _file_row(path: Path, number: int, row: dict[str, Any], fix: str) -> PromptR
     return PromptRow(str(row.get("id", f"{domain}-{number:03d}")), domain, text, chat)
 
 
-def load_prompt_file(path: str | Path, count: int, encode: Callable[[str], list[int]],
-                     chat_encode: Callable[[str], list[int]] | None = None) -> list[Prompt]:
-    """A user's ``--prompt-file``: the first ``count`` prompts of each of its domains, domains interleaved
-    in the order they first appear.
+def read_prompt_file(path: str | Path, count: int) -> dict[str, list[PromptRow]]:
+    """A user's ``--prompt-file``, not yet tokenized: the first ``count`` rows of each of its domains, in
+    the order the domains first appear.
 
     Each line is either the project's row (``"text"``, optional ``"id"``, ``"domain"`` (default
     ``prompt-file``) and ``"chat"``) or an MT-bench question (``"question_id"``, ``"category"``,
     ``"turns"``: the first turn, a chat prompt, its category the domain, so results come per category);
-    the format is told per line. Chat prompts go through ``chat_encode`` when given. The file is read
-    through the capped reader; a malformed line gives InputError naming its number."""
+    the format is told per line. The file is read through the capped reader; a malformed line gives
+    InputError naming its number."""
     path = Path(path)
     if count < 1:
         raise InputError(f"{count} prompts per domain is too few: give at least 1")
     fix = 'fix the line: {"text": ...} or an MT-bench {"question_id", "category", "turns": [...]}'
-    groups: dict[str, list[Prompt]] = {}
+    groups: dict[str, list[PromptRow]] = {}
     for number, line in enumerate(read_text(path, MAX_PROMPT_SET_BYTES, "prompt file", fix).splitlines(), 1):
         if not line.strip():
             continue
         row = _file_row(path, number, _json_row(path, number, line, fix), fix)
         group = groups.setdefault(row.domain, [])
         if len(group) < count:
-            group.append(Prompt(row.name, row.domain, tuple(encode_row(row, encode, chat_encode))))
+            group.append(row)
     if not groups:
         raise InputError(f"{path}: the prompt file holds no prompts: {fix}")
-    return interleave(list(groups.values()))
+    return groups
+
+
+def load_prompt_file(path: str | Path, count: int, encode: Callable[[str], list[int]],
+                     chat_encode: Callable[[str], list[int]] | None = None) -> list[Prompt]:
+    """``read_prompt_file``'s rows tokenized (chat rows through ``chat_encode`` when given), domains
+    interleaved."""
+    groups = read_prompt_file(path, count)
+    return interleave([[Prompt(r.name, r.domain, tuple(encode_row(r, encode, chat_encode))) for r in rows]
+                       for rows in groups.values()])
 
 
 if __name__ == "__main__":  # regenerate the committed manifest from the installed wheels

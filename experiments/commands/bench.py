@@ -11,7 +11,7 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import DRAFT_SHAPES, VERIFIERS, drafter_choices, registry, trained_drafters
+from core.names import DRAFT_SHAPES, DTYPES, VERIFIERS, drafter_choices, registry, trained_drafters
 from core.paths import RESULTS, repo_relative
 from experiments.bench_report import markdown, write_report
 from experiments.cli import SEED, model_arg, model_option, model_profile, model_prompts, resolve_device
@@ -95,6 +95,10 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--prompts-dir", type=click.Path(path_type=Path), default=None,
               show_default="the model's own",
               help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
+@click.option("--prompt-file", type=click.Path(path_type=Path), default=None,
+              help="Prompts of your own instead of the model's sets: JSON lines of {\"text\", \"domain\"?, "
+                   "\"chat\"?} or MT-bench questions ({\"question_id\", \"category\", \"turns\"}: the first "
+                   "turn through the chat template); rows are reported by domain or category.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Prompt j decodes with seed + j.")
 @click.option("--draft-length", type=int, default=None,
@@ -106,6 +110,7 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft-model tree: nodes kept.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
 @click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench).")
 @click.option("--out", type=click.Path(path_type=Path), default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
@@ -119,15 +124,18 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
 def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
             trained_shapes: bool, hf: bool, model: ModelSpec, draft_dir: Path | None,
-            drafters_dir: Path | None, prompts_dir: Path | None, max_new_tokens: int, seed: int,
+            drafters_dir: Path | None, prompts_dir: Path | None, prompt_file: Path | None,
+            max_new_tokens: int, seed: int,
             draft_length: int, tree_width: int, tree_budget: int, threads: int | None, device: str | None,
-            tag: str | None, out: Path, policy_files: tuple[Path, ...], profile_path: Path | None,
+            dtype: str | None, tag: str | None, out: Path, policy_files: tuple[Path, ...],
+            profile_path: Path | None,
             as_json: bool) -> None:
     """Benchmark vanilla and speculative decoding per domain, drafter, verifier and temperature.
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
     """
     from experiments.bench import Settings, load_prompts  # torch and the engine: not for --help
+    from real_engine.prompts import read_prompt_file
 
     names = _names(drafters, "--drafters", drafter_choices(), "; the transformers peer is --hf")
     for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-length", draft_length),
@@ -141,6 +149,8 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
     draft_dir = model.draft_model if draft_dir is None else draft_dir
     drafters_dir = model.drafters if drafters_dir is None else drafters_dir
     chosen = None if domains is None else _split(domains, "--domains")
+    if prompt_file is not None and (domains is not None or prompts_dir is not None):
+        raise InputError("--prompt-file replaces the model's prompt sets: drop --domains and --prompts-dir")
     prompts_dir = model_prompts(model, chosen) if prompts_dir is None else prompts_dir
     policies = _policies(policy_files)
     if policies:
@@ -155,7 +165,8 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
             chain = {k: v for k, v in deployed.items() if k in ("depth", "vocab", *CHAIN_OPTIONS)}
     settings = Settings(
-        domains=load_prompts(prompts_dir, chosen, count),
+        domains=(load_prompts(prompts_dir, chosen, count) if prompt_file is None
+                 else read_prompt_file(prompt_file, count)),
         drafters=names, verifiers=_names(verifiers, "--verifiers", VERIFIERS),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", DRAFT_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
@@ -169,10 +180,11 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         notes.append(f"hf-assisted: no draft model in {draft_dir}, skipped")
     name = f"bench_{tag}" if tag else "bench"
     results, config = _run(settings, model_dir, draft_dir if has_draft else None, drafters_dir,
-                           hf and has_draft, threads, device, notes, model_arg(model))
+                           hf and has_draft, threads, device, notes, model_arg(model), dtype or model.dtype)
     config.update(model=model.name, model_dir=repo_relative(model_dir),
                   draft_model=repo_relative(draft_dir) if has_draft else None,
                   drafters_dir=repo_relative(drafters_dir), prompts_dir=repo_relative(prompts_dir),
+                  prompt_file=None if prompt_file is None else repo_relative(prompt_file),
                   profile=None if profile_path is None else repo_relative(profile_path), name=name)
     saved = save_result(name, results, config, seed, directory=out)
     md, png = write_report(results, out, name)
@@ -185,7 +197,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
 
 
 def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: Path, hf: bool,
-         threads: int | None, device: str, notes: list[str], model: str = ""
+         threads: int | None, device: str, notes: list[str], model: str = "", dtype: str = "float32"
          ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load the models, plan and measure; return (results, config for provenance); ``model`` is how
     ``--model`` names the model, for the notes on drafters not trained for it."""
@@ -203,12 +215,13 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     )
     from experiments.hf_peer import HFPeer, transformers_available
     from real_engine.model import load_model
+    from real_engine.prompts import encode_row
     from real_engine.tokenizer import Tokenizer
 
     if threads is not None:
         torch.set_num_threads(threads)
-    target = load_model(model_dir, torch.float32, device)
-    draft = load_model(draft_dir, torch.float32, device) if draft_dir is not None else None
+    target = load_model(model_dir, getattr(torch, dtype), device)
+    draft = load_model(draft_dir, getattr(torch, dtype), device) if draft_dir is not None else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     context = min(m.args.max_position_embeddings for m in (target, draft) if m is not None)
     deepest = max(settings.depth, int((settings.chain or {}).get("depth", 0)))
@@ -216,8 +229,9 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     if limit < 1:
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} leaves no room for a prompt in the "
                          f"models' context of {context}: lower it")
-    prompts = {d: [ids[-limit:] for ids in map(tokenizer.encode, texts) if ids]
-               for d, texts in settings.domains.items()}
+    chat = tokenizer.encode_chat if tokenizer.chat_template else None
+    prompts = {d: [ids[-limit:] for ids in (encode_row(row, tokenizer.encode, chat) for row in rows) if ids]
+               for d, rows in settings.domains.items()}
     empty = [d for d, p in prompts.items() if not p]
     if empty:
         raise InputError(f"the {empty[0]} prompts encode to no tokens: give prompts with text")
@@ -254,6 +268,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n) for n in trained_drafters()
                                    if n in available and n in settings.drafters})
     config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,
+                  dtype=dtype,
                   threads=torch.get_num_threads(),
                   configs=[f"{c.label} T={c.temperature:g}" for c in configs],
                   hf_assisted=peer.config() if peer else None)

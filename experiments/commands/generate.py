@@ -221,6 +221,9 @@ class _Stream:
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own",
               help="The dtype the models load in.")
 @click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--chat", is_flag=True,
+              help="Put the prompt through the model's chat template as a user turn (default: verbatim, as "
+                   "llama.cpp and vLLM take a prompt).")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Read the prompt from this file instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
@@ -234,7 +237,7 @@ def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir:
             ngram_max: int | None,
             policy: Path | None, profile_path: Path | None, device: str | None, dtype: str | None,
             prompt: str | None,
-            prompt_file: Path | None, as_json: bool) -> None:
+            chat: bool, prompt_file: Path | None, as_json: bool) -> None:
     """Generate text from a prompt, with speculative decoding unless --drafter none.
 
     Without --json the text streams to stdout and a stats line goes to stderr.
@@ -282,7 +285,7 @@ def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir:
 
         speculator = LengthControlled(speculator, length_policy, load_profile(profile_path), drafter)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode_chat(text) if chat else tokenizer.encode(text)
     if not ids:
         raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
     stream = None if as_json else _Stream(tokenizer.decode)

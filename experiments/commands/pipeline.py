@@ -59,6 +59,14 @@ def _latest() -> Path:
     help="Draft model folder.",
 )
 @click.option(
+    "--prompt-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Your own prompts instead of the model's sets: JSON lines of {\"text\", \"domain\"?, \"chat\"?, "
+    "\"split\"?} or MT-bench questions; each category is traced on one half (its calibration split) and "
+    "deployed on the other.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -71,6 +79,7 @@ def command(
     address: str | None,
     model: ModelSpec,
     draft_dir: Path | None,
+    prompt_file: Path | None,
     as_json: bool,
 ) -> None:
     """Profile, trace, simulate, tune, deploy and report, into one run folder."""
@@ -99,6 +108,7 @@ def command(
             address=address,
             log=lambda line: console.log(line),
             advance=lambda _: progress.advance(task),
+            prompt_file=prompt_file,
         )
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -59,6 +60,10 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--domains", default=None, show_default="every domain of the model's prompt sets",
               help="Comma-separated prompt domains (<domain>.jsonl files of the model's prompt sets).")
 @click.option("--prompts", type=int, default=8, show_default=True, help="Calibration prompts per domain.")
+@click.option("--prompt-file", type=click.Path(path_type=Path), default=None,
+              help="Trace your own prompts instead of the model's calibration sets: JSON lines of "
+                   "{\"text\", \"domain\"?, \"chat\"?} or MT-bench questions (the first turn, through the "
+                   "chat template; the category is the trace's domain); the first --prompts of each domain.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Parquet trace file to write.")
 @model_option()
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
@@ -82,7 +87,8 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a summary) on stdout.")
-def command(drafter: str, domains: str | None, prompts: int, out: Path, model: ModelSpec,
+def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path | None, out: Path,
+            model: ModelSpec,
             draft_dir: Path | None, drafter_dir: Path | None, draft_length: int | None,
             tree_width: int | None, tree_budget: int | None, max_new_tokens: int, verifier: str | None,
             temperature: float, seed: int, device: str | None, dtype: str | None, threads: int | None,
@@ -92,7 +98,9 @@ def command(drafter: str, domains: str | None, prompts: int, out: Path, model: M
     given = {"depth": draft_length, "width": tree_width, "budget": tree_budget}
     if not spec.trained:  # a trained drafter keeps the settings it was trained with
         given = {k: UNTRAINED_SHAPE[k] if v is None and k in spec.options else v for k, v in given.items()}
-    names, prompt_sets = _domains(domains, model)
+    if prompt_file is not None and domains is not None:
+        raise InputError("--prompt-file replaces the model's prompt sets: drop --domains")
+    names, prompt_sets = ((), None) if prompt_file is not None else _domains(domains, model)
     if prompts < 1:
         raise InputError(f"--prompts {prompts} is too few: trace at least 1 prompt per domain")
     if max_new_tokens < 1:
@@ -111,6 +119,7 @@ def command(drafter: str, domains: str | None, prompts: int, out: Path, model: M
 
     from real_engine.decode import make_drafter
     from real_engine.model import load_model
+    from real_engine.prompts import load_prompt_file
     from real_engine.tokenizer import Tokenizer
     from real_engine.trace import load_prompts, record
     from real_engine.warp import Sampling
@@ -128,7 +137,13 @@ def command(drafter: str, domains: str | None, prompts: int, out: Path, model: M
     if room < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
                          f"{target.args.max_position_embeddings} positions: lower it")
-    chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room, folder=prompt_sets)
+    chat = tokenizer.encode_chat if tokenizer.chat_template else None
+    if prompt_file is None:
+        chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room, folder=prompt_sets,
+                              chat_encode=chat)
+    else:
+        chosen = [replace(p, tokens=p.tokens[-room:])
+                  for p in load_prompt_file(prompt_file, prompts, tokenizer.encode, chat)]
     draft = load_model(draft_dir, getattr(torch, dtype), device) if spec.needs_draft_model else None
 
     def new() -> object:
