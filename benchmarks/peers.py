@@ -159,7 +159,8 @@ def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
              f"HumanEval prompts (verbatim), evaluation split; greedy, at most {config['new_tokens']} new "
              "tokens, "
              f"{config['threads']} threads, engines interleaved prompt by prompt. tokens/s counts the whole "
-             "call (prefill included). 95% bootstrap intervals over prompts.", ""]
+             "call (prefill included). 95% bootstrap intervals over prompts. \"Same tokens\" is the share of "
+             "prompts on which an engine emitted exactly our vanilla decoding's tokens.", ""]
     lines += [f"- {name}: {kind}" for name, kind in results["engines"].items()]
     lines += [f"- note: {note}" for note in results["notes"]]
     for category in dict.fromkeys(r["category"] for r in results["rows"]):
@@ -222,6 +223,8 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
         notes.append(f"llama.cpp not measured: llama-cpp-python is not installed ({exc}); `make peers` "
                      "builds it")
     names = [e.name for e in engines]
+    for engine in engines:  # untimed: packs weights, maps files and warms caches once, as a server would
+        engine.run(list(chosen[0].tokens))
     rng = np.random.default_rng(seed)
     records = []
     for i, prompt in enumerate(chosen):

@@ -45,14 +45,17 @@ def _peers_command(name: str, config: Record) -> str:
 
 def _peers_body(record: Record) -> Lines:
     results = record["results"]
-    rows = [[r["engine"], r["category"], interval(r["tokens_per_second"], r["tokens_per_second_ci"], ".1f"),
+    rows = [[r["engine"], r["prompts"], interval(r["tokens_per_second"], r["tokens_per_second_ci"], ".1f"),
              interval(r["over_vanilla"], r["over_vanilla_ci"], ".2f"), f"{r['new_tokens']:.0f}",
              f"{r['same_tokens_as_vanilla']:.0%}"] for r in results["rows"] if r["category"] == "pooled"]
     notes = [f"Note: {note}" for note in results["notes"]]
     config = record["config"]
     return [f"Greedy, at most {config['new_tokens']} new tokens, {config['threads']} threads, engines "
             "interleaved prompt by prompt; tokens/s over each whole call (prefill included). Pooled over "
-            "the categories (per category in the details).", *notes, "",
+            "the categories (per category in the details). \"Same tokens\" is the share of prompts on which an "
+            "engine emitted exactly our vanilla decoding's tokens: different kernels round differently, and a "
+            "16-bit model's rounding differs between a one-token step and a many-token verify, so greedy "
+            "outputs part at near-ties.", *notes, "",
             *table(["engine", "prompts", "tokens/s", "over our vanilla", "mean new tokens",
                     "same tokens as our vanilla"], rows)]
 

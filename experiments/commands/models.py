@@ -165,12 +165,15 @@ def fetch_model(spec: ModelSpec, progress: Any) -> dict[str, Any]:
             "verified": checked, "prompts": _prompts(progress)}
 
 
-def _progress(as_json: bool) -> Any:
+def _progress() -> Any:
+    """The progress display on stderr: only on a terminal, and gone when done, so that an error is still the
+    one line on stderr."""
     from rich.console import Console  # rich: not for --help
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=as_json)
+                    console=console, transient=True, disable=not console.is_terminal)
 
 
 @command.command("fetch")
@@ -182,7 +185,7 @@ def fetch(name: str, as_json: bool) -> None:
     Idempotent: a second call finds it installed and does nothing more.
     """
     spec = resolve_model(name)
-    with _progress(as_json) as progress:
+    with _progress() as progress:
         result = fetch_model(spec, progress)
     if as_json:
         click.echo(json.dumps(result))
@@ -209,7 +212,7 @@ def import_file(file: Path, name: str, dtype: str, as_json: bool) -> None:
     if name in taken:
         raise InputError(f"--name {name!r} is already taken by a model: choose another name")
     dest = models_home() / name
-    with _progress(as_json) as progress:
+    with _progress() as progress:
         task = progress.add_task(f"convert {file.name}", total=None)
         summary = import_gguf(file, dest, name=name, dtype=dtype,
                               progress=lambda done, total: progress.update(task, completed=done, total=total))

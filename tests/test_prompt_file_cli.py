@@ -1,0 +1,87 @@
+"""`--prompt-file FILE` on bench, trace and pipeline (the project's JSON lines or MT-bench questions, rows
+reported by category) and `generate --chat` (the model's chat template, or one line and exit 2 without
+one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from simulator.traces import load_traces
+
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["def greet(name):", "And again?"]},
+    {"question_id": 82, "category": "coding", "turns": ["for i in range(3):", "More?"]},
+    {"question_id": 83, "category": "writing", "turns": ["class Point:", "More?"]},
+]
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    code, out, err = run(args, capsys)
+    assert (code, out) == (2, ""), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("specblock: error:"), err
+    return err
+
+
+@pytest.fixture
+def questions(tmp_path: Path) -> Path:
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def test_bench_reports_an_mt_bench_file_by_category(llama_dir: Path, questions: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["bench", "--model", str(llama_dir), "--prompt-file", str(questions), "--drafters",
+                          "none,ngram", "--temperatures", "0", "--prompts", "2", "--max-new-tokens", "4",
+                          "--no-hf", "--out", str(tmp_path / "out"), "--json"], capsys)
+    assert code == 0, err
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert saved["config"]["domains"] == {"writing": 2, "coding": 1}
+    assert {"writing", "coding"} <= {row["domain"] for row in saved["results"]["rows"]}
+
+
+def test_trace_takes_a_prompt_file_and_keeps_its_categories(llama_dir: Path, draft_dir: Path, questions: Path,
+                                                            tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.parquet"
+    code, stdout, err = run(["trace", "--model", str(llama_dir), "--draft-model", str(draft_dir),
+                             "--prompt-file", str(questions), "--prompts", "1", "--max-new-tokens", "6",
+                             "--draft-length", "3", "--out", str(out), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["queries"] == 2 and set(load_traces(out)["domain"]) == {"writing", "coding"}
+
+
+def test_prompt_file_bad_input(llama_dir: Path, draft_dir: Path, questions: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert "drop --domains" in refused(["bench", "--model", str(llama_dir), "--prompt-file", str(questions),
+                                        "--domains", "code", "--no-hf"], capsys)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
+    err = refused(["trace", "--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompt-file",
+                   str(broken), "--out", str(tmp_path / "t.parquet")], capsys)
+    assert "line 2" in err and not (tmp_path / "t.parquet").exists()
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(QUESTIONS[1]) + "\n" + json.dumps(QUESTIONS[0]) + "\n" + json.dumps(QUESTIONS[2]))
+    err = refused(["pipeline", "--quick", "--model", str(llama_dir), "--draft-model", str(draft_dir),
+                   "--prompt-file", str(one), "--out", str(tmp_path / "run")], capsys)
+    assert "'coding' has one prompt" in err
+
+
+def test_generate_chat_needs_a_template(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["generate", "--model", str(llama_dir), "--chat", "--prompt", "hi", "--drafter", "none"],
+                  capsys)
+    assert "no chat template" in err and "drop --chat" in err
