@@ -54,8 +54,8 @@ def _peers_body(record: Record) -> Lines:
             "interleaved prompt by prompt; tokens/s over each whole call (prefill included). Pooled over "
             "the categories (per category in the details). \"Same tokens\" is the share of prompts on which "
             "an engine emitted exactly our vanilla decoding's tokens: different kernels round differently, "
-            "and a 16-bit model's rounding differs between a one-token step and a many-token verify, so greedy "
-            "outputs part at near-ties.", *notes, "",
+            "and a 16-bit model's rounding differs between a one-token step and a many-token verify, so "
+            "greedy outputs part at near-ties.", *notes, "",
             *table(["engine", "prompts", "tokens/s", "over our vanilla", "mean new tokens",
                     "same tokens as our vanilla"], rows)]
 
