@@ -28,7 +28,7 @@ import torch
 
 from core.errors import InputError
 from real_engine.decode import GREEDY, MAX_TREE_NODES, check_request, cut_at_eos, prefill, settle
-from real_engine.drafters.base import Drafter, clock
+from real_engine.drafters.base import Drafter, clock, prompt_rows
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.ragged import packed_forward
@@ -176,7 +176,7 @@ class BatchEngine:
             max_length = prompt.numel() + request.max_new_tokens
             cache = self.model.new_cache(max_length + (MAX_TREE_NODES if drafter is not None else 0))
             with torch.inference_mode():
-                target = prefill(self.model, cache, prompt[:-1])
+                target = prefill(self.model, cache, prompt[:-1], prompt_rows(drafter))
                 if drafter is not None:
                     drafter.begin(prompt, target, request.sampling, generator, max_length)
             self.running[rid] = _Running(request, self.results[rid], cache, TorchSampler(generator),

@@ -18,7 +18,7 @@ import torch
 
 from core.errors import InputError
 from core.names import PROBABILITY_OPTIONS, VANILLA, VERIFIERS, drafter_spec
-from real_engine.drafters.base import Drafter, clock
+from real_engine.drafters.base import Drafter, clock, prompt_rows
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
@@ -70,15 +70,15 @@ class Generation:
     stats: Stats
 
 
-def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> Output:
+def prefill(model: Transformer, cache: KVCache, tokens: torch.Tensor, last: int | None = 1) -> Output:
     """Run ``tokens`` ([T]) into ``cache`` and commit them; ``T = 0`` gives empty rows. The logits are the
-    last position's only: the decode loop runs the prompt's last token (the root) in its first step, and
-    drafters read the prompt's features and final hidden states, never its logits."""
+    ``last`` positions' only (None: all): the decode loop runs the prompt's last token (the root) in its
+    first step, and a drafter reads the prompt's logits only where ``prompt_rows`` says so."""
     if tokens.numel() == 0:
         a, w = model.args, model.lm_head.weight
         return Output(w.new_zeros(1, 0, a.vocab_size), w.new_zeros(1, 0, 3 * a.hidden_size),
                       w.new_zeros(1, 0, a.hidden_size))
-    out = model(tokens[None], cache=cache, last=1)
+    out = model(tokens[None], cache=cache, last=last)
     cache.commit()
     return out
 
@@ -204,7 +204,7 @@ def generate(model: Transformer, prompt: torch.Tensor | list[int], *, drafter: D
     max_length = prompt.numel() + max_new_tokens
     cache = model.new_cache(max_length + (MAX_TREE_NODES if drafter is not None else 0))
     start = clock(device)
-    target = prefill(model, cache, prompt[:-1])
+    target = prefill(model, cache, prompt[:-1], prompt_rows(drafter))
     forward_seconds = clock(device) - start
     draft_model_start = drafter.model_seconds if drafter is not None else 0.0
     if drafter is not None:

@@ -69,6 +69,8 @@ class FeedbackDrafter:
     live (``syncs`` counts these swaps). ``take`` hands over the finished query's :class:`Feedback`.
     """
 
+    reads_prompt_logits = True  # it records the target's law over the prompt too (``prompt_rows``)
+
     def __init__(self, inner: SpecBlockDrafter, top_k: int = 32) -> None:
         self.inner, self.top_k = inner, top_k
         self.syncs = 0

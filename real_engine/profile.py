@@ -38,7 +38,7 @@ from core.errors import InputError
 from core.files import write_json
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
-from real_engine.drafters.base import Drafter
+from real_engine.drafters.base import Drafter, prompt_rows
 from real_engine.drafters.draft_model import DraftModelDrafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
 from real_engine.drafters.medusa import MedusaDrafter, choose_tree, load_medusa, new_medusa
@@ -229,7 +229,7 @@ class _Session:
         self.prompt = random_tokens(context, self.vocab, self.gen).to(self.device)
         with torch.inference_mode():
             cache = target.new_cache(context)
-            self.out = prefill(target, cache, self.prompt[:-1])
+            self.out = prefill(target, cache, self.prompt[:-1], prompt_rows(drafter))
         self.drafter = drafter
         self.begin()
 
@@ -372,7 +372,7 @@ def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, ben
         def start(prompt: torch.Tensor = prompt, drafter: FeedbackDrafter | None = drafter) -> None:
             max_length = prompt.numel() + NEW_TOKENS
             cache = target.new_cache(max_length + (MAX_TREE_NODES if drafter is not None else 0))
-            out = prefill(target, cache, prompt[:-1])
+            out = prefill(target, cache, prompt[:-1], prompt_rows(drafter))
             if drafter is not None:
                 drafter.begin(prompt, out, GREEDY, torch.Generator(device=device).manual_seed(seed),
                               max_length)

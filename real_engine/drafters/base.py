@@ -54,6 +54,14 @@ class Drafter(Protocol):
         ...
 
 
+def prompt_rows(drafter: object | None) -> int | None:
+    """How many of the prompt's last positions the prefill before ``drafter.begin`` must give logits for:
+    every one (None) for a drafter that reads them (one whose class sets ``reads_prompt_logits``: the
+    adaptation's feedback recorder keeps the target's law at every committed position), else the last
+    one (the LM head over a long prompt costs more than the rest of its forward)."""
+    return None if getattr(drafter, "reads_prompt_logits", False) else 1
+
+
 def clock(device: torch.device) -> float:
     """``time.perf_counter()`` once the calling thread's CUDA stream has finished its queued work (so GPU
     time lands where it was spent, while an update on a side stream runs on; a no-op wait on CPU)."""
