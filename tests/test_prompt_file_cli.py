@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main
 from simulator.traces import load_traces
 
 QUESTIONS = [
@@ -19,21 +18,8 @@ QUESTIONS = [
 ]
 
 
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    code, out, err = run(args, capsys)
-    assert (code, out) == (2, ""), err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("specblock: error:"), err
-    return err
 
 
 @pytest.fixture
@@ -44,10 +30,10 @@ def questions(tmp_path: Path) -> Path:
 
 
 def test_bench_reports_an_mt_bench_file_by_category(llama_dir: Path, questions: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["bench", "--model", str(llama_dir), "--prompt-file", str(questions), "--drafters",
+                                                    cli) -> None:
+    code, _, err = cli(["bench", "--model", str(llama_dir), "--prompt-file", str(questions), "--drafters",
                           "none,ngram", "--temperatures", "0", "--prompts", "2", "--max-new-tokens", "4",
-                          "--no-hf", "--out", str(tmp_path / "out"), "--json"], capsys)
+                          "--no-hf", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0, err
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert saved["config"]["domains"] == {"writing": 2, "coding": 1}
@@ -56,32 +42,31 @@ def test_bench_reports_an_mt_bench_file_by_category(llama_dir: Path, questions: 
 
 def test_trace_takes_a_prompt_file_and_keeps_its_categories(llama_dir: Path, draft_dir: Path, questions: Path,
                                                             tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                            cli) -> None:
     out = tmp_path / "t.parquet"
-    code, stdout, err = run(["trace", "--model", str(llama_dir), "--draft-model", str(draft_dir),
+    code, stdout, err = cli(["trace", "--model", str(llama_dir), "--draft-model", str(draft_dir),
                              "--prompt-file", str(questions), "--prompts", "1", "--max-new-tokens", "6",
-                             "--draft-length", "3", "--out", str(out), "--json"], capsys)
+                             "--draft-length", "3", "--out", str(out), "--json"])
     assert code == 0, err
     assert json.loads(stdout)["queries"] == 2 and set(load_traces(out)["domain"]) == {"writing", "coding"}
 
 
 def test_prompt_file_bad_input(llama_dir: Path, draft_dir: Path, questions: Path, tmp_path: Path,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+                               refused) -> None:
     assert "drop --domains" in refused(["bench", "--model", str(llama_dir), "--prompt-file", str(questions),
-                                        "--domains", "code", "--no-hf"], capsys)
+                                        "--domains", "code", "--no-hf"])
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
     err = refused(["trace", "--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompt-file",
-                   str(broken), "--out", str(tmp_path / "t.parquet")], capsys)
+                   str(broken), "--out", str(tmp_path / "t.parquet")])
     assert "line 2" in err and not (tmp_path / "t.parquet").exists()
     one = tmp_path / "one.jsonl"
     one.write_text("".join(json.dumps(q) + "\n" for q in (QUESTIONS[1], QUESTIONS[0], QUESTIONS[2])))
     err = refused(["pipeline", "--quick", "--model", str(llama_dir), "--draft-model", str(draft_dir),
-                   "--prompt-file", str(one), "--out", str(tmp_path / "run")], capsys)
+                   "--prompt-file", str(one), "--out", str(tmp_path / "run")])
     assert "'coding' has one prompt" in err
 
 
-def test_generate_chat_needs_a_template(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = refused(["generate", "--model", str(llama_dir), "--chat", "--prompt", "hi", "--drafter", "none"],
-                  capsys)
+def test_generate_chat_needs_a_template(llama_dir: Path, refused) -> None:
+    err = refused(["generate", "--model", str(llama_dir), "--chat", "--prompt", "hi", "--drafter", "none"])
     assert "no chat template" in err and "drop --chat" in err
