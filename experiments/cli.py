@@ -139,8 +139,8 @@ def model_domains(model: ModelSpec, wanted: Sequence[str] = DOMAINS) -> tuple[st
 
 
 def model_profile(model: ModelSpec, given: Path | None = None) -> Path:
-    """``given``, else ``model``'s cost profile; InputError naming `specblock profile --model` otherwise
-    (``ModelSpec.require_profile``, with the model named as ``--model`` takes it)."""
+    """``given``, else ``model``'s cost profile; InputError naming `specblock profile --model` otherwise (the
+    model named as ``--model`` takes it)."""
     if given is not None:
         return given
     if model.profile is None or not model.profile.is_file():

@@ -15,7 +15,6 @@ and the tokenizer), so a bad file costs an InputError and no large allocation.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import shutil
@@ -32,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import InputError
-from core.files import MAX_CONFIG_BYTES, atomic_write, check_size, read_json, write_json
+from core.files import MAX_CONFIG_BYTES, atomic_write, check_size, file_sha256, read_json, write_json
 from core.models import MANIFEST
 from core.names import DTYPES
 from real_engine.gguf_header import CORRUPT, MAX_GGUF_BYTES, Entry, field, read, scan
@@ -223,14 +222,6 @@ def _write_weights(reader: gguf.GGUFReader, args: ModelArgs, plan: Plan, folder:
                                                    for hf in shard}})
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def import_gguf(path: Path, dest: Path, *, name: str, dtype: str = "float32", source: str | None = None,
                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Convert the Llama or Qwen3 GGUF at ``path`` into a Hugging Face checkpoint folder ``dest`` (weights
@@ -275,7 +266,7 @@ def import_gguf(path: Path, dest: Path, *, name: str, dtype: str = "float32", so
     summary = {"name": name, "architecture": arch, "tensor_types": counts, "parameters": parameters,
                "vocab_size": len(tokens), "layers": args.num_hidden_layers, "hidden_size": args.hidden_size,
                "dtype": dtype, "chat": template is not None, "source": source or f"gguf {path.resolve()}",
-               "sha256": _sha256(path), "file": path.name}
+               "sha256": file_sha256(path), "file": path.name}
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,8 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
-from core.files import MAX_PROMPT_SET_BYTES, MAX_RECORD_BYTES, read_json, read_text, write_json, write_text
-from core.models import real_prompts
+from core.files import (
+    MAX_PROMPT_SET_BYTES,
+    MAX_RECORD_BYTES,
+    file_sha256,
+    read_json,
+    read_text,
+    write_json,
+    write_text,
+)
+from core.models import installed_file, real_prompts
 from core.paths import PROMPT_MANIFEST
 
 PARTS = ("calibration", "evaluation")
@@ -129,24 +136,12 @@ def split_of(item_id: str, fractions: Mapping[str, float]) -> str:
 # ---- the sources ----------------------------------------------------------------------------------
 
 
-def file_sha256(path: Path) -> str:
-    """The SHA-256 hex digest of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def wheel_file(source: Mapping[str, str]) -> Path:
     """The installed file of a manifest's source entry (``requirement``, ``package``, ``member``);
     InputError naming the ``pip install`` that brings it when the wheel or the file is missing."""
-    spec = importlib.util.find_spec(source["package"])
-    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
-    for location in locations:
-        path = Path(location) / source["member"]
-        if path.is_file():
-            return path
+    path = installed_file(source["package"], source["member"])
+    if path is not None:
+        return path
     raise InputError(f"the prompt source {source['package']}/{source['member']} is not installed: "
                      f"run `pip install {source['requirement']}`")
 

