@@ -3,7 +3,7 @@ AdaptStream against the update cost and the stream length, with the live runs ma
 
 Each profile's head and full update seconds (its full-buffer and one-window samples alike) are scaled
 by each factor of a log-spaced grid; streams of each length (a quarter from one domain, then an equal
-mix of four: ``default_phases``) are served by ``never``, ``cost_aware_bandit`` and ``always`` (head),
+mix of four: ``default_phases``) are served by ``never``, ``cost-aware-bandit`` and ``always`` (head),
 default parameters, with seed k for stream k of every policy and grid point (common random numbers: a
 stream's queries are the same until a policy's first update). Gain: the bandit's tokens/s, update
 seconds charged, over never's on the same stream; mean over seeds with a 95% t interval. Break-even:
@@ -50,16 +50,17 @@ from core.cost_profile import CostProfile, load_profile
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_text
 from core.models import TOY
-from core.paths import PAPER_PROFILE, RESULTS
+from core.paths import PAPER_PROFILE, RESULTS, repo_relative
 from experiments.adapt_live import MAX_PROMPT
 from experiments.adapt_plan import DEFAULT_PLAN
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from policies.base import make_policy
 from real_engine.adapt import AdaptConfig
 from simulator.acceptance import AcceptanceModel
 from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.adaptation import AdaptationDynamics
-from simulator.envs import DEFAULT_PROMPT, DEFAULT_TOKENS
+from simulator.env_base import DEFAULT_PROMPT, DEFAULT_TOKENS
 from simulator.parametric import paper_acceptance
 from simulator.replay import TraceReplay
 from simulator.rollout import run_adapt
@@ -70,7 +71,7 @@ FACTORS = tuple(2.0**k for k in range(-10, 9))  # update cost over the profile's
 LENGTHS = (50, 100, 200, 500, 1000, 2000, 4000)  # queries per stream
 SEEDS = 6
 QUICK = {"factors": (2.0**-6, 2.0**-3, 1.0, 8.0, 64.0), "lengths": (50, 400), "seeds": 2}
-POLICIES = {"never": ("never", {}), "bandit": ("cost_aware_bandit", {}),
+POLICIES = {"never": ("never", {}), "bandit": ("cost-aware-bandit", {}),
             "always": ("always", {"update": "head"})}
 """The policies run: never (the baseline), the cost-aware bandit and always (head, for reference)."""
 LIVE_PROMPT = (64, MAX_PROMPT)  # the live stream's prompts: held-out prompts' last MAX_PROMPT tokens (>= 64)
@@ -326,8 +327,10 @@ def run_maps(streams: Sequence[Stream], factors: Sequence[float], lengths: Seque
             shown = "-" if edge["shown_up_to"] is None else f"{edge['shown_up_to']:.3g}x"
             show(f"{Path(s.profile).stem:24s} {n:5d} queries: break-even "
                  f"{factor_text(edge['factor'], edge['status'])}, shown to pay up to {shown}")
-        maps.append({"label": s.label, "profile": s.profile, "simulated": s.simulated,
-                     "stream": dataclasses.asdict(s),
+        recorded = {"profile": repo_relative(s.profile),
+                    "acceptance": None if s.acceptance is None else repo_relative(s.acceptance)}
+        maps.append({"label": s.label, "profile": recorded["profile"], "simulated": s.simulated,
+                     "stream": {**dataclasses.asdict(s), **recorded},
                      "update_seconds": {k: profile.update_seconds(k) for k in ("head", "full")},
                      "update_single": dict(profile.fits.get("update_single", {})),
                      "update_windows": dict(profile.update_windows),
@@ -494,7 +497,7 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 @click.option("--quick", is_flag=True, help="A small grid, two seeds: a smoke run of well under a minute.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Map this cost profile only [default: the shipped CPU profile and the A100 paper one].")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for adapt_breakeven.{json,md,png}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) -> None:
@@ -516,7 +519,7 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
         if not stream.simulated:
             place_live(m, stream, factors, lengths)
     result = {"maps": maps, "seconds": time.perf_counter() - start}
-    config = {"quick": quick, "profile": None if profile_path is None else str(profile_path),
+    config = {"quick": quick, "profile": None if profile_path is None else repo_relative(profile_path),
               "factors": factors, "lengths": lengths, "seeds": seeds, "workers": workers,
               "policies": {name: {"kind": kind, "params": params}
                            for name, (kind, params) in POLICIES.items()},

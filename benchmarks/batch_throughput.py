@@ -35,6 +35,7 @@ from core.files import write_text
 from core.models import TOY
 from core.names import DOMAINS, VANILLA, drafter_spec
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval
 from experiments.provenance import save_result
 from real_engine.batch import BatchEngine, Request, Result
@@ -140,7 +141,7 @@ def _ints(value: str) -> tuple[int, ...]:
               help="New tokens per request.")
 @click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True,
               help="Interleaved rounds of every setting.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for batch_throughput.json and .md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(batches: str, drafters: str, alone: bool, prompts: int, tokens: int, rounds: int, out: Path,

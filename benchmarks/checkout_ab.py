@@ -1,11 +1,12 @@
 """Decoding speed of two checkouts side by side: did a change to the engine make decoding faster?
 
-This machine's speed drifts by 15 to 30% within minutes, so two runs one after the other cannot tell
-a 10% change. Here each checkout runs in its own worker process (its own code and shipped weights,
-one thread), and every (drafter, prompt) generation runs in both, alternating, once to warm up and
-once timed. The result per drafter is the median over prompts of the paired time ratio (base time
-over candidate time: above 1 when the candidate is faster), beside each side's tokens/s, speedup
-over its own vanilla decoding and tau. Greedy (T = 0) on the last prompts of each held-out file.
+A shared machine's speed drifts within minutes by more than a change to the engine usually moves it, so
+two runs one after the other cannot tell the change. Here each checkout runs in its own worker process
+(its own code and shipped weights, one thread), and every (drafter, prompt) generation runs in both,
+alternating, once to warm up and once timed. The result per drafter is the median over prompts of the
+paired time ratio (base time over candidate time: above 1 when the candidate is faster), beside each
+side's tokens/s, speedup over its own vanilla decoding and tau. Greedy (T = 0) on the last prompts of
+each held-out file.
 
     specblock benchmark checkout_ab BASE [--candidate .] [--drafters vanilla,ngram,...]
         [--domains code] [--prompts 8] [--max-new-tokens 48] [--name checkout_ab]
@@ -30,7 +31,8 @@ from benchmarks import checkout_worker
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.names import DOMAINS
-from core.paths import RESULTS
+from core.paths import RESULTS, repo_relative
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 
 DRAFTERS = "vanilla,ngram,draft-model,eagle,medusa,specblock"
@@ -78,7 +80,7 @@ def summary(runs: list[dict[str, float]]) -> dict[str, float]:
 @click.option("--prompts", type=int, default=8, show_default=True, help="Last held-out prompts per domain.")
 @click.option("--max-new-tokens", type=int, default=48, show_default=True)
 @click.option("--name", default="checkout_ab", show_default=True, help="Results file name.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(base: Path, candidate: Path, drafters: str, domains: str, prompts: int, max_new_tokens: int,
@@ -116,7 +118,7 @@ def command(base: Path, candidate: Path, drafters: str, domains: str, prompts: i
         show(f"{drafter:12s} base {b['tokens_per_s']:6.1f} tok/s ({b['speedup']:.2f}x, tau {b['tau']:.2f})  "
              f"candidate {c['tokens_per_s']:6.1f} tok/s ({c['speedup']:.2f}x, tau {c['tau']:.2f})  "
              f"candidate {ratio:.2f}x as fast")
-    config = {"base": str(base), "base_commit": commit(base), "candidate_commit": commit(candidate),
+    config = {"base": repo_relative(base), "base_commit": commit(base), "candidate_commit": commit(candidate),
               "drafters": names, "domains": chosen, "prompts": prompts, "max_new_tokens": max_new_tokens,
               "threads": 1}
     finish(as_json, rows, save_result(name, rows, config, checkout_worker.SEED, out))

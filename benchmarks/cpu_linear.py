@@ -1,12 +1,13 @@
 """CPU matrix kernels behind a verify forward: torch's default linear, oneDNN's and FBGEMM's prepacked ones.
 
-A speculative step pays for verifying T tokens at once; on a GPU that costs about what one token
-does, on this CPU it does not (verifying 5 tokens costs 1.6x a plain step), and that ratio decides
-whether any drafter can win. This measures, for the shipped target's weight shapes (the LM head and
-the layers' projections) and T = 1, 2, 5, 17 rows, the median time of ``F.linear`` (MKL here), of
-oneDNN's linear on a weight prepacked for that row count (``torch.ops.mkldnn._linear_pointwise``, what
-inductor's CPU freezing uses) and of the engine's ``real_engine.packed.Linear`` (FBGEMM, fp16 weights),
-side by side in one run; saves ``benchmarks/results/cpu_linear.json``.
+A speculative step pays for verifying T tokens at once; on a GPU that costs about what one token does,
+on a CPU it does not (a verify's cost over a plain step: ``benchmarks/results/forward_cost.json``), and
+that ratio decides whether any drafter can win. This measures, for the shipped target's weight shapes
+(the LM head and the layers' projections) and T = 1, 2, 5, 17 rows, the median time of ``F.linear`` (MKL
+here), of oneDNN's linear on a weight prepacked for that row count
+(``torch.ops.mkldnn._linear_pointwise``, what inductor's CPU freezing uses) and of the engine's
+``real_engine.packed.Linear`` (FBGEMM, fp16 weights), side by side in one run; saves
+``benchmarks/results/cpu_linear.json``.
 
     specblock benchmark cpu_linear [--repeats 200] [--threads 1]
 """
@@ -26,6 +27,7 @@ from benchmarks.output import finish, table
 from core.errors import InputError
 from core.models import TOY
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from real_engine.model import load_model
 from real_engine.packed import Linear, use_half
@@ -71,7 +73,7 @@ def measure(shapes: dict[str, tuple[int, int]], repeats: int) -> list[dict[str, 
 @click.command("cpu_linear")
 @click.option("--repeats", type=int, default=200, show_default=True, help="Timed calls per kernel and shape.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for cpu_linear.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(repeats: int, threads: int, out: Path, as_json: bool) -> None:

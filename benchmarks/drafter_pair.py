@@ -29,7 +29,8 @@ profile (``data/profiles/a100_llama31_8b_paper.json``: Llama-3.1-8B on one A100)
 reach there, tau times a vanilla step over drafting plus a verify forward, with intervals over the
 prompts. Beside it the paper's own figures, and what the profile gives at the paper's taus and trees:
 EAGLE-3 ahead of SpecBlock (the inconsistency the profile records: the quoted taus and drafting
-shares imply EAGLE-3 3.74x against SpecBlock 3.51x, not the paper's 8-13% lead for SpecBlock).
+shares imply a lead for EAGLE-3, not the paper's 8-13% lead for SpecBlock; the speedups are in
+``drafter_pair.json``).
 
 Saves ``drafter_pair.json`` and a ``.md`` table beside it.
 
@@ -54,6 +55,7 @@ from core.models import TOY
 from core.names import DOMAINS
 from core.paths import PAIR_MODELS, PAPER_PROFILE, RESULTS, repo_relative
 from experiments.bench import Recorder, alpha
+from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter
@@ -332,7 +334,7 @@ def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: i
               help="New tokens per generation.")
 @click.option("--drafters-dir", type=click.Path(file_okay=False, path_type=Path), default=PAIR_MODELS,
               show_default="data/models/fair", help="Folder holding specblock/ and eagle/, trained alike.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for drafter_pair.json and .md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: bool) -> None:

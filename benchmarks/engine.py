@@ -21,6 +21,7 @@ import torch
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter, prefill
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
@@ -192,7 +193,7 @@ def overhead(prompts: int, new_tokens: int, show: Callable[[str], None]) -> list
 @click.command("engine")
 @click.option("--quick", is_flag=True, help="Fewer rounds and tokens (a smoke run).")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for engine.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(quick: bool, threads: int, out: Path, as_json: bool) -> None:

@@ -30,7 +30,8 @@ import torch
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.models import TOY
-from core.paths import RESULTS
+from core.paths import RESULTS, repo_relative
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Transformer, load_model
@@ -120,7 +121,7 @@ def bound(ms: dict[str, float], alphas: list[float], draft: str = "draft_1") -> 
               help="Acceptance rate by chain position (default: the draft model's on code).")
 @click.option("--draft-vocab", type=int, default=2048, show_default=True,
               help="Also time the draft forward over this many of its most frequent tokens.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for TAG.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(repeats: int, target: Path, draft: Path, tag: str, alpha: str, draft_vocab: int, out: Path,
@@ -146,5 +147,5 @@ def command(repeats: int, target: Path, draft: Path, tag: str, alpha: str, draft
                  f"c = {r['c']:.2f}, v = {r['v']:.2f}: speedup at most {r['speedup_bound']:.2f}x")
     results = {"median_ms": ms, "products_share": shares, "bounds": bounds}
     config = {"repeats": repeats, "alpha": alphas, "context": CONTEXT, "threads": 1,
-              "draft_vocab": draft_vocab, "target": str(target), "draft": str(draft)}
+              "draft_vocab": draft_vocab, "target": repo_relative(target), "draft": repo_relative(draft)}
     finish(as_json, results, save_result(tag, results, config, SEED, out))

@@ -20,6 +20,7 @@ from benchmarks.output import finish
 from core.errors import InputError
 from core.models import resolve_model
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from real_engine.gguf_parity import compare_with_transformers
 from real_engine.prompts import read_prompt_set, select_part
@@ -33,7 +34,7 @@ PER_DOMAIN = 2
               help="A model fetched from a registry wheel (its GGUF is transformers' input).")
 @click.option("--new-tokens", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="Greedy tokens compared per prompt.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for gguf_parity.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(model_name: str, new_tokens: int, out: Path, as_json: bool) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from simulator.instances import random_instance
 from simulator.lp import MAX_VARIABLES, SOLVERS, LPSolveError, lp_size, solve_lp
@@ -56,7 +57,7 @@ def measure(vocab: int, length: int, drafts: int, instances: int, budget: float,
 @click.command("lp_solve_time")
 @click.option("--instances", type=int, default=2, show_default=True, help="Random instances per shape.")
 @click.option("--time-budget", type=float, default=60.0, show_default=True, help="Seconds allowed per solve.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for lp_solve_time.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(instances: int, time_budget: float, out: Path, as_json: bool) -> None:

@@ -36,7 +36,7 @@ from core.files import write_text
 from core.models import DEFAULT_MODEL, ModelSpec
 from core.names import DTYPES
 from core.paths import RESULTS
-from experiments.cli import model_option
+from experiments.cli import OUT_FOLDER, model_option
 from experiments.intervals import interval
 from experiments.provenance import save_result
 from real_engine.decode import generate
@@ -275,7 +275,7 @@ def _ints(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True)
 @click.option("--hf/--no-hf", default=True, show_default=True, help="Also run transformers' generate.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for model_speed.json and .md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(model: ModelSpec, dtypes: str, contexts: str, new_tokens: int, rounds: int, threads: int,

@@ -35,6 +35,7 @@ from benchmarks.output import finish, table
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, read_json, write_text
 from core.paths import REPO, RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 
 NAME = "mutation"
@@ -50,9 +51,9 @@ MODULES: dict[str, tuple[str, ...]] = {
                               "tests/test_feedback_paths.py"),
     "core/interpolation.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
     "core/cost_profile.py": ("tests/test_costs.py", "tests/test_costs_shapes.py"),
-    "simulator/envs.py": ("tests/test_envs.py", "tests/test_speclength_accounting.py",
-                          "tests/test_costs_shapes.py", "tests/test_steering.py",
-                          "tests/test_rollout_batch.py", "tests/test_trace_replay_bias.py"),
+    "simulator/spec_length.py": ("tests/test_envs.py", "tests/test_speclength_accounting.py",
+                                 "tests/test_costs_shapes.py", "tests/test_steering.py",
+                                 "tests/test_rollout_batch.py", "tests/test_trace_replay_bias.py"),
     "policies/length.py": ("tests/test_policies.py", "tests/test_steering.py"),
     "policies/adaptation.py": ("tests/test_policies.py",),
 }
@@ -65,7 +66,7 @@ DESELECT: dict[str, tuple[str, ...]] = {
 decode file's 35 seconds, on drafter code, not the loop's), so that more of the loop's mutants are run."""
 SHARE = {"real_engine/verify.py": 0.17, "real_engine/kv_cache.py": 0.06, "real_engine/tree.py": 0.10,
          "real_engine/decode.py": 0.25, "core/interpolation.py": 0.04, "core/cost_profile.py": 0.12,
-         "simulator/envs.py": 0.14, "policies/length.py": 0.06, "policies/adaptation.py": 0.06}
+         "simulator/spec_length.py": 0.14, "policies/length.py": 0.06, "policies/adaptation.py": 0.06}
 """Each module's share of the time budget (by its size and how long its tests take)."""
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
           35: "suspicious", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
@@ -258,7 +259,7 @@ def note(name: str, diff: str = "") -> str:
 
 
 BY_HAND = (
-    "The three bugs of issue 27 that every test missed were made by hand, each test run against it, and the "
+    "The three input-edge bugs that every test missed were made by hand, each test run against it, and the "
     "file restored (`git diff` empty): `real_engine/decode.py` handing `accept` the first n target rows "
     "(`rows = slice(n)`) fails four tests of `tests/test_feedback_paths.py` (the rows two stub drafters "
     "receive against a fresh target forward, and EAGLE's and SpecBlock's next trees against drafters begun "
@@ -346,7 +347,7 @@ def saved_results(path: Path) -> dict[str, Any]:
               help="With --only: run only the mutants of this function (repeatable), as mutmut names them "
                    "after its 'x' (_f for f, Cǁm for C.m; globs allowed).")
 @click.option("--render", "render_only", is_flag=True, help="Only rewrite mutation.md from the saved JSON.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for mutation.json and mutation.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the counts per module.")
 def command(budget_minutes: float, only: tuple[str, ...], functions: tuple[str, ...], render_only: bool,

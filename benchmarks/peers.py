@@ -37,6 +37,7 @@ from core.files import write_text
 from core.models import ModelSpec, resolve_model
 from core.names import DTYPES
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter
@@ -196,7 +197,7 @@ def f32_gguf(spec: ModelSpec) -> Path:
               help="Our engine's and transformers' dtype [default: the model's].")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the rotation and the intervals.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for peers.json and peers.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, threads: int, seed: int,

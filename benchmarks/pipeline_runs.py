@@ -22,6 +22,7 @@ from benchmarks.output import finish
 from core.errors import InputError
 from core.files import write_text
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 
 
@@ -36,7 +37,7 @@ def run_once(out: Path, full: bool) -> dict[str, Any]:
 
 
 def row(summary: dict[str, Any]) -> dict[str, Any]:
-    """The figures the issue asks for, from one run's summary."""
+    """One run's row of the side-by-side table: fidelity, worst policy, rank agreement, adaptive gain."""
     policies = summary["policies"]
     worst = max(policies, key=lambda n: abs(policies[n]["error"]))
     return {"fidelity_error": summary["fidelity_error"], "fidelity_error_ci": summary["fidelity_error_ci"],
@@ -80,7 +81,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 @click.option("--runs", type=int, default=3, show_default=True, help="Consecutive pipeline runs.")
 @click.option("--full", is_flag=True, help="The full pipeline instead of --quick.")
 @click.option("--tag", default=None, help="Results name [pipeline_quick or pipeline_full].")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for TAG.json and TAG.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every run's figures.")
 def command(runs: int, full: bool, tag: str | None, out: Path, as_json: bool) -> None:

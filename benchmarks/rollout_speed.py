@@ -28,15 +28,16 @@ import numpy as np
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
 from policies.base import Policy, make_policy
 from policies.features import ADAPT_INDEX, LENGTH_SLICES
 from simulator.acceptance import AcceptanceModel
-from simulator.envs import SpecLengthEnv
+from simulator.adapt_stream import AdaptStreamVectorEnv
 from simulator.parametric import default_acceptance, synthetic_traces
 from simulator.replay import TraceReplay
 from simulator.rollout import run_length
-from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthEnv, SpecLengthVectorEnv
 
 SEED = 0
 SLOTS = 4096
@@ -137,7 +138,7 @@ def adaptstream_rows(seconds: float, show: Callable[[str], None]) -> list[dict[s
 
 @click.command("rollout_speed")
 @click.option("--seconds", type=float, default=3.0, show_default=True, help="Wall seconds per measurement.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for rollout_speed.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(seconds: float, out: Path, as_json: bool) -> None:

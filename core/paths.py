@@ -32,7 +32,7 @@ CPU_PROFILE = PROFILES / "cpu_shipped.json"
 PAPER_PROFILE = PROFILES / "a100_llama31_8b_paper.json"
 """The A100 profile derived from the SpecBlock paper's figures (labelled so inside)."""
 TRACES = DATA / "traces" / "default.parquet"
-SERVE_POLICIES = DATA / "policies" / "serve"
+SERVE_POLICIES = DATA / "policies" / "serving"
 """Serving policies tuned on SpecServe on this machine's costs (`specblock serve-bench` runs them)."""
 SERVE_PROFILE = PROFILES / "cpu_serve.json"
 """Serving costs on this kind of machine (batched verify, draft-model chains, prefill; wall clock)."""
@@ -44,9 +44,9 @@ PIPELINE_RUNS = RUNS / "pipeline"
 TUNE_RUNS = RUNS / "tune"
 """`specblock tune TASK`'s default study folder is ``TUNE_RUNS / TASK``."""
 STUDY_RUNS = RUNS / "studies"
+"""The studies' Ray Tune folders (`specblock study`)."""
 SERVE_BENCH_RUNS = RUNS / "serve-bench"
 """Where `specblock serve-bench --quick` writes, apart from the committed results."""
-"""The studies' Ray Tune folders (`specblock study`)."""
 RESULTS = REPO / "benchmarks" / "results"
 """Committed result files (JSON with provenance, and the tables and plots drawn from them)."""
 TOKEN_CACHE = RUNS / "tokens"
@@ -56,9 +56,26 @@ DRAFTER_DATA = RUNS / "drafter-data"
 SPECBLOCK_DATA = RUNS / "specblock-data"
 
 
-def repo_relative(path: Path) -> str:
-    """``path`` as results and pages name it: relative to the repository where it lies inside it."""
+def repo_relative(path: str | Path) -> str:
+    """``path`` as results files and pages name it: the one function every results writer records a path
+    through, so that a committed file names no folder of the machine it was made on.
+
+    - inside the repository: relative to it (``data/profiles/cpu_shipped.json``), the same from any clone;
+    - under this user's home folder (a model cache, a user's checkpoint): ``~/...``, never the home
+      folder's own name;
+    - elsewhere (``/tmp/run``, another disk): absolute, as it resolves, for a reader to see that it lay
+      outside the repository (a path relative to the working directory would mean nothing later).
+
+    A model of the registry is recorded by its registered name (``core.models.ModelSpec.name``, under
+    ``model``), its folder by this function beside it.
+    """
+    resolved = Path(path).expanduser().resolve()
+    if resolved.is_relative_to(REPO):
+        return str(resolved.relative_to(REPO))
     try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError):  # no home folder can be determined
+        return str(resolved)
+    if home != Path(home.anchor) and resolved.is_relative_to(home):
+        return str(Path("~") / resolved.relative_to(home))
+    return str(resolved)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from core.cost_profile import CostProfile
+from core.names import registry
 
 
 def batch_verify_seconds(profile: CostProfile, requests: np.ndarray, nodes: np.ndarray,
@@ -58,10 +59,10 @@ class ServeCosts(NamedTuple):
 
 def drafting_table(profile: CostProfile, drafter: str, max_batch: int, cap: int) -> np.ndarray:
     """(max_batch + 1, cap + 1) seconds of one iteration's drafting when r requests (row) each draft k
-    positions (column): lockstep draft-model chains (``samples.batch_draft``) where measured, else r
-    chains drafted in turn."""
+    positions (column): lockstep chains of a drafter drafting with the draft model (``samples.batch_draft``)
+    where measured, else r chains drafted in turn."""
     r, k = np.arange(max_batch + 1)[:, None], np.arange(cap + 1)[None, :]
-    if drafter == "draft-model" and "batch_draft" in profile.fits:
+    if registry[drafter].needs_draft_model and "batch_draft" in profile.fits:
         requests, tokens = np.broadcast_arrays(np.maximum(r, 1), np.maximum(k, 1))
         table = np.asarray(profile.batch_draft_seconds(requests, tokens))
         return np.where((r > 0) & (k > 0), table, 0.0)
@@ -70,10 +71,10 @@ def drafting_table(profile: CostProfile, drafter: str, max_batch: int, cap: int)
 
 def backlog_seconds(profile: CostProfile, drafter: str, backlog: np.ndarray) -> np.ndarray:
     """What each request's drafting adds by first running the ``backlog`` committed tokens its draft model
-    has not run (its prompt at its first proposal): ``CostProfile.draft_backlog_seconds`` for draft-model
-    chains, 0 for drafters that keep no cache of their own."""
+    has not run (its prompt at its first proposal): ``CostProfile.draft_backlog_seconds`` for the drafters
+    drafting with the draft model, 0 for drafters that keep no cache of their own."""
     backlog = np.asarray(backlog, dtype=np.float64)
-    if drafter != "draft-model":
+    if not registry[drafter].needs_draft_model:
         return np.zeros(backlog.shape)
     return np.asarray(profile.draft_backlog_seconds(backlog), dtype=np.float64)
 

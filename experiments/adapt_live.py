@@ -6,7 +6,7 @@
    the mix changes. Each phase's order is a seeded shuffle; each query generates a length drawn from
    ``plan.min_new_tokens..plan.max_new_tokens`` (48 to 64) with the seed, greedy. Prompts are each
    ``data/prompts/<domain>.jsonl``'s held-out ones in order (evaluation half, then calibration half):
-   64 per domain, 256 in all, so the 200-query quick stream uses each at most once and the 2,000-query
+   64 per domain, 256 in all, so the quick stream uses each at most once and the 2,000-query
    stream reuses each about 8 times (``result["prompts"]`` records the distinct prompts per domain).
 2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``POLICIES``: never, always with head
    updates, always with full updates, epsilon-greedy and the cost-aware bandit, default parameters)
@@ -38,14 +38,14 @@
    (``CostProfile.prefill_cost``: the target's prefill and the drafter's begin, with its feedback
    recording). AdaptStream's queries all generate the stream's mean length (it takes one length); the
    stream's tokens/s weighs each query's simulated rate by its real length. The machine's speed moves
-   within a stream (15 to 70% here), so each query's simulated seconds are scaled by it: an iteration's
-   cost at that policy's re-timing nearest before and after the query (interpolated) over its cost at all
-   re-timings pooled (``adapt_serve.machine_speed``, ``adapt_predict.at_machine_speed``); the re-timings
-   between queries wait for a boundary where no update trains (beside one, the decoding thread's own
-   seconds count the trainer's contention, which the overlap slowdown already charges). No time
-   measured on the stream's queries enters the prediction (drafting is costed by the profile at the
-   recorded shapes); the report adds each policy's shapes beside the engine's time per iteration.
-   Per-query means are compared with the engine's.
+   within a stream (each policy's ``machine_speed`` in the results file), so each query's simulated
+   seconds are scaled by it: an iteration's cost at that policy's re-timing nearest before and after the
+   query (interpolated) over its cost at all re-timings pooled (``adapt_serve.machine_speed``,
+   ``adapt_predict.at_machine_speed``); the re-timings between queries wait for a boundary where no update
+   trains (beside one, the decoding thread's own seconds count the trainer's contention, which the overlap
+   slowdown already charges). No time measured on the stream's queries enters the prediction (drafting is
+   costed by the profile at the recorded shapes); the report adds each policy's shapes beside the engine's
+   time per iteration. Per-query means are compared with the engine's.
 5. **Figures** (``result["figures"]``, what ``specblock adapt-live --json`` prints): per policy the
    stream's tokens/s (update seconds charged) with a 95% bootstrap interval over its queries
    (resampled within each domain, ``experiments.intervals``), tau, updates by kind, seconds spent
@@ -61,7 +61,7 @@ replayed, which ``benchmarks/adapt_breakeven.py`` maps adaptation on). Modules: 
 the whole run), ``experiments.adapt_serve`` (the engine's streams and re-timing),
 ``experiments.adapt_predict`` (the simulator's prediction) and ``experiments.adapt_report`` (tables and
 plot). Run: ``specblock adapt-live`` (``--quick`` for the
-200-query stream).
+16-query stream).
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ POLICIES: dict[str, dict[str, Any]] = {
     "never": {"kind": "never", "params": {}},
     "always_head": {"kind": "always", "params": {"update": "head"}},
     "always_full": {"kind": "always", "params": {"update": "full"}},
-    "epsilon_greedy": {"kind": "epsilon_greedy", "params": {}},
-    "cost_aware_bandit": {"kind": "cost_aware_bandit", "params": {}},
+    "epsilon_greedy": {"kind": "epsilon-greedy", "params": {}},
+    "cost_aware_bandit": {"kind": "cost-aware-bandit", "params": {}},
 }
 """The policies compared by default, by name, as policy-file content (``never`` must always be there: its
 stream gives the traces and the drafting shapes the simulator replays)."""

@@ -1,6 +1,6 @@
 """The plan of a live adaptation stream (``experiments.adapt_live``): its size, where its domain mix
 shifts, the range of each query's length and how often the engine is re-timed; the paper's 2,000-query
-plan, the 200-query quick one and the pipeline's small one."""
+plan, the quick one, and the pipelines' small ones."""
 
 from __future__ import annotations
 
@@ -32,10 +32,17 @@ class StreamPlan:
 
 DEFAULT_PLAN = StreamPlan(queries=2000, shift=1000, min_new_tokens=48, max_new_tokens=64, sim_seeds=32,
                           retime_repeats=3, retime_every=100)
-"""The paper's stream: 2,000 queries of 48 to 64 tokens, the mix shifting halfway (hours on this CPU)."""
-QUICK_PLAN = StreamPlan(queries=200, shift=100, min_new_tokens=48, max_new_tokens=64, sim_seeds=8,
-                        retime_repeats=1, retime_every=50)
-"""``specblock adapt-live --quick``: the same stream shape, 200 queries (about 15 minutes here)."""
+"""The paper's stream: 2,000 queries of 48 to 64 tokens, the mix shifting halfway."""
+QUICK_PLAN = StreamPlan(queries=16, shift=8, min_new_tokens=48, max_new_tokens=64, sim_seeds=4,
+                        retime_repeats=1, retime_every=8)
+"""``specblock adapt-live --quick``: the same stream shape, 16 queries (within 5 minutes on 2 CPU cores)."""
+QUICK_SIZES = (QUICK_PLAN.queries, 200)
+"""Stream sizes ``--quick`` has written: this plan's and, in results files written before it fitted in
+5 minutes, 200 queries."""
 PIPELINE_PLAN = StreamPlan(queries=12, shift=6, min_new_tokens=20, max_new_tokens=28, sim_seeds=4,
                            retime_repeats=1)
-"""The pipeline's adaptation step (``make run``): a smoke-sized stream of the same shape."""
+"""The quick pipeline's adaptation step (``make run``): a small stream of the same shape."""
+SMOKE_PLAN = StreamPlan(queries=8, shift=4, min_new_tokens=8, max_new_tokens=12, sim_seeds=2,
+                        retime_repeats=0)
+"""The smoke pipeline's adaptation step (``specblock pipeline --smoke``, the tests): two queries per
+domain, the shifted domains after the shift, no re-timing (the shipped profile's samples)."""

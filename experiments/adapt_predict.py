@@ -10,8 +10,8 @@ import numpy as np
 
 from policies.adaptation import ACTIONS, SKIP
 from policies.base import make_policy
-from simulator.adapt_stream import AdaptStreamEnv
 from simulator.adaptation import AdaptRecord
+from simulator.predict import make_env
 from simulator.rollout import serve_query
 
 if TYPE_CHECKING:
@@ -53,20 +53,12 @@ def simulate(
     (policy-file content) whose queries generate ``tokens`` each, drafting costed at the recorded
     SpecBlock ``shapes``; with ``overlap_slowdown`` updates train beside decoding (``overlap``).
     Tokens/s is each query's harmonic mean, its mean seconds per token inverted: a stream's tokens/s
-    is its tokens over its summed seconds, and the arithmetic mean overstated it by 2 to 7%."""
-    env = AdaptStreamEnv(
-        profile=profile,
-        acceptance=acceptance,
-        drafter="specblock",
-        draft_length=acceptance.cap,
-        tokens_per_query=tokens,
-        prompt_tokens=prompt_tokens,
-        phases=[(1, {d: 1.0}) for d in stream_domains],
-        dynamics=dynamics,
-        draft_shape=list(shapes),
-        overlap=overlap_slowdown is not None,
-        overlap_slowdown=overlap_slowdown or 1.0,
-    )
+    is its tokens over its summed seconds, which the arithmetic mean of rates overstates."""
+    env = make_env("adaptation", profile, acceptance, "specblock", len(stream_domains),
+                   draft_length=acceptance.cap, tokens_per_query=tokens, prompt_tokens=prompt_tokens,
+                   phases=[(1, {d: 1.0}) for d in stream_domains], dynamics=dynamics,
+                   draft_shape=list(shapes), overlap=overlap_slowdown is not None,
+                   overlap_slowdown=overlap_slowdown or 1.0)
     q = len(stream_domains)
     tau, tps, update, updated = (np.zeros((plan.sim_seeds, q)) for _ in range(4))
     for s in range(plan.sim_seeds):
@@ -89,7 +81,8 @@ def at_machine_speed(simulated: Mapping[str, list[float]], speed: Mapping[str, S
                      ) -> dict[str, list[float]]:
     """``simulate``'s per-query figures with each query's tokens/s divided by the machine's speed factor
     there (``adapt_serve.machine_speed``'s factors interpolated linearly between the re-timings): the
-    profile prices a stream at its pooled timings, and this machine drifts 15 to 70% within one."""
+    profile prices a stream at its pooled timings, and a shared machine's speed drifts within one (each
+    policy's ``machine_speed`` in the results file)."""
     tps = np.asarray(simulated["tokens_per_second"])
     return {**simulated, "tokens_per_second": (tps / speed_factors(speed, tps.size)).tolist()}
 

@@ -54,9 +54,9 @@ def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[An
     timer = make_timer(target.lm_head.weight.device, clock)
     decode = Bench(timer, repeats, grid.warmup)
     verify, vanilla = prof.verify_samples(target, grid, decode, seed)
-    draft, _ = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
+    draft = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
     prefill = prof.prefill_samples(target, net, grid, decode, seed)
-    timed = {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"]},
+    timed = {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"].rows},
              "prefill": prefill}
     if updates:
         bench = Bench(timer, repeats, 0)
@@ -154,15 +154,13 @@ def serve(
     thread's CPU clock (the process's would count the trainer's work: twice the decoding time).
 
     The policies serve the stream one after another, each with its own drafter, as a deployment runs
-    one policy: taking turns query by query made the ``never`` stream's queries about 9% slower than
-    its profile predicted (the other policies' updates evict what decoding keeps cached). The samples
-    are re-timed before each stream because this shared machine's speed drifts: the same one-window
-    head update took 0.98 to 1.5 s within half an hour, and decoding ran 7 to 11% faster than a
-    profile measured an hour before; a timing right before a 4-minute stream once caught a moment 30%
-    faster than the stream ran, and one after it a moment 10% slower, hence timings after and during
-    it (between queries, when no update runs). Synthetic feedback makes an update
-    slower than the stream's own (a one-window head update 1.17 s against 0.97 s on the stream), hence
-    the recorded feedback."""
+    one policy: taking turns query by query made the ``never`` stream's queries slower than its profile
+    predicted (the other policies' updates evict what decoding keeps cached). The samples are re-timed
+    before each stream because a shared machine's speed drifts, both between a profile and a stream and
+    within one stream, so one timing right before a stream can catch an unrepresentative moment; hence
+    timings after and during it too (between queries, when no update runs). Synthetic feedback makes an
+    update slower than the stream's own, hence the recorded feedback. The drift each run saw is in its
+    results file (each policy's ``machine_speed``; docs/results.md, "Live online adaptation")."""
     traces: list[dict[str, Any]] = []
     counts: dict[int, int] = {}
 

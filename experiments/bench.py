@@ -26,6 +26,7 @@ import torch
 from core.cost_profile import resolve_profile
 from core.errors import InputError
 from core.names import VANILLA, drafter_spec
+from core.verifiers import default_verifier, fits
 from experiments.intervals import REPLICATES, interval, resamples
 from policies import policy_from_dict
 from real_engine.decode import generate, make_drafter
@@ -37,10 +38,6 @@ from real_engine.training.specblock import specblock_loss
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
-# The sampling verifiers that fit each kind of draft (T > 0): single-path verifiers on chains, rrs on
-# top-k trees, the multi-path ones on K i.i.d. sampled paths.
-FITS = {"chain": ("token", "block", "rrs"), "tree": ("rrs",), "paths": ("rrs", "gbv", "seqbv"),
-        "trained": ("rrs",)}  # a trained drafter's training shape: a top-k tree for all three
 WARMUP_TOKENS = 8
 TEXT_EVERY, TEXT_DEPTH = 16, 8  # real-text acceptance: a draft after every 16th prompt token, 8 deep at most
 
@@ -195,12 +192,14 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
             if spec.trained and settings.trained_shapes:
                 shapes = (*shapes, "trained")
             for shape in shapes:
-                fits = ("greedy",) if t == 0 else tuple(v for v in settings.verifiers if v in FITS[shape])
-                configs.extend(Config(drafter, shape, v, t) for v in fits)
+                drafted = "tree" if shape == "trained" else shape  # a trained drafter trains on a top-k tree
+                fit = ((default_verifier(t, drafted),) if t == 0
+                       else tuple(v for v in settings.verifiers if v in fits(drafted)))
+                configs.extend(Config(drafter, shape, v, t) for v in fit)
                 if shape != "paths":  # trimming K sampled paths by confidence would bias them
                     configs.extend(Config(drafter, shape, v, t, name)
-                                   for v in fits for name, _ in settings.policies)
-                if not fits:
+                                   for v in fit for name, _ in settings.policies)
+                if not fit:
                     notes.append(f"{drafter}/{shape} at T={t:g}: none of the verifiers "
                                  f"{','.join(settings.verifiers)} fits a {shape}, skipped")
         if hf:

@@ -18,7 +18,8 @@ import click
 from core import models
 from core.errors import InputError
 from core.models import DEFAULT_MODEL, TOY, ModelSpec, folder_spec, model_names, resolve_model
-from core.names import DOMAINS
+from core.names import DOMAINS, draft_options, registry
+from experiments.folders import check_writable
 
 # name -> module under experiments.commands that defines a click command called `command`.
 COMMANDS = {
@@ -47,6 +48,24 @@ MAX_SEED = 2**32 - 1  # seeds numpy, gymnasium and torch all take (torch's and n
 SEED = click.IntRange(0, MAX_SEED)  # the type of every --seed option
 
 
+class OutFolder(click.Path):
+    """``--out DIR``: the folder a command writes its files into, the same in every command. A missing
+    folder is no error: the command creates it, with its parents, when it writes (``core.files`` writers
+    create them; a command that writes otherwise creates it first), so bad input never leaves an empty
+    folder behind. Refused before any work (exit 2, ``experiments.folders.check_writable``): a file
+    where the folder should be, a path under a file, a place this user cannot write in."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        check_writable(Path(value), param.opts[0] if param is not None and param.opts else "--out")
+        return Path(super().convert(value, param, ctx))
+
+
+OUT_FOLDER = OutFolder()  # the type of every --out that names a folder
+
+
 class LiveChoice(click.Choice):
     """A choice among the names ``names()`` gives each time it is read (a registry's, such as the drafters
     of ``core.names``), so a name registered after the command's import is offered too."""
@@ -63,6 +82,35 @@ class LiveChoice(click.Choice):
     @choices.setter
     def choices(self, _: Sequence[str]) -> None:
         """Ignored: click.Choice sets its choices once; these are read live."""
+
+
+def drafter_params(exclude: Sequence[str] = ()) -> list[click.Option]:
+    """One option per registered drafter option (``core.names.draft_options``), named by its flag, passing
+    its builder keyword, its help naming the drafters that take it; a count (>= 1) or a probability."""
+    out = []
+    for option in draft_options.values():
+        if option.name in exclude:
+            continue
+        takers = ", ".join(name for name, spec in registry.items() if option.name in spec.options)
+        kind = click.FloatRange(0, 1) if option.probability else int
+        out.append(click.Option([option.flag, option.name], type=kind, default=None,
+                                show_default=option.default or None, help=f"{option.help} ({takers})"))
+    return out
+
+
+class DrafterCommand(click.Command):
+    """A command that takes every registered drafter option (``drafter_params``), read from the registry
+    each time it parses or prints help, so a drafter registered after the command's import brings its
+    options. The callback receives them as keywords, None where not given."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """Its own parameters, then the drafter options, then --help."""
+        params = super().get_params(ctx)
+        own = {p.name for p in self.params}
+        extra = drafter_params(exclude=tuple(own))
+        if params and params[-1].name == "help":
+            return [*params[:-1], *extra, params[-1]]
+        return [*params, *extra]
 
 
 class ModelType(click.ParamType):
@@ -113,7 +161,7 @@ def drafter_folder(model: ModelSpec, kind: str, given: Path | None = None) -> Pa
     from real_engine.drafters.trained import trained_available  # the engine's: this module imports core only
 
     folder = model.drafter_folder(kind)
-    ok = (folder / "config.json").is_file() if kind == "draft-model" else trained_available(folder)
+    ok = (folder / "config.json").is_file() if registry[kind].needs_draft_model else trained_available(folder)
     if not ok:
         raise InputError(f"model {model.name!r} has no {kind} drafter in {folder}: train one with "
                          f"`specblock train {kind} --model {model_arg(model)}`")

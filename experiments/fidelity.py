@@ -14,14 +14,14 @@ deep; Medusa-style heads) are run twice:
 
 Each configuration replays a calibration trace recorded with its own draft shape. A deeper trace cut
 at n (a greedy chain of n accepts the first n of what a deeper chain accepts) is biased: the deeper
-drafter crosses easy stretches of text in fewer iterations, so its iterations over-represent hard
-ones (``TraceReplay`` samples iterations uniformly); here that under-predicted n-gram 4's tau by
-about 10% from a depth-8 trace. Chains are costed per drafted token (``T_draft(n)``). Trees are
-drafted whole however many nodes are verified, so they are costed by their shape's series in the
-profile (``draft_shape``): the draft model's tree by depth and width, EAGLE by depth, and SpecBlock by
-the block forwards and start nodes it really ran on each calibration iteration (its rank head decides
-them; ``SpecBlockDrafter.shapes``), at their mean cost. Trees are kept within the simulator's 16
-positions (``LENGTH_CAP``) and verified whole.
+drafter crosses easy stretches of text in fewer iterations, so its iterations over-represent hard ones
+(``TraceReplay`` samples iterations uniformly), and a chain's tau replayed from a deeper trace comes out
+too low. Chains are costed per drafted token (``T_draft(n)``). Trees are drafted whole however many
+nodes are verified, so they are costed by their shape's series in the profile (``draft_shape``): the
+draft model's tree by depth and width, EAGLE by depth, and SpecBlock by the block forwards and start
+nodes it really ran on each calibration iteration (its rank head decides them;
+``SpecBlockDrafter.shapes``), at their mean cost. Trees are kept within the simulator's 16 positions
+(``LENGTH_CAP``) and verified whole.
 
 Timing: the comparison uses the profile's clock. On a shared CPU machine the profile is measured on
 the CPU clock (process CPU seconds, one torch thread), which other jobs' load barely moves; the
@@ -41,22 +41,21 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import drafter_spec
+from core.names import VANILLA, drafter_spec, registry
 from experiments.cli import drafter_folder
 from policies.base import make_policy
 from real_engine.decode import generate, make_drafter
 from real_engine.trace import record
+from simulator.predict import predict
 from simulator.replay import TraceReplay
-from simulator.rollout import run_length
 from simulator.traces import load_traces
-from simulator.vector_envs import SpecLengthVectorEnv
 
 
 @dataclass(frozen=True)
@@ -66,57 +65,81 @@ class Config:
 
     name: str
     drafter: str  # "none" for vanilla
-    trace: str  # key of the calibration trace (TRACES); "" for vanilla
+    trace: str  # key of the calibration trace (``traces()``); "" for vanilla
     length: int
-    depth: int | None = None
-    width: int | None = None
-    budget: int | None = None
-    blocks: int | None = None
+    settings: tuple[tuple[str, float], ...] = ()  # the drafter's ``make_drafter`` options
 
     @property
-    def options(self) -> dict[str, int | None]:
+    def options(self) -> dict[str, float]:
         """The drafter options ``make_drafter`` takes."""
-        return {"depth": self.depth, "width": self.width, "budget": self.budget, "blocks": self.blocks}
+        return dict(self.settings)
 
 
 TREE = 16  # drafted nodes of every tree configuration: the simulator's LENGTH_CAP
-TRACES: dict[str, dict[str, Any]] = {
-    "chain-2": {"drafter": "draft-model", "depth": 2},
-    "chain-4": {"drafter": "draft-model", "depth": 4},
-    "chain-6": {"drafter": "draft-model", "depth": 6},
-    "ngram-4": {"drafter": "ngram", "depth": 4},
-    "tree-4x3": {"drafter": "draft-model", "depth": 4, "width": 3, "budget": TREE},
-    **{f"specblock-{m}": {"drafter": "specblock", "blocks": m, "budget": TREE} for m in (1, 2, 3)},
-    **{f"eagle-{d}": {"drafter": "eagle", "depth": d, "budget": TREE} for d in (2, 4, 6)},
-    "medusa": {"drafter": "medusa", "budget": TREE},
-}
-CONFIGS = (
-    Config("vanilla", "none", "", 0),
-    Config("draft-model chain 2", "draft-model", "chain-2", 2, depth=2),
-    Config("draft-model chain 4", "draft-model", "chain-4", 4, depth=4),
-    Config("draft-model chain 6", "draft-model", "chain-6", 6, depth=6),
-    Config("n-gram 4", "ngram", "ngram-4", 4, depth=4),
-    Config(f"draft-model tree 4x3 ({TREE} nodes)", "draft-model", "tree-4x3", TREE, depth=4, width=3,
-           budget=TREE),
-    *(Config(f"specblock M={m} ({TREE} nodes)", "specblock", f"specblock-{m}", TREE, blocks=m, budget=TREE)
-      for m in (1, 2, 3)),
-    *(Config(f"eagle depth {d} ({TREE} nodes)", "eagle", f"eagle-{d}", TREE, depth=d, budget=TREE)
-      for d in (2, 4, 6)),
-    Config(f"medusa ({TREE} nodes)", "medusa", "medusa", TREE, budget=TREE),
-)
+
+
+def make_config(name: str, drafter: str, trace: str, length: int, **options: float) -> Config:
+    """``Config`` with the drafter's options as keywords."""
+    return Config(name, drafter, trace, length, tuple(options.items()))
+
+
+def ngram_configs(tree: int) -> tuple[Config, ...]:
+    """n-gram lookup's chain of 4."""
+    return (make_config("n-gram 4", "ngram", "ngram-4", 4, depth=4),)
+
+
+def draft_model_configs(tree: int) -> tuple[Config, ...]:
+    """The draft model's chains of 2, 4 and 6 and its 4x3 top-k tree."""
+    chains = (make_config(f"draft-model chain {d}", "draft-model", f"chain-{d}", d, depth=d)
+              for d in (2, 4, 6))
+    return (*chains, make_config(f"draft-model tree 4x3 ({tree} nodes)", "draft-model", "tree-4x3", tree,
+                                 depth=4, width=3, budget=tree))
+
+
+def specblock_configs(tree: int) -> tuple[Config, ...]:
+    """SpecBlock with 1, 2 and 3 block forwards."""
+    return tuple(make_config(f"specblock M={m} ({tree} nodes)", "specblock", f"specblock-{m}", tree, blocks=m,
+                             budget=tree) for m in (1, 2, 3))
+
+
+def eagle_configs(tree: int) -> tuple[Config, ...]:
+    """EAGLE's trees 2, 4 and 6 deep."""
+    return tuple(make_config(f"eagle depth {d} ({tree} nodes)", "eagle", f"eagle-{d}", tree, depth=d,
+                             budget=tree) for d in (2, 4, 6))
+
+
+def medusa_configs(tree: int) -> tuple[Config, ...]:
+    """Medusa's static tree."""
+    return (make_config(f"medusa ({tree} nodes)", "medusa", "medusa", tree, budget=tree),)
+
+
+def configs() -> tuple[Config, ...]:
+    """Vanilla, then every registered drafter's configurations (its ``fidelity`` entry point)."""
+    return (Config("vanilla", "none", "", 0),
+            *(c for spec in registry.values() if spec.fidelity for c in spec.load("fidelity")(TREE)))
+
+
+def traces() -> dict[str, dict[str, Any]]:
+    """The calibration traces the configurations replay: key -> the drafter and its options."""
+    return {c.trace: {"drafter": c.drafter, **c.options} for c in configs() if c.trace}
 
 
 def draft_shape(config: Config, shapes: Sequence[Mapping[str, float]] = ()) -> Any:
-    """How the simulator costs ``config``'s drafting (``SpecLengthBatch``'s ``draft_shape``): None for a
-    chain or a one-call drafter, the tree's series parameters, or SpecBlock's recorded ``shapes``."""
-    if config.drafter == "draft-model" and (config.width or 1) > 1:
-        return {"depth": config.depth, "width": config.width}
-    if config.drafter == "eagle":
-        return {"depth": config.depth}
-    if config.drafter == "specblock":
+    """How the simulator costs ``config``'s drafting (``SpecLengthBatch``'s ``draft_shape``), by the drafter's
+    registered cost keys: a tree (width > 1) of a drafter with a tree series costs that series; a tree of a
+    depth-costed drafter its depth; a block drafter's data-dependent tree its recorded ``shapes``; anything
+    else (a chain, a one-call drafter) None."""
+    if config.drafter == VANILLA:
+        return None
+    options, spec = config.options, drafter_spec(config.drafter)
+    if spec.tree_keys and (options.get("width") or 1) > 1:
+        return {key: options[key] for key in spec.tree_keys}
+    if spec.chain == "depth" and options.get("budget"):
+        return {"depth": options["depth"]}
+    if spec.chain == "block":
         if not shapes:
-            raise InputError(f"{config.name}: no recorded SpecBlock drafting shapes: record its calibration "
-                             "trace here instead of passing it with --traces")
+            raise InputError(f"{config.name}: no recorded {config.drafter} drafting shapes: record its "
+                             "calibration trace here instead of passing it with --traces")
         return list(shapes)
     return None
 
@@ -133,10 +156,12 @@ def simulate(profile: Any, traces: Any, config: Config, prompts: Sequence[Any], 
     weights = {d: domains.count(d) for d in replay.domains if d in domains}
     lengths = [len(p.tokens) for p in prompts]
     kind = "ngram" if config.drafter == "none" else config.drafter  # T(0) is vanilla for every kind
-    env = SpecLengthVectorEnv(queries, profile, replay, kind, tokens_per_query=tokens,
-                              prompt_tokens=(min(lengths), max(lengths)), domain_weights=weights,
-                              draft_shape=shape, steered=policy is not None, observed=observed)
-    out = run_length(policy or make_policy("fixed", {"length": config.length}), env, seed, decision_seconds)
+    options = {"tokens_per_query": tokens, "prompt_tokens": (min(lengths), max(lengths)),
+               "domain_weights": weights, "draft_shape": shape, "steered": policy is not None,
+               "observed": observed}
+    out = predict(policy or make_policy("fixed", {"length": config.length}), profile, replay, kind,
+                  queries=queries, seed=seed, env_options=options,
+                  rollout_options={"decision_seconds": decision_seconds}).outcome
     return {"tokens_per_second": out.tokens_per_second, "tau": out.tau,
             "iteration_seconds": out.seconds / out.iterations,
             "draft_seconds": out.draft_seconds / out.iterations}
@@ -196,11 +221,11 @@ class Engine:
     model: ModelSpec | None = None  # whose trained drafters the configurations run (None: none)
 
     def drafter_factory(self, config: Config | Mapping[str, Any]) -> Callable[[], Any] | None:
-        """A builder of fresh drafters for a config (or a TRACES entry); None for vanilla; InputError when
-        the engine cannot build the drafter (no weights trained for the model)."""
-        spec = asdict(config) if isinstance(config, Config) else dict(config)
-        name = spec["drafter"]
-        options = {k: spec.get(k) for k in ("depth", "width", "budget", "blocks")}
+        """A builder of fresh drafters for a config (or a ``traces()`` entry); None for vanilla; InputError
+        when the engine cannot build the drafter (no weights trained for the model)."""
+        name = config.drafter if isinstance(config, Config) else config["drafter"]
+        options = config.options if isinstance(config, Config) else {
+            k: v for k, v in config.items() if k != "drafter"}
         if name == "none":
             return None
         folder = None
@@ -212,7 +237,7 @@ class Engine:
         return lambda: make_drafter(name, self.target, self.draft, folder=folder, **options)
 
     def trace(self, prompts: Sequence[Any], spec: Mapping[str, Any]) -> tuple[Any, list[dict[str, float]]]:
-        """Traces of decoding ``prompts`` with the drafter of a TRACES entry (a DataFrame of
+        """Traces of decoding ``prompts`` with the drafter of a ``traces()`` entry (a DataFrame of
         ``simulator.traces``), and the drafting shapes it recorded (SpecBlock's; empty for others)."""
         factory, shapes = self.drafter_factory(spec), []
 
@@ -244,14 +269,15 @@ class Engine:
 
 @dataclass
 class Calibration:
-    """Calibration traces by TRACES key, the SpecBlock shapes recorded with them, and what was skipped."""
+    """Calibration traces by ``traces()`` key, the block drafters' shapes recorded with them, and what was
+    skipped."""
 
     traces: dict[str, Any]
     shapes: dict[str, list[dict[str, float]]]
     skipped: list[dict[str, str]]
 
 
-def calibrate(engine: Engine, calibration: Sequence[Any], configs: Sequence[Config] = CONFIGS,
+def calibrate(engine: Engine, calibration: Sequence[Any], configs: Sequence[Config],
               recorded: Mapping[str, Any] | None = None,
               log: Callable[[str], None] = lambda _: None) -> Calibration:
     """Record the calibration traces ``configs`` replay, except those ``recorded`` already holds."""
@@ -259,14 +285,14 @@ def calibrate(engine: Engine, calibration: Sequence[Any], configs: Sequence[Conf
     for key in sorted({c.trace for c in configs if c.trace} - set(out.traces)):
         try:
             log(f"calibration trace {key} ({len(calibration)} prompts)")
-            out.traces[key], out.shapes[key] = engine.trace(calibration, TRACES[key])
+            out.traces[key], out.shapes[key] = engine.trace(calibration, traces()[key])
         except InputError as err:
             out.skipped.append({"trace": key, "reason": str(err)})
     return out
 
 
 def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Calibration,
-                 evaluation: Sequence[Any], configs: Sequence[Config] = CONFIGS, queries: int = 512,
+                 evaluation: Sequence[Any], configs: Sequence[Config], queries: int = 512,
                  log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run every configuration in the engine on ``evaluation`` and in the simulator from its
     ``calibration`` trace; compare the prediction with the throughput measured on ``clock`` (the
@@ -286,7 +312,8 @@ def run_fidelity(engine: Engine, profile: Any, clock: str, calibration: Calibrat
                        engine.seed, shape)
         own = traces.get(config.trace)
         rows.append({
-            **asdict(config), "measured": real, "predicted": sim,
+            "name": config.name, "drafter": config.drafter, "trace": config.trace, "length": config.length,
+            **config.options, "measured": real, "predicted": sim,
             "calibration": None if own is None else calibration_costs(profile, own, config, shape),
             "draft_shape": shape if not isinstance(shape, list) else _mean_shape(shape),
             "error": sim["tokens_per_second"] / real[clock]["tokens_per_second"] - 1.0,
@@ -359,13 +386,14 @@ def given_traces(items: Sequence[str]) -> dict[str, Any]:
     out = {}
     for item in items:
         key, _, path = item.partition("=")
-        if key not in TRACES or not path:
-            raise InputError(f"--traces {item!r}: write KEY=FILE with KEY one of {', '.join(TRACES)}")
-        traces = load_traces(path)
-        if set(traces["drafter"]) != {TRACES[key]["drafter"]}:
-            raise InputError(f"--traces {item}: recorded with {sorted(set(traces['drafter']))}, but {key} "
-                             f"needs the {TRACES[key]['drafter']} drafter: pass a matching trace")
-        out[key] = traces
+        keys = traces()
+        if key not in keys or not path:
+            raise InputError(f"--traces {item!r}: write KEY=FILE with KEY one of {', '.join(keys)}")
+        recorded = load_traces(path)
+        if set(recorded["drafter"]) != {keys[key]["drafter"]}:
+            raise InputError(f"--traces {item}: recorded with {sorted(set(recorded['drafter']))}, but {key} "
+                             f"needs the {keys[key]['drafter']} drafter: pass a matching trace")
+        out[key] = recorded
     return out
 
 

@@ -52,7 +52,8 @@ import torch.nn.functional as F
 
 from core.errors import InputError
 from core.files import write_json
-from core.paths import MODELS, PROFILES, RESULTS
+from core.names import registry
+from core.paths import MODELS, PROFILES, RESULTS, repo_relative
 from experiments.provenance import save_result
 from real_engine import profile as prof
 from real_engine.decode import MAX_TREE_NODES, generate, make_drafter, prefill
@@ -148,8 +149,8 @@ def shipped(device: torch.device, plan: CheckPlan, models: Path, seed: int) -> d
     skipped = {}
     for name, (kind, options) in SHIPPED_DRAFTERS.items():
         def factory(kind: str = kind, options: dict = options) -> Any:
-            return make_drafter(kind, target, draft, folder=models / kind if kind != "draft-model" else None,
-                                **options)
+            folder = None if registry[kind].needs_draft_model else models / registry[kind].folder
+            return make_drafter(kind, target, draft, folder=folder, **options)
 
         try:
             factory()
@@ -229,7 +230,7 @@ def profile(plan: CheckPlan, device: torch.device, dtype: torch.dtype, target: T
     bench = Bench(timer, plan.grid.repeats, plan.grid.warmup)
     verify, vanilla = prof.verify_samples(target, plan.grid, bench, seed)
     nets = {"specblock": specblock, "eagle": (eagle, plan.eagle)}
-    draft, _ = prof.draft_samples(target, nets, plan.grid, bench, seed)
+    series = prof.draft_samples(target, nets, plan.grid, bench, seed)
     bench.run()
     updates = Bench(timer, plan.grid.repeats, plan.grid.warmup)
     seconds = {kind: updates.add(specblock_update(specblock, kind, plan.update_tokens, seed), inference=False)
@@ -242,9 +243,11 @@ def profile(plan: CheckPlan, device: torch.device, dtype: torch.dtype, target: T
                    "drafters": {"ngram": "n-gram prompt lookup (no model)",
                                 "specblock": "SpecBlock for this target (random weights: timing only)",
                                 "eagle": "EAGLE layer for this target (random weights: timing only)"}},
-        "block_size": specblock.config.block_size, "draft_shapes": prof.draft_shapes(nets, plan.grid),
+        "block_size": specblock.config.block_size,
+        "draft_shapes": {k: one.shape for k, one in series.items() if one.shape},
         "derived_from": None,
-        "samples": {"verify": verify, "vanilla": vanilla, "draft": draft, "update": seconds},
+        "samples": {"verify": verify, "vanilla": vanilla, "draft": {k: one.rows for k, one in series.items()},
+                    "update": seconds},
         "measurement": {"grid": dataclasses.asdict(plan.grid), "clock": "wall (synchronize, then clock)",
                         "torch": torch.__version__, "seed": seed, "check": "experiments.gpu_check",
                         "update_model": f"SpecBlock drafter, {plan.update_tokens}-token training step"},
@@ -361,7 +364,7 @@ def check(device: str | None = None, tiny: bool = False, out: Path | None = None
         built["models"] = random_target(plan, chosen, dtype, seed)
         data = profile(plan, chosen, dtype, *built["models"], seed)
         write_json(profile_path, data)
-        return {"path": str(profile_path), "dtype": data["dtype"], "milliseconds": summary(data)}
+        return {"path": repo_relative(profile_path), "dtype": data["dtype"], "milliseconds": summary(data)}
 
     sections: dict[str, Callable[[], dict[str, Any]]] = {
         "environment": lambda: environment(chosen),
@@ -369,7 +372,7 @@ def check(device: str | None = None, tiny: bool = False, out: Path | None = None
         "profile": build,
         "overlap": lambda: overlap(plan, built["models"][0], built["models"][1], seed),
     }
-    config = {"device": str(chosen), "plan": plan.name, "dtype": str(dtype), "models": str(models)}
+    config = {"device": str(chosen), "plan": plan.name, "dtype": str(dtype), "models": repo_relative(models)}
     for section, run in sections.items():
         start = time.perf_counter()
         print(f"[gpu_check] {section}...", file=sys.stderr, flush=True)

@@ -8,25 +8,38 @@ engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from core.errors import InputError
+from core.verifiers import registry
 from real_engine.exact import draft_law, expected_accepted
 from simulator.instances import ARInstance
-from simulator.lp import DraftLaw, expected_bv, expected_token, merged_law, solve_lp
+from simulator.lp import DraftLaw, expected_block, expected_token, merged_law, solve_lp
 
-SCHEMES: dict[str, tuple[str, str]] = {
-    "rrs": ("rrs", "iid"), "rrs_wor": ("rrs", "without_replacement"), "seqbv": ("seqbv", "iid"),
-    "gbv": ("gbv", "iid"), "gds": ("gds", "greedy_draft"),
-}
-"""Each multi-draft column: its verifier, and the child rule of its K paths (``real_engine.exact``)."""
 BOUNDS = {"lp": "iid", "lp_wor": "without_replacement", "lp_gds": "greedy_draft"}
-"""The LP bound of each draft law: K i.i.d. paths (``lp``, the bound of rrs, seqbv and gbv), RRS's drafts
-without replacement, and GDS's greedy draft; only ``lp`` bounds every column drafted i.i.d."""
-MULTI_DRAFT = ("rrs", "seqbv", "gbv", "gds")
-"""The verifiers ``specblock lp`` scores on all K draft paths (token-level and block verification use the
-first); gds draws its own drafts (the top K-1 tokens and one sampled path), which ``lp`` does not bound."""
-COLUMNS = ("lp", "token", "bv", *MULTI_DRAFT)
-STUDY = ("lp", "lp_wor", "lp_gds", "token", "bv", "rrs", "rrs_wor", "seqbv", "gbv", "gds")
+"""The LP bound of each draft law: K i.i.d. paths (``lp``, the bound of every verifier of i.i.d. paths),
+RRS's drafts without replacement, and GDS's greedy draft; only ``lp`` bounds every column drafted i.i.d."""
+CLOSED_FORMS: dict[str, Callable[[ARInstance], float]] = {"token": expected_token, "block": expected_block}
+"""The columns of single-path verifiers with a closed form (``simulator.lp``): the same figure as their exact
+enumeration, faster."""
+EXTRA = {"rrs_wor": ("rrs", "without_replacement")}
+"""Columns beyond one per verifier: a verifier and the child rule of its K paths (``real_engine.exact``)."""
+STUDY = ("lp", "lp_wor", "lp_gds", "token", "block", "rrs", "rrs_wor", "seqbv", "gbv", "gds")
 """Every column, as the multi-draft study reports them."""
+
+
+def schemes() -> dict[str, tuple[str, str]]:
+    """Each verifier column: its verifier and the child rule of its K paths, one per registered verifier
+    with an ``lp_column`` (``core.verifiers``; single-path verifiers verify the first path), then
+    ``EXTRA``."""
+    return {**{spec.lp_column: (name, spec.draws) for name, spec in registry.items() if spec.lp_column},
+            **EXTRA}
+
+
+def columns() -> tuple[str, ...]:
+    """What ``specblock lp`` shows: the bound of K i.i.d. paths, then every registered verifier's column
+    (gds draws its own drafts, the top K-1 tokens and one sampled path, which ``lp`` does not bound)."""
+    return ("lp", *(spec.lp_column for spec in registry.values() if spec.lp_column))
 
 
 def law_of(inst: ARInstance, drafts: int, child_rule: str) -> DraftLaw | None:
@@ -38,21 +51,26 @@ def law_of(inst: ARInstance, drafts: int, child_rule: str) -> DraftLaw | None:
     return merged_law(((prob, [inst.code(path) for path in paths]) for prob, paths in drafted), drafts)
 
 
-def evaluate_verifiers(inst: ARInstance, drafts: int, columns: tuple[str, ...] = COLUMNS) -> dict[str, float]:
-    """The LP bounds and the verifiers' exact expected accepted lengths named by ``columns`` on one instance,
-    and the LPs' total solve ``seconds``; ``simulator.lp.LPSolveError`` when an LP is not solved."""
-    unknown = [c for c in columns if c not in (*BOUNDS, "token", "bv", *SCHEMES)]
+def evaluate_verifiers(inst: ARInstance, drafts: int,
+                       names: tuple[str, ...] | None = None) -> dict[str, float]:
+    """The LP bounds and the verifiers' exact expected accepted lengths named by ``names`` (None:
+    ``columns()``) on one instance, and the LPs' total solve ``seconds``; ``simulator.lp.LPSolveError``
+    when an LP is not solved."""
+    names = columns() if names is None else names
+    scored = schemes()
+    unknown = [c for c in names if c not in (*BOUNDS, *scored)]
     if unknown:
-        raise InputError(f"unknown LP table column {unknown[0]!r}: use some of {', '.join(STUDY)}")
+        raise InputError(f"unknown LP table column {unknown[0]!r}: use some of "
+                         f"{', '.join((*BOUNDS, *scored))}")
     row, seconds = {}, 0.0
-    for name in columns:
+    for name in names:
         if name in BOUNDS:
             bound = solve_lp(inst, drafts, law=law_of(inst, drafts, BOUNDS[name]))
             row[name], seconds = bound.value, seconds + bound.seconds
-        elif name in SCHEMES:
-            verifier, child_rule = SCHEMES[name]
-            row[name] = expected_accepted(verifier, inst, drafts=drafts, child_rule=child_rule)
+        elif name in CLOSED_FORMS:
+            row[name] = CLOSED_FORMS[name](inst)
         else:
-            row[name] = expected_token(inst) if name == "token" else expected_bv(inst)
+            verifier, child_rule = scored[name]
+            row[name] = expected_accepted(verifier, inst, drafts=drafts, child_rule=child_rule)
     row["seconds"] = seconds
     return row

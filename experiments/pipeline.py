@@ -42,14 +42,23 @@ from core.models import TOY, ModelSpec
 from core.names import DOMAINS
 from core.paths import repo_relative
 from experiments import adapt_live
-from experiments.adapt_plan import PIPELINE_PLAN, QUICK_PLAN
+from experiments.adapt_plan import PIPELINE_PLAN, QUICK_PLAN, SMOKE_PLAN, StreamPlan
 from experiments.cli import drafter_folder, model_arg, model_domains, model_profile, model_prompts
 from experiments.deploy import LiveRun, compare, decision_cost, forecast
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hold, measurement_age
 from experiments.pipeline_report import write_report
 from experiments.ray_session import check_address
 from experiments.tune import load_calibration, make_setting, tune_policies
-from policies import POLICY_KINDS, load_policy, make_policy, policy_from_dict, policy_role, policy_to_dict
+from policies import (
+    POLICY_KINDS,
+    canonical_kind,
+    load_policy,
+    make_policy,
+    policy_from_dict,
+    policy_role,
+    policy_to_dict,
+    role_kinds,
+)
 from real_engine import profile as prof
 from real_engine.decode import make_drafter
 from real_engine.model import load_model
@@ -63,13 +72,13 @@ from simulator.traces import load_traces, save_traces
 
 STEPS = ("models", "profile", "traces", "simulate", "tune", "deploy", "report")
 DRAFTER = "draft-model"
-LENGTH_KINDS = ("fixed", "threshold", "heuristic", "libraspec")
 MAX_FILE_PROMPTS = 10_000  # rows per category read from a prompt file (the plan takes its few)
 
 
 @dataclass(frozen=True)
 class PipelinePlan:
-    """Sizes of one pipeline run (``QUICK`` fits in a few minutes on 2 CPU cores)."""
+    """Sizes of one pipeline run: ``FULL``, ``QUICK`` (a few minutes on 2 CPU cores, ``make run``) and
+    ``SMOKE`` (the fewest prompts and queries that still run every step: the tests)."""
 
     quick: bool
     domains: tuple[str, ...] = ("code", "tests", "prose", "text")
@@ -86,6 +95,7 @@ class PipelinePlan:
     clock: str = "cpu"  # the profile's and the deployment's clock (process CPU time on one thread)
     seed: int = 0
     prompt_file: str | None = None  # a user's prompt file instead of the model's sets (its categories)
+    stream: StreamPlan = QUICK_PLAN  # the adaptation stream the deploy step serves
 
 
 FULL = PipelinePlan(quick=False)
@@ -100,6 +110,19 @@ QUICK = PipelinePlan(
     sim_queries=256,
     forecast_replicates=30,
     adapt=False,
+    stream=PIPELINE_PLAN,
+)
+SMOKE = replace(
+    QUICK,
+    calibration=2,
+    evaluation=2,
+    max_new_tokens=24,
+    prompt_tokens=64,
+    tune_samples=1,
+    tune_queries=32,
+    sim_queries=64,
+    forecast_replicates=5,
+    stream=SMOKE_PLAN,
 )
 
 
@@ -276,12 +299,18 @@ def step_simulate(run: Run) -> dict[str, Any]:
     return {name: round(row["tokens_per_second"], 1) for name, row in rows.items()}
 
 
+def length_kinds() -> tuple[str, ...]:
+    """The length kinds the pipeline tunes: those tuned by default (``policies.role_kinds``), in
+    registration order."""
+    return role_kinds("length", tuned=True)
+
+
 def step_tune(run: Run) -> dict[str, Any]:
     """Tune the length policies (and the adaptation ones) with Ray Tune; export the best of each kind."""
     plan = run.plan
-    tasks = [("length", LENGTH_KINDS, run.path("cost_profile.json"), run.path("traces.parquet"))]
+    tasks = [("length", length_kinds(), run.path("cost_profile.json"), run.path("traces.parquet"))]
     if plan.adapt:
-        tasks.append(("adapt", (), run.path("cost_profile.json"), None))
+        tasks.append(("adaptation", (), run.path("cost_profile.json"), None))
     summary: dict[str, Any] = {}
     (run.out / "policies").mkdir(exist_ok=True)
     for task, kinds, profile, traces in tasks:
@@ -362,7 +391,6 @@ def step_deploy(run: Run) -> dict[str, Any]:
 SUMMARY_KEYS = ("measured_tokens_per_second", "measured_ci", "predicted_tokens_per_second", "predicted_ci",
                 "error", "error_ci", "measured_speedup", "measured_speedup_ci", "predicted_speedup",
                 "measured_tau", "predicted_tau")
-ADAPTATION_KINDS = ("never", "always", "epsilon_greedy", "cost_aware_bandit")
 
 
 def _adaptation(run: Run) -> dict[str, Any]:
@@ -371,11 +399,11 @@ def _adaptation(run: Run) -> dict[str, Any]:
     policies = adapt_live.default_policies()
     for path in sorted((run.out / "policies").glob("tuned-*.json")):
         spec = read_json(path, MAX_POLICY_BYTES, "policy file", "delete it to tune it again")
-        if spec["kind"] in ADAPTATION_KINDS:
-            policies[path.stem] = {"kind": spec["kind"], "params": spec["params"]}
+        kind = canonical_kind(spec["kind"])
+        if kind in role_kinds("adaptation"):
+            policies[path.stem] = {"kind": kind, "params": spec["params"]}
     profile = run.path("cost_profile.json")
     quick = "specblock" not in load_profile(profile).drafters  # a quick profile times no feature drafter
-    plan = PIPELINE_PLAN if run.plan.quick else QUICK_PLAN
     threads = torch.get_num_threads()
     try:
         if quick:
@@ -384,7 +412,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
             run.model_dir,
             drafter_folder(run.model, "specblock"),
             profile,
-            plan,
+            run.plan.stream,
             run.plan.seed,
             "adaptation",
             policies,
@@ -465,7 +493,7 @@ def _state(
     if state.get("plan") != json.loads(json.dumps(asdict(plan))):
         raise InputError(
             f"{out} was run with another plan (see its run.json): resume with the same "
-            "options (--quick or not), or choose another --out"
+            "options (--quick, --smoke or neither), or choose another --out"
         )
     if "profile" not in steps:
         return state

@@ -105,7 +105,7 @@ def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in lp:
-        lines.append(f"| {r['length']} | {r['drafts']} | {r['lp']:.3f} | {r['token']:.3f} | {r['bv']:.3f} "
+        lines.append(f"| {r['length']} | {r['drafts']} | {r['lp']:.3f} | {r['token']:.3f} | {r['block']:.3f} "
                      f"| {r['rrs']:.3f} | {r['seqbv']:.3f} | {r['gbv']:.3f} |")
     write_text(out / "report.md", "\n".join(lines) + "\n")
     _plot(rows, out / "report.png")

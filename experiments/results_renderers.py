@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.adapt_plan import QUICK_PLAN
+from experiments.adapt_plan import QUICK_SIZES
 from experiments.real_model_report import REAL_MODEL_RENDERERS
 from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, pairs, table
 from experiments.serve_report import SERVE_RENDERERS
@@ -109,8 +109,8 @@ def _bench_body(record: Record) -> Lines:
 
 
 def _adapt_live_command(name: str, config: Record) -> str:
-    plan = config["plan"]  # files written before the paper's stream (issue 30) plan no query count
-    quick = plan["queries"] == QUICK_PLAN.queries if "queries" in plan else name.endswith("_quick")
+    plan = config["plan"]  # files written before the paper's stream plan no query count
+    quick = plan["queries"] in QUICK_SIZES if "queries" in plan else name.endswith("_quick")
     overlap = str(config.get("clock", "")).startswith("wall clock")  # trained beside decoding
     default = f"adapt_live{'_quick' if quick else ''}{'_overlap' if overlap else ''}"
     return f"specblock adapt-live{' --quick' if quick else ''}{' --overlap' if overlap else ''}" \
@@ -121,7 +121,7 @@ def _adapt_live_body(record: Record) -> Lines:
     plan, figures = record["config"]["plan"], record["results"].get("figures")
     if figures is not None:
         return _adapt_stream_body(plan, record["results"], figures)
-    # written before the paper's stream (issue 30): code queries first, then the domains in turn
+    # written before the paper's stream: code queries first, then the domains in turn
     lines = [f"Stream: {plan['first']} code queries, then {plan['mixed']} mixed, {plan['max_new_tokens']} "
              "new tokens each; measured live against the simulator's AdaptStream (sim). Shifted tau: the "
              "non-code queries of the first against the second half of the mixed phase.", ""]
@@ -279,7 +279,7 @@ def _multidraft_body(record: Record) -> Lines:
              "drafts, so each is shown with the LP bound of its own draft law. GBV < BV: instances where GBV "
              "accepts less than single-path BV.", ""]
     rows = [[r["source"], r["vocab"], r["length"], r["drafts"], r["instances"], mean(r, "lp"),
-             *(mean(r, c) for c in ("token", "bv", "rrs", "seqbv", "gbv")),
+             *(mean(r, c) for c in ("token", "block", "rrs", "seqbv", "gbv")),
              f"{mean(r, 'rrs_wor')} ({mean(r, 'lp_wor')})", f"{mean(r, 'gds')} ({mean(r, 'lp_gds')})",
              r["gbv_below_bv"]["count"]] for r in result["cells"]]
     lines += table(["source", "V", "L", "K", "n", "LP", "token", "BV", "RRS", "SeqBV", "GBV",

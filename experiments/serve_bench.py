@@ -14,7 +14,8 @@ in this process, its measuring rounds interleaved with the live rounds (``measur
 verify, the draft model's chains and prefill on this machine now), acceptance traces recorded in this
 process on calibration prompts (``record_acceptance``), and steering charged as the engine spent it
 (``steering_samples``, timed in every round: per steered iteration and per question put to the policy), as
-``simulator.rollout.run_serve`` drives it: the engine's drafting rule, then the policy's lengths.
+``simulator.predict`` runs it (``simulator.rollout.run_serve``): the engine's drafting rule, then the
+policy's lengths.
 Idle, the live server polls for the next arrival; it serves with the objects alive before it kept out
 of the garbage collector's scans (``timing.frozen_heap``), as servers do after start-up, and so do the
 measuring rounds (the command runs them all inside it).
@@ -46,9 +47,9 @@ from real_engine.speculate import ServeSteering
 from real_engine.timing import frozen_heap
 from real_engine.trace import record
 from simulator.acceptance import AcceptanceModel
+from simulator.predict import predict
 from simulator.replay import TraceReplay
-from simulator.rollout import run_serve
-from simulator.serve import Arrivals, SpecServeEnv
+from simulator.spec_serve import Arrivals
 
 KIND = "draft-model"  # the drafter the shipped traces record: chains of the draft model
 DEPTH = 8  # the traces' chain depth: what a request's chain can draft
@@ -178,9 +179,11 @@ def serve_simulated(policy: Policy, profile: CostProfile, steering: CostProfile,
     ttft: list[float] = []
     tpot: list[float] = []
     for k in range(SIM_SEEDS):
-        env = SpecServeEnv(profile, acceptance, KIND, max_batch=max_batch, arrivals=arrivals,
-                           observed=steering)
-        out = run_serve(policy, env, seed + k, *steered)
+        iteration, decision = steered
+        prediction = predict(policy, profile, acceptance, KIND, queries=arrivals.seconds.size, seed=seed + k,
+                             env_options={"max_batch": max_batch, "arrivals": arrivals, "observed": steering},
+                             rollout_options={"iteration_seconds": iteration, "decision_seconds": decision})
+        out, env = prediction.outcome, prediction.env
         first, per = env.batch.latencies(0, np.arange(arrivals.seconds.size))
         tokens, seconds = tokens + out.tokens, seconds + float(env.batch.clock[0] - arrivals.seconds[0])
         iterations += out.iterations

@@ -26,16 +26,16 @@ from core.serve_costs import batch_verify_seconds
 from experiments.defaults import HELD_OUT_SEED, TUNE_SEED
 from experiments.folders import fresh
 from experiments.tune import Setting, Traffic, make_setting, make_tuned, tune_policies, world
+from policies import role_kinds
 from policies.serving import NEVER
 from simulator.calibration import fit_calibration
-from simulator.rollout import run_serve
-from simulator.serve import ServeTraffic
+from simulator.predict import predict
+from simulator.spec_serve import ServeTraffic
 from simulator.traces import load_traces
 
 LOADS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5)
 """Arrival rates studied, as fractions of the case's capacity."""
 TUNE_LOAD = 0.5
-KINDS = ("batch-table", "goodput", "libraspec-batch", "threshold-batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +78,9 @@ def serve_point(setting: Setting, kind: str, params: dict[str, Any], episodes: i
     tpot: list[float] = []
     ttft: list[float] = []
     for k in range(episodes):
-        env = setting.serve.env(profile, model, setting.drafter, setting.queries)
-        out = run_serve(policy, env, setting.seed + k)
+        prediction = predict(policy, profile, model, setting.drafter, queries=setting.queries,
+                             seed=setting.seed + k, env_options=setting.serve.options())
+        out, env = prediction.outcome, prediction.env
         first, per = env.batch.latencies(0, np.arange(env.batch.requests))
         tokens += out.tokens
         seconds += float(env.batch.clock[0] - env.batch.arrival[0, 0])
@@ -105,14 +106,15 @@ def serve_study(samples: int = 32, requests: int = 64, tune_episodes: int = 2, e
     for case in CASES:
         folder = fresh(STUDY_RUNS / "serve" / case.profile.stem)
         rate = capacity(case)
-        tuning = make_setting("serve", case.profile, case.traces, requests, tune_episodes, TUNE_SEED,
+        tuning = make_setting("serving", case.profile, case.traces, requests, tune_episodes, TUNE_SEED,
                               traffic=None if case.traces else Traffic(), drafter=case.drafter,
                               calibration=_calibration(case, folder),
                               serve=dataclasses.replace(case.traffic, rate=TUNE_LOAD * rate))
-        tuned = tune_policies(tuning, KINDS, samples, folder)
+        kinds = role_kinds("serving", tuned=True)  # in registration order
+        tuned = tune_policies(tuning, kinds, samples, folder)
         named = [("vanilla", "batch-table", dict(NEVER)),
                  ("libraspec-batch (default)", "libraspec-batch", {}),
-                 *((f"{kind} (tuned)", kind, tuned.best_by_kind[kind]["params"]) for kind in KINDS)]
+                 *((f"{kind} (tuned)", kind, tuned.best_by_kind[kind]["params"]) for kind in kinds)]
         jobs = [(load, name, remote.remote(dataclasses.replace(
                     tuning, seed=HELD_OUT_SEED, serve=dataclasses.replace(case.traffic, rate=load * rate)),
                     kind, params, episodes)) for load in LOADS for name, kind, params in named]
@@ -126,7 +128,7 @@ def serve_study(samples: int = 32, requests: int = 64, tune_episodes: int = 2, e
         rows.append({"case": case.label, "profile": repo_relative(case.profile), "drafter": case.drafter,
                      "traffic": dataclasses.asdict(case.traffic), "capacity": rate,
                      "rates": {f"{load:g}": load * rate for load in LOADS}, "policies": points,
-                     "tuned": {kind: tuned.best_by_kind[kind]["params"] for kind in KINDS}})
+                     "tuned": {kind: tuned.best_by_kind[kind]["params"] for kind in kinds}})
     return {"rows": rows}
 
 

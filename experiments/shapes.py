@@ -1,16 +1,17 @@
 """Each drafter's shape, tuned for this machine: how much to speculate per step.
 
 A drafter's best shape depends on what a drafter forward and a verify cost here, not on the drafter
-alone: on this 2-core CPU a second SpecBlock block raised tau by 0.06 and cost 2.3 ms per iteration,
-and EAGLE's trained tree (depth 5, top-4, 24 tokens) drafted 14 ms per iteration. So each shape of
-``GRIDS`` decodes the calibration prompts (the first half of ``data/prompts/<domain>.jsonl``; the
-benchmark's held-out half is never seen), greedy, round-robin with vanilla decoding: every prompt runs
-vanilla, then every shape, so the machine's drift touches all of them alike. A shape's speedup is the
-median over those runs of vanilla's time over the shape's on the same prompt, measured moments apart
-(this machine's speed drifts by 15 to 30% within minutes, which pooled tokens/s would mix in); its
-quartiles show the spread, and the pooled tokens/s ratio is kept beside it. ``apply`` saves each
-drafter's fastest shape as its folder's ``drafting.json``, the shape ``make_drafter`` (and so
-``generate``, and for the trained drafters ``bench`` and ``trace``) uses when no option is given.
+alone: on a small CPU a deeper or wider tree can cost more per iteration than its extra accepted tokens
+save (each shape's figures: ``benchmarks/results/shapes.json``, docs/results.md, "Drafter shapes"). So
+each shape of ``shape_grids()`` decodes the calibration prompts (the first half of
+``data/prompts/<domain>.jsonl``; the benchmark's held-out half is never seen), greedy, round-robin with
+vanilla decoding: every prompt runs vanilla, then every shape, so the machine's drift touches all of
+them alike. A shape's speedup is the median over those runs of vanilla's time over the shape's on the
+same prompt, measured moments apart (a shared machine's speed drifts within minutes, which pooled
+tokens/s would mix in); its quartiles show the spread, and the pooled tokens/s ratio is kept beside it.
+``apply`` saves each drafter's fastest shape as its folder's ``drafting.json``, the shape
+``make_drafter`` (and so ``generate``, and for the trained drafters ``bench`` and ``trace``) uses when
+no option is given.
 The draft model's shapes (chains and top-k trees) are tuned the same way; its ``drafting.json`` lies
 in the draft model's folder.
 """
@@ -27,7 +28,7 @@ import torch
 
 from core.errors import InputError
 from core.files import write_text
-from core.names import drafter_spec
+from core.names import drafter_spec, registry
 from core.paths import repo_relative
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter
@@ -36,31 +37,34 @@ from real_engine.model import load_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts
 
-GRIDS: dict[str, tuple[dict[str, float], ...]] = {
-    "specblock": (*({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
-                  *({"blocks": m, "width": 1, "budget": n} for m, n in ((1, 3), (1, 4), (2, 6), (2, 8)))),
-    "eagle": tuple({"depth": d, "width": w, "budget": n}
-                   for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (4, 1, 4), (3, 2, 6), (4, 2, 8),
-                                   (3, 4, 16), (5, 4, 24))),
-    "medusa": tuple({"budget": n} for n in (2, 4, 8, 16, 24)),
-    "draft-model": (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
-                    *({"depth": d, "width": 1, "min_confidence": c}
-                      for d, c in ((4, 0.5), (6, 0.7), (6, 0.9))),
-                    *({"depth": d, "width": 1, "min_confidence": c, "vocab": v}
-                      for d, c, v in ((1, 0, 2048), (1, 0, 4096), (6, 0.9, 4096))),
-                    *({"depth": d, "width": 1, "staged": f} for d, f in ((4, 4), (6, 1), (8, 1), (6, 2))),
-                    *({"depth": d, "width": 1, "staged": f, "lookup": m}
-                      for d, f, m in ((6, 1, 3), (8, 1, 3), (8, 1, 2), (8, 2, 3))),
-                    *({"depth": d, "width": w, "budget": n}
-                      for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16)))),
-}
-"""Shapes tried per drafter (``make_drafter`` options): SpecBlock's block forwards (M) and drafted
-nodes, as trees or as chains (width 1); EAGLE's depth, top-k and total tokens; Medusa's static-tree
-nodes; the draft model's chain depth (fixed, or at most that deep while its top probability stays at
-``min_confidence``), also over only its ``vocab`` most frequent tokens, or guessing ahead by n-gram
-lookup within ``staged`` forwards, and then proposing the lookup's chain alone where the context's
-last ``lookup`` tokens occurred before, or its top-k tree's depth, width and nodes."""
-DRAFT_MODEL_FOLDER = "draft"  # the draft model's folder under the drafters' folder, as data/models/draft
+SPECBLOCK_SHAPES = (*({"blocks": m, "budget": n} for m in (1, 2) for n in (8, 16, 32)),
+                    *({"blocks": m, "width": 1, "budget": n} for m, n in ((1, 3), (1, 4), (2, 6), (2, 8))))
+"""SpecBlock's block forwards (M) and drafted nodes, as trees or as chains (width 1)."""
+EAGLE_SHAPES = tuple({"depth": d, "width": w, "budget": n}
+                     for d, w, n in ((2, 1, 2), (2, 2, 4), (3, 1, 3), (4, 1, 4), (3, 2, 6), (4, 2, 8),
+                                     (3, 4, 16), (5, 4, 24)))
+"""EAGLE's depth, top-k and total tokens."""
+MEDUSA_SHAPES = tuple({"budget": n} for n in (2, 4, 8, 16, 24))
+"""Medusa's static-tree nodes."""
+DRAFT_MODEL_SHAPES = (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
+                      *({"depth": d, "width": 1, "min_confidence": c}
+                        for d, c in ((4, 0.5), (6, 0.7), (6, 0.9))),
+                      *({"depth": d, "width": 1, "min_confidence": c, "vocab": v}
+                        for d, c, v in ((1, 0, 2048), (1, 0, 4096), (6, 0.9, 4096))),
+                      *({"depth": d, "width": 1, "staged": f} for d, f in ((4, 4), (6, 1), (8, 1), (6, 2))),
+                      *({"depth": d, "width": 1, "staged": f, "lookup": m}
+                        for d, f, m in ((6, 1, 3), (8, 1, 3), (8, 1, 2), (8, 2, 3))),
+                      *({"depth": d, "width": w, "budget": n}
+                        for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16))))
+"""The draft model's chain depth (fixed, or at most that deep while its top probability stays at
+``min_confidence``), also over only its ``vocab`` most frequent tokens, or guessing ahead by n-gram lookup
+within ``staged`` forwards, and then proposing the lookup's chain alone where the context's last ``lookup``
+tokens occurred before; or its top-k tree's depth, width and nodes."""
+
+
+def shape_grids() -> dict[str, tuple[dict[str, float], ...]]:
+    """The shapes tried per drafter (``make_drafter`` options): every registered drafter's ``shapes``."""
+    return {name: tuple(spec.load("shapes")) for name, spec in registry.items() if spec.shapes}
 
 
 def label(shape: Mapping[str, float]) -> str:
@@ -69,13 +73,14 @@ def label(shape: Mapping[str, float]) -> str:
 
 
 def sweep(target: Any, prompts: Sequence[Sequence[int]], drafters: Mapping[str, Path],
-          grids: Mapping[str, Sequence[Mapping[str, float]]] = GRIDS, max_new_tokens: int = 48,
+          grids: Mapping[str, Sequence[Mapping[str, float]]] | None = None, max_new_tokens: int = 48,
           rounds: int = 1, progress: bool = True, draft: Any = None) -> dict[str, Any]:
     """Greedy tokens/s of vanilla and of every shape of every drafter (``name -> folder``; the
     ``draft-model`` drafts with ``draft``) on ``prompts``, measured round-robin; per drafter, its
     shapes' speedup and tau, best first. Options a shape leaves out keep the trained settings."""
     if not prompts:
         raise InputError("no prompts to tune on: give at least one per domain")
+    grids = shape_grids() if grids is None else grids
     configs = [(name, dict(shape)) for name in drafters for shape in grids[name]]
     built = [make_drafter(name, target, draft, folder=drafters[name], deployed=False, **shape)
              for name, shape in configs]  # each query's begin resets a drafter: one per shape serves all
@@ -138,11 +143,12 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
     """Load, sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best shapes. The
     calibration prompts come from ``prompts_dir`` (the model's), ``model`` names the model in the
     results, and a missing drafter's fix names ``--model train_as`` when given."""
-    unknown = [n for n in names if n not in GRIDS]
+    tried = shape_grids()
+    unknown = [n for n in names if n not in tried]
     if unknown:
-        raise InputError(f"no shapes to tune for {unknown[0]!r}: use {', '.join(GRIDS)}")
+        raise InputError(f"no shapes to tune for {unknown[0]!r}: use {', '.join(tried)}")
     uses_draft = {n: drafter_spec(n).needs_draft_model for n in names}  # tuned in the draft model's folder
-    folders = {n: drafters_dir / (DRAFT_MODEL_FOLDER if uses_draft[n] else n) for n in names}
+    folders = {n: drafters_dir / drafter_spec(n).folder for n in names}
     present = {n: (f / "config.json").is_file() if uses_draft[n] else trained_available(f)
                for n, f in folders.items()}
     missing = [n for n, ok in present.items() if not ok]

@@ -1,4 +1,4 @@
-"""The policy studies: speculation length, cost-aware online adaptation (issue #7), and serving under
+"""The policy studies: speculation length, cost-aware online adaptation, and serving under
 load (``experiments.serve_study``).
 
 Run ``specblock study length|adapt|serve``. Each study tunes policies with Ray Tune on
@@ -31,13 +31,14 @@ import numpy as np
 from core.cost_profile import load_profile
 from core.errors import InputError
 from core.files import atomic_write, write_text
-from core.paths import CPU_PROFILE, PAPER_PROFILE, REPO, RESULTS, STUDY_RUNS
+from core.paths import CPU_PROFILE, PAPER_PROFILE, RESULTS, STUDY_RUNS, repo_relative
 from experiments.defaults import HELD_OUT_SEED, TUNE_SEED
 from experiments.folders import fresh
 from experiments.provenance import save_result
 from experiments.ray_session import start_ray
 from experiments.serve_study import serve_markdown, serve_plot, serve_study
 from experiments.tune import Setting, Traffic, evaluate, make_setting, tune_policies
+from policies import role_kinds
 from policies.features import LENGTH_CAP
 from simulator.rollout import Outcome
 
@@ -69,7 +70,7 @@ def length_cases() -> tuple[list[tuple[str, Path, str]], list[str]]:
         drafters = sorted(load_profile(CPU_PROFILE).drafters)
         cases += [(f"CPU shipped, {kind}", CPU_PROFILE, kind) for kind in drafters]
         return cases, []
-    return cases, [f"{CPU_PROFILE.relative_to(REPO)} does not exist yet: "
+    return cases, [f"{repo_relative(CPU_PROFILE)} does not exist yet: "
                    "the CPU profile is skipped"]
 
 
@@ -86,7 +87,7 @@ def length_study(samples: int = 12, tune_queries: int = 192, held_queries: int =
             tuned = tune_policies(tuning, ("threshold", "heuristic"), samples,
                                   fresh(STUDY_RUNS / "length" / slug))
             named = [(f"fixed-{n}", "fixed", {"length": n}) for n in range(LENGTH_CAP + 1)]
-            named += [("libraspec", "libraspec", {}), ("libraspec_exhaustive", "libraspec_exhaustive", {}),
+            named += [("libraspec", "libraspec", {}), ("libraspec-exhaustive", "libraspec-exhaustive", {}),
                       ("threshold (default)", "threshold", {}), ("heuristic (default)", "heuristic", {}),
                       ("threshold (tuned)", "threshold", tuned.best_by_kind["threshold"]["params"]),
                       ("heuristic (tuned)", "heuristic", tuned.best_by_kind["heuristic"]["params"])]
@@ -94,8 +95,9 @@ def length_study(samples: int = 12, tune_queries: int = 192, held_queries: int =
             tps = {name: o.tokens_per_second for (name, _, _), o in zip(named, outcomes, strict=True)}
             fixed = [tps[f"fixed-{n}"] for n in range(LENGTH_CAP + 1)]
             best_n = int(np.argmax(fixed))
-            rows.append({"case": label, "profile": str(profile), "drafter": drafter, "traffic": traffic_name,
-                         "best_fixed_length": best_n, "best_fixed": fixed[best_n], "vanilla": fixed[0],
+            rows.append({"case": label, "profile": repo_relative(profile), "drafter": drafter,
+                         "traffic": traffic_name, "best_fixed_length": best_n, "best_fixed": fixed[best_n],
+                         "vanilla": fixed[0],
                          "fixed_curve": fixed, "tokens_per_second": {k: v for k, v in tps.items()
                                                                      if not k.startswith("fixed-")},
                          "tuned_params": {k: v["params"] for k, v in tuned.best_by_kind.items()},
@@ -105,7 +107,7 @@ def length_study(samples: int = 12, tune_queries: int = 192, held_queries: int =
     return {"rows": rows, "notes": notes}
 
 
-POLICY_ORDER = ("libraspec", "libraspec_exhaustive", "threshold (default)", "threshold (tuned)",
+POLICY_ORDER = ("libraspec", "libraspec-exhaustive", "threshold (default)", "threshold (tuned)",
                 "heuristic (default)", "heuristic (tuned)")
 
 
@@ -143,7 +145,7 @@ def length_plot(result: dict[str, Any], path: Path) -> None:
                              squeeze=False)
     for ax, row in zip(axes.flat, rows, strict=True):
         ax.plot(range(LENGTH_CAP + 1), row["fixed_curve"], "o-", color="0.4", ms=3, label="fixed n")
-        for name, style in (("libraspec", "C0-"), ("libraspec_exhaustive", "C0--"),
+        for name, style in (("libraspec", "C0-"), ("libraspec-exhaustive", "C0--"),
                             ("threshold (tuned)", "C1:"), ("heuristic (tuned)", "C2-.")):
             ax.axhline(row["tokens_per_second"][name], ls=style[2:], color=style[:2], label=name)
         ax.set_title(f"{row['case']}\n{row['traffic']} traffic", fontsize=8)
@@ -158,23 +160,29 @@ def length_plot(result: dict[str, Any], path: Path) -> None:
 
 ADAPT_POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("never", "never", {}), ("always (head)", "always", {"update": "head"}),
-    ("always (full)", "always", {"update": "full"}), ("epsilon-greedy (default)", "epsilon_greedy", {}),
-    ("cost-aware (default)", "cost_aware_bandit", {}),
+    ("always (full)", "always", {"update": "full"}), ("epsilon-greedy (default)", "epsilon-greedy", {}),
+    ("cost-aware (default)", "cost-aware-bandit", {}),
 )
+
+
+def _tuned_name(kind: str) -> str:
+    """The adaptation study's name of ``kind`` tuned: its default row's name with "(tuned)" (the kind's
+    own when it has no default row)."""
+    default = next((name for name, row_kind, _ in ADAPT_POLICIES
+                    if row_kind == kind and name.endswith(" (default)")), f"{kind} (default)")
+    return default.replace(" (default)", " (tuned)")
 
 
 def adapt_study(samples: int = 32, queries: int = 2000, tune_streams: int = 4, held_streams: int = 8,
                 scheduler: str = "asha") -> dict[str, Any]:
     """Tune the adaptation policies on shifted streams (ASHA: poor configurations stop after a stream);
     compare every policy on held-out streams."""
-    tuning = make_setting("adapt", PAPER_PROFILE, queries=queries, chunks=tune_streams, seed=TUNE_SEED,
+    tuning = make_setting("adaptation", PAPER_PROFILE, queries=queries, chunks=tune_streams, seed=TUNE_SEED,
                           traffic=Traffic(), drafter="specblock")
     tuned = {kind: tune_policies(tuning, (kind,), samples, fresh(STUDY_RUNS / "adapt" / kind),
                                  scheduler=scheduler)
-             for kind in ("epsilon_greedy", "cost_aware_bandit")}  # apart: ASHA compares within a kind
-    named = [*ADAPT_POLICIES,
-             ("epsilon-greedy (tuned)", "epsilon_greedy", tuned["epsilon_greedy"].best["params"]),
-             ("cost-aware (tuned)", "cost_aware_bandit", tuned["cost_aware_bandit"].best["params"])]
+             for kind in role_kinds("adaptation", tuned=True)}  # apart: ASHA compares within a kind
+    named = [*ADAPT_POLICIES, *((_tuned_name(kind), kind, t.best["params"]) for kind, t in tuned.items())]
     streams = [dataclasses.replace(tuning, chunks=1, seed=HELD_OUT_SEED + k) for k in range(held_streams)]
     outcomes = _run_all([(stream, kind, params) for _, kind, params in named for stream in streams])
     per_stream = {name: [o.tokens_per_second for o in outcomes[i * held_streams:(i + 1) * held_streams]]

@@ -1,15 +1,17 @@
 """Ray Tune studies: search each policy kind's parameters on the simulator and export the best policy.
 
-A study tunes one task (``length``: speculation-length policies on SpecLength; ``adapt``: adaptation
-policies on AdaptStream streams with a domain shift; ``serve``: serving policies on SpecServe episodes of
-``queries`` Poisson arrivals at ``rate`` per second, ``max_batch`` at once) as one Ray Tune experiment
-whose trials are the configurations of every policy kind, drawn from search spaces derived from each
-kind's parameter ``RANGES`` (``configurations``). The objective is simulated tokens/s. Every trial serves
+A study tunes one task, named by the role of its policies (``length``: speculation-length policies on
+SpecLength; ``adaptation``: adaptation policies on AdaptStream streams with a domain shift; ``serving``:
+serving policies on SpecServe episodes of ``queries`` Poisson arrivals at ``rate`` per second,
+``max_batch`` at once; ``adapt`` and ``serve`` are older names of the last two) as one Ray Tune experiment
+whose trials are the configurations of every policy kind (by default ``policies.tune_kinds`` of the role),
+drawn from search spaces derived from each kind's parameter ``RANGES``, ``SEARCH`` and ``ORDERED``
+(``policies.base.Params``; ``configurations``). The objective is simulated tokens/s. Every trial serves
 the same simulated work: chunk k of every trial runs with seed ``seed + k`` (common random numbers), so
 trials differ only by their policy. A trial reports its cumulative tokens/s after each chunk, which is
 what the ASHA scheduler stops early on.
 
-``length`` chunks split ``queries`` queries into ``chunks`` batches; ``adapt`` chunks are
+``length`` chunks split ``queries`` queries into ``chunks`` batches; ``adaptation`` chunks are
 ``chunks`` independent streams of ``queries`` queries each (a stream cannot be cut without changing
 what the policy learns).
 
@@ -46,32 +48,24 @@ import pandas as pd
 from core.cost_profile import CostProfile, load_profile
 from core.errors import InputError
 from core.files import MAX_CALIBRATION_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json
+from core.names import ROLE_ALIASES, ROLES
 from core.paths import TUNE_RUNS
 from experiments.defaults import default_drafter, default_profile, shipped_traces
 from experiments.folders import check_writable, hold
 from experiments.ray_session import check_address, start_ray  # quiets Ray: ray is imported later, locally
-from policies import check_role
-from policies.base import POLICY_KINDS, Policy, make_policy, policy_to_dict, save_policy
+from policies import check_role, tune_kinds
+from policies.base import POLICY_KINDS, Policy, canonical_kind, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
 from simulator.acceptance import AcceptanceModel
-from simulator.adapt_stream import AdaptStreamEnv, default_phases
 from simulator.parametric import PAPER_DOMAINS, paper_acceptance
+from simulator.predict import predict
 from simulator.replay import TraceReplay
-from simulator.rollout import Outcome, run_adapt, run_length, run_serve
-from simulator.serve import ServeTraffic
+from simulator.rollout import Outcome
+from simulator.spec_serve import ServeTraffic
 from simulator.traces import load_traces
-from simulator.vector_envs import SpecLengthVectorEnv
 
-TASKS: Mapping[str, tuple[str, ...]] = {
-    "length": ("libraspec", "threshold", "heuristic", "fixed"),
-    "adapt": ("cost_aware_bandit", "epsilon_greedy"),
-    "serve": ("libraspec-batch", "batch-table", "goodput", "threshold-batch"),
-}
-"""Each task and the policy kinds it tunes by default."""
-TASK_ROLES = {"length": "length", "adapt": "adaptation", "serve": "serving"}
-"""The role (``policies.policy_role``) of the kinds each task tunes."""
-DEFAULT_QUERIES = {"length": 256, "adapt": 2000, "serve": 64}
-DEFAULT_CHUNKS = {"length": 4, "adapt": 2, "serve": 2}
+DEFAULT_QUERIES = {"length": 256, "adaptation": 2000, "serving": 64}
+DEFAULT_CHUNKS = {"length": 4, "adaptation": 2, "serving": 2}
 SEARCHES = ("random", "grid")
 SCHEDULERS = ("fifo", "asha")
 MAX_GRID = 4096
@@ -84,14 +78,6 @@ TRIALS = "trials"
 METRIC = "tokens_per_second"
 EXPERIMENT = "study"
 """Name of the Ray Tune experiment under ``out/ray``."""
-
-SEARCH_BOUNDS: Mapping[str, Mapping[str, tuple[float, float]]] = {
-    "cost_aware_bandit": {"warmup": (0, 50), "cold_start_events": (0, 16), "cooldown": (0, 8),
-                          "s_min": (0.0, 200.0), "window": (1, 16), "revert_windows": (1, 6)},
-}
-"""Searched sub-ranges of parameters whose valid range is unbounded or far wider than a useful search."""
-ORDERED: Mapping[str, tuple[str, ...]] = {"heuristic": ("min_length", "initial", "max_length")}
-"""Parameters that must be non-decreasing: a sampled configuration takes their values sorted."""
 
 
 SERVE_TRAFFIC = ServeTraffic()
@@ -111,6 +97,7 @@ class Setting:
     """What every trial of a study simulates: plain data, shipped to the Ray workers as is."""
 
     task: str
+    """The role of the policies it tunes (``core.names.ROLES``)."""
     profile: str
     drafter: str
     traces: str | None = None
@@ -122,7 +109,7 @@ class Setting:
     calibration: str | None = None
     """A calibration file (``policies.calibration``) for the kinds that read confidences, or None."""
     serve: ServeTraffic = SERVE_TRAFFIC
-    """serve: the arrival rate, batch cap and prompt and output lengths."""
+    """serving: the arrival rate, batch cap and prompt and output lengths."""
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready form (for results and resume checks)."""
@@ -135,9 +122,9 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
                  calibration: str | Path | None = None, serve: ServeTraffic = SERVE_TRAFFIC) -> Setting:
     """A validated ``Setting``. Profile, traces and drafter default as ``specblock simulate`` resolves
     them (``experiments.defaults``); a ``traffic`` replaces the shipped traces; ``calibration`` (a file)
-    comes with every length policy that reads confidences; ``serve`` is the serve study's traffic
+    comes with every length policy that reads confidences; ``serve`` is the serving study's traffic
     (``queries`` requests per episode, ``chunks`` episodes)."""
-    _check_task(task)
+    task = check_task(task)
     queries = DEFAULT_QUERIES[task] if queries is None else queries
     chunks = DEFAULT_CHUNKS[task] if chunks is None else chunks
     for name, value, low in (("queries", queries, 1), ("chunks", chunks, 1), ("seed", seed, 0)):
@@ -160,9 +147,9 @@ def make_setting(task: str, profile: str | Path | None = None, traces: str | Pat
     elif traffic is None:
         traffic = Traffic()
     if calibration is not None:
-        if task == "adapt":
+        if task == "adaptation":
             raise InputError("a calibration is for length and serving policies: drop --calibration for the "
-                             "adapt study")
+                             "adaptation study")
         load_calibration(calibration)  # a bad file fails here, not in every trial
         calibration = str(Path(calibration).resolve())
     return Setting(task, str(Path(profile).resolve()), drafter, traces, traffic, queries, chunks, seed,
@@ -180,24 +167,30 @@ def load_calibration(path: str | Path) -> Calibration:
 def make_tuned(setting: Setting, kind: str, params: Mapping[str, Any] | None = None) -> Policy:
     """The policy ``kind(params)`` as the setting's trials run it: with its calibration when it reads
     confidences."""
+    kind = canonical_kind(kind)
     reads = getattr(POLICY_KINDS[kind], "reads_confidences", False)
     calibration = load_calibration(setting.calibration) if setting.calibration and reads else None
     return make_policy(kind, params, seed=setting.seed, calibration=calibration)
 
 
-def _check_task(task: str) -> None:
-    if task not in TASKS:
-        raise InputError(f"unknown study {task!r}: use one of {', '.join(TASKS)}")
+def check_task(task: str) -> str:
+    """The role ``task`` names (an older name, ``core.names.ROLE_ALIASES``, as its role); InputError for an
+    unknown one."""
+    task = ROLE_ALIASES.get(task, task)
+    if task not in ROLES:
+        raise InputError(f"unknown study {task!r}: use one of {', '.join(ROLES)}")
+    return task
 
 
 def check_kinds(task: str, kinds: Sequence[str]) -> tuple[str, ...]:
-    """The policy kinds to tune for ``task`` (its defaults when empty); InputError for a wrong one."""
-    _check_task(task)
-    kinds = tuple(dict.fromkeys(kinds)) or TASKS[task]
+    """The policy kinds to tune for ``task`` (``policies.tune_kinds`` of its role when empty; old spellings
+    as they are registered); InputError for a wrong one."""
+    task = check_task(task)
+    kinds = tuple(dict.fromkeys(canonical_kind(kind) for kind in kinds)) or tune_kinds(task)
     for kind in kinds:
         if kind not in POLICY_KINDS:
             raise InputError(f"unknown policy kind {kind!r}: use one of {', '.join(sorted(POLICY_KINDS))}")
-        check_role(make_policy(kind), TASK_ROLES[task], f"specblock tune {task}")
+        check_role(make_policy(kind), task, f"specblock tune {task}")
     return kinds
 
 
@@ -215,19 +208,14 @@ def simulate_chunks(setting: Setting, kind: str, params: Mapping[str, Any]) -> I
     """The outcome of each chunk of ``setting`` for the policy ``kind(params)``; chunk k uses seed + k."""
     profile, model = world(setting.profile, setting.traces, setting.traffic)
     policy = make_tuned(setting, kind, params)
-    if setting.task == "length":
-        for k, size in enumerate(np.diff(np.linspace(0, setting.queries, setting.chunks + 1).astype(int))):
-            env = SpecLengthVectorEnv(int(size), profile, model, setting.drafter)
-            yield run_length(policy, env, setting.seed + k)
-    elif setting.task == "serve":
-        for k in range(setting.chunks):
-            yield run_serve(policy, setting.serve.env(profile, model, setting.drafter, setting.queries),
-                            setting.seed + k)
+    if setting.task == "length":  # the queries split over the chunks; a stream or an episode per chunk
+        sizes = np.diff(np.linspace(0, setting.queries, setting.chunks + 1).astype(int)).tolist()
     else:
-        phases = default_phases(model.domains, setting.queries)
-        for k in range(setting.chunks):
-            env = AdaptStreamEnv(profile, model, setting.drafter, phases=phases)
-            yield run_adapt(policy, env, setting.seed + k)
+        sizes = [setting.queries] * setting.chunks
+    options = setting.serve.options() if setting.task == "serving" else {}
+    for k, size in enumerate(sizes):
+        yield predict(policy, profile, model, setting.drafter, queries=int(size), seed=setting.seed + k,
+                      env_options=options).outcome
 
 
 def combine(outcomes: Sequence[Outcome]) -> Outcome:
@@ -241,14 +229,15 @@ def evaluate(setting: Setting, kind: str, params: Mapping[str, Any] | None = Non
 
 
 def _domain(kind: str, name: str) -> Any:
-    """Ray Tune's sampling domain of one parameter: its ``RANGES`` entry, narrowed by ``SEARCH_BOUNDS``."""
+    """Ray Tune's sampling domain of one parameter: its ``RANGES`` entry, narrowed by its ``SEARCH`` one."""
     from ray import tune  # after experiments.ray_session has set Ray's environment
 
-    spec = POLICY_KINDS[kind].params_type.RANGES[name]
+    params_type = POLICY_KINDS[kind].params_type
+    spec = params_type.RANGES[name]
     if all(isinstance(choice, str) for choice in spec):
         return tune.choice(list(spec))
     low, high, integer = spec
-    low, high = SEARCH_BOUNDS.get(kind, {}).get(name, (low, high))
+    low, high = params_type.SEARCH.get(name, (low, high))
     return tune.randint(int(low), int(high) + 1) if integer else tune.uniform(float(low), float(high))
 
 
@@ -293,14 +282,15 @@ def configurations(kind: str, search: str = "random", samples: int = 16,
 def policy_params(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The valid parameters ``config`` stands for: plain int/float/str by the kind's ``RANGES``, the
     ``ORDERED`` ones sorted."""
+    params_type = POLICY_KINDS[kind].params_type
     params: dict[str, Any] = {}
-    for name, spec in POLICY_KINDS[kind].params_type.RANGES.items():
+    for name, spec in params_type.RANGES.items():
         value = config[name]
         if all(isinstance(choice, str) for choice in spec):
             params[name] = str(value)
         else:
             params[name] = int(value) if spec[2] else float(value)
-    names = ORDERED.get(kind, ())
+    names = params_type.ORDERED
     params.update(zip(names, sorted(params[name] for name in names), strict=True))
     return params
 

@@ -1,7 +1,8 @@
 """Online-adaptation policies: after each query, whether to spend compute updating the drafter.
 
 Actions: ``SKIP`` (0), ``HEAD`` (1: train only the LM/rank head, cheap), ``FULL`` (2: train the drafter
-decoder, about 10x the backward cost). An update action means "train now on that buffer's contents".
+decoder, several times a head update's cost: the profile's ``update`` samples say how much). An update
+action means "train now on that buffer's contents".
 Observations come from ``policies.features.adapt_features``.
 
 The loop the engine and the simulator run, once per query::
@@ -48,6 +49,7 @@ class _AdaptPolicy:
     """Shared plumbing: parameters, a seeded generator, and no outcome-learning by default."""
 
     kind: ClassVar[str]
+    role: ClassVar[str] = "adaptation"
     params_type: ClassVar[type[Params]]
 
     def __init__(self, params: Params | None = None, seed: int | None = None) -> None:
@@ -74,6 +76,7 @@ class NeverAdapt(_AdaptPolicy):
 
     kind = "never"
     params_type = NeverParams
+    tune_rank = None  # nothing to search
 
     def act(self, obs: np.ndarray) -> int:
         """Always skip."""
@@ -95,6 +98,7 @@ class AlwaysAdapt(_AdaptPolicy):
 
     kind = "always"
     params_type = AlwaysParams
+    tune_rank = None  # an ablation, tuned only when named: its two settings are compared by name
 
     def act(self, obs: np.ndarray) -> int:
         """The configured update, every time."""
@@ -119,8 +123,9 @@ class EpsilonGreedyAdapt(_AdaptPolicy):
     cost term. Untried actions count as best, so each is tried once.
     """
 
-    kind = "epsilon_greedy"
+    kind = "epsilon-greedy"
     params_type = EpsilonGreedyParams
+    tune_rank = 2
 
     def reset(self, seed: int | None = None) -> None:
         """Reseed and forget the reward estimates."""
@@ -165,6 +170,8 @@ class BanditParams(Params):
         "gain_alpha": (0.0, 1.0, False), "throughput_alpha": (0.0, 1.0, False),
         "saturation": (0.0, 1.0, False), "window": (1, 100_000, True), "revert_windows": (1, 100_000, True),
     }
+    SEARCH: ClassVar = {"warmup": (0, 50), "cold_start_events": (0, 16), "cooldown": (0, 8),
+                        "s_min": (0.0, 200.0), "window": (1, 16), "revert_windows": (1, 6)}
 
 
 @dataclass
@@ -204,8 +211,9 @@ class CostAwareBandit(_AdaptPolicy):
        (this query's update may already be live): ``checkpoint_previous`` says so.
     """
 
-    kind = "cost_aware_bandit"
+    kind = "cost-aware-bandit"
     params_type = BanditParams
+    tune_rank = 1
 
     def reset(self, seed: int | None = None) -> None:
         """Reseed and restart the lifecycle from the warm-up."""

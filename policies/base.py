@@ -1,14 +1,18 @@
 """The policy protocol, the registry of policy kinds and the versioned JSON policy file.
 
-A policy file is ``{"kind": str, "version": 1, "params": {...}}`` with every parameter of that kind
-present, and for a policy that reads confidences optionally ``"calibration": {...}``
-(``policies.calibration``: how its confidences map to acceptance probabilities). Files are plain JSON,
+A policy kind is one class with its ``kind`` (hyphenated, as on the command line), ``role`` (one of
+``core.names.ROLES``) and frozen ``params_type``, made known by ``register``; everything that lists kinds
+(``specblock tune``, the pipeline, the studies) reads this registry. A policy file is
+``{"kind": str, "version": 1, "params": {...}}`` with every parameter of that kind present, and for a
+policy that reads confidences optionally ``"calibration": {...}`` (``policies.calibration``: how its
+confidences map to acceptance probabilities). Files are plain JSON,
 written atomically and validated when loaded; nothing is unpickled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from numbers import Integral, Real
 from pathlib import Path
@@ -18,6 +22,7 @@ import numpy as np
 
 from core.errors import InputError
 from core.files import MAX_POLICY_BYTES, read_json, write_json
+from core.names import ROLES
 from policies.calibration import Calibration
 
 POLICY_FILE_VERSION = 1
@@ -27,6 +32,7 @@ class Policy(Protocol):
     """A decision rule the simulator and the engine drive the same way: act, then observe the outcome."""
 
     kind: ClassVar[str]
+    role: ClassVar[str]
     params: Any
 
     def reset(self, seed: int | None = None) -> None:
@@ -41,14 +47,35 @@ class Policy(Protocol):
 
 POLICY_KINDS: dict[str, type] = {}
 """Every registered policy class, by its ``kind``."""
+KIND_ALIASES: Mapping[str, str] = {
+    "epsilon_greedy": "epsilon-greedy", "cost_aware_bandit": "cost-aware-bandit",
+    "libraspec_exhaustive": "libraspec-exhaustive",
+}
+"""Old spellings of kinds, still read from policy files and accepted wherever a kind is named."""
 
 P = TypeVar("P", bound=type)
 
 
 def register(cls: P) -> P:
-    """Class decorator: make a policy kind loadable from files (needs ``kind`` and ``params_type``)."""
+    """Class decorator: make a policy kind known to every list of kinds and loadable from files (needs
+    ``kind``, ``role`` and ``params_type``; ``tune_rank`` optionally, see ``tune_rank``)."""
+    params_type = getattr(cls, "params_type", None)
+    if getattr(cls, "role", None) not in ROLES or not dataclasses.is_dataclass(params_type):
+        raise TypeError(f"policy class {cls.__name__} needs a role in {ROLES} and a params_type dataclass")
     POLICY_KINDS[cls.kind] = cls
     return cls
+
+
+def canonical_kind(kind: str) -> str:
+    """``kind`` as registered: an old spelling (``KIND_ALIASES``) becomes its current one."""
+    return KIND_ALIASES.get(kind, kind)
+
+
+def tune_rank(cls: type) -> float | None:
+    """Where kind ``cls`` comes among its role's kinds that `specblock tune` searches by default: its class
+    attribute ``tune_rank`` (lower first; after every ranked kind when it sets none), or None when it sets
+    ``tune_rank = None``: tuned only when named."""
+    return getattr(cls, "tune_rank", math.inf)
 
 
 def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> int | float:
@@ -64,10 +91,16 @@ def check_number(name: str, value: Any, low: float, high: float, integer: bool =
 class Params:
     """Base of each kind's frozen parameters, checked against ``RANGES`` when constructed.
 
-    ``RANGES`` maps each field to ``(low, high, integer)`` or to a tuple of allowed strings.
+    ``RANGES`` maps each field to ``(low, high, integer)`` or to a tuple of allowed strings. ``SEARCH`` and
+    ``ORDERED`` tell a tune study (``experiments.tune``) how to search them.
     """
 
     RANGES: ClassVar[Mapping[str, tuple]] = {}
+    SEARCH: ClassVar[Mapping[str, tuple[float, float]]] = {}
+    """The (low, high) a tune study searches, for parameters whose valid range is unbounded or far wider
+    than a useful search (the others are searched over their whole ``RANGES``)."""
+    ORDERED: ClassVar[tuple[str, ...]] = ()
+    """Parameters that must be non-decreasing: a sampled configuration takes their values sorted."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -88,7 +121,8 @@ def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int | 
                 calibration: Calibration | None = None) -> Policy:
     """Build a policy of ``kind``; parameters left out take their defaults, unknown ones are an error; a
     ``calibration`` only for kinds that read confidences (the length and serving policies but the fixed
-    ones)."""
+    ones). An old spelling of ``kind`` (``KIND_ALIASES``) builds the kind it names."""
+    kind = canonical_kind(kind)
     if kind not in POLICY_KINDS:
         raise InputError(f"unknown policy kind {kind!r}: use one of {_kinds()}")
     cls = POLICY_KINDS[kind]
@@ -127,6 +161,7 @@ def policy_from_dict(data: Any, seed: int | None = None, source: str = "policy")
         raise InputError(f"{source}: policy file version {data['version']!r} is not supported: "
                          f"re-export it with version {POLICY_FILE_VERSION}")
     kind, params = data["kind"], data["params"]
+    kind = canonical_kind(kind) if isinstance(kind, str) else kind
     if not isinstance(kind, str) or kind not in POLICY_KINDS:
         raise InputError(f"{source}: unknown policy kind {kind!r}: use one of {_kinds()}")
     if not isinstance(params, dict):

@@ -51,6 +51,7 @@ class _LengthPolicy(ABC):
     first mapped through the policy's ``calibration`` when it has one (``policies.calibration``)."""
 
     kind: ClassVar[str]
+    role: ClassVar[str] = "length"
     params_type: ClassVar[type[Params]]
     reads_confidences: ClassVar[bool] = True  # so a calibration may come with it (``make_policy``)
 
@@ -100,6 +101,7 @@ class FixedLength(_LengthPolicy):
 
     kind = "fixed"
     params_type = FixedParams
+    tune_rank = 4
     reads_confidences = False
 
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
@@ -125,6 +127,7 @@ class ThresholdLength(_LengthPolicy):
 
     kind = "threshold"
     params_type = ThresholdParams
+    tune_rank = 2
 
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         below = np.cumprod(confidences[: self.params.max_length]) < self.params.threshold
@@ -152,6 +155,7 @@ class HeuristicParams(Params):
         "initial": (0, LENGTH_CAP, True), "min_length": (0, LENGTH_CAP, True),
         "max_length": (0, LENGTH_CAP, True), "grow": (0, LENGTH_CAP, True), "shrink": (0, LENGTH_CAP, True),
     }
+    ORDERED: ClassVar = ("min_length", "initial", "max_length")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -170,6 +174,7 @@ class HeuristicLength(_LengthPolicy):
 
     kind = "heuristic"
     params_type = HeuristicParams
+    tune_rank = 3
     reads_confidences = False
 
     def reset(self, seed: int | None = None) -> None:
@@ -205,6 +210,7 @@ class LibraSpecLength(_LengthPolicy):
 
     kind = "libraspec"
     params_type = LibraSpecParams
+    tune_rank = 1
 
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         paths = np.cumprod(confidences)
@@ -232,8 +238,9 @@ class LibraSpecLength(_LengthPolicy):
 class LibraSpecExhaustive(_LengthPolicy):
     """Argmax of ``S(n)`` over n = 0..max_length (the smallest n on ties): robust to step-shaped costs."""
 
-    kind = "libraspec_exhaustive"
+    kind = "libraspec-exhaustive"
     params_type = LibraSpecParams
+    tune_rank = None  # tuned only when named: the studies compare it at its defaults beside libraspec
 
     def choose(self, confidences: np.ndarray, step_seconds: np.ndarray) -> int:
         return int(np.argmax(speedup_curve(confidences, step_seconds)[: self.params.max_length + 1]))

@@ -104,6 +104,7 @@ class ServingPolicy(ABC):
     confidences: ``policies.calibration``)."""
 
     kind: ClassVar[str]
+    role: ClassVar[str] = "serving"
     reads_confidences: ClassVar[bool] = True  # so a calibration may come with it (``make_policy``)
 
     def __init__(self, params: Params, seed: int | None = None,
@@ -170,6 +171,7 @@ class BatchTable(ServingPolicy):
 
     kind = "batch-table"
     params_type = TableParams
+    tune_rank = 2
     reads_confidences = False
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
@@ -199,6 +201,7 @@ class Goodput(ServingPolicy):
 
     kind = "goodput"
     params_type = GoodputParams
+    tune_rank = 3
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         count, k = paths.shape[0], np.arange(self.params.max_length + 1)
@@ -224,6 +227,7 @@ class LibraSpecBatch(ServingPolicy):
 
     kind = "libraspec-batch"
     params_type = MarginalParams
+    tune_rank = 1
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         rows = paths.tolist()  # a few requests and positions: plain floats beat numpy's per-call overhead
@@ -258,6 +262,7 @@ class ThresholdBatch(ServingPolicy):
 
     kind = "threshold-batch"
     params_type = ThresholdParams
+    tune_rank = 4
 
     def lengths(self, paths: np.ndarray, costs: Costs) -> np.ndarray:
         return np.minimum((paths >= self.params.threshold).sum(1), self.params.max_length)

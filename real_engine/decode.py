@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from core.errors import InputError
-from core.names import PROBABILITY_OPTIONS, VANILLA, VERIFIERS, drafter_spec
+from core.names import VANILLA, draft_options, drafter_spec
+from core.verifiers import sampling_verifiers, verifier_spec
 from real_engine.drafters.base import Drafter, clock, prompt_rows
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
@@ -89,20 +90,18 @@ def make_drafter(name: str, target: Transformer, draft: Transformer | None = Non
     """The drafter called ``name`` (None for ``"none"``, vanilla decoding): the one way every command
     builds a drafter.
 
-    Looks ``name`` up in the registry (``core.names``), checks the options (each a count >= 1 or, for
-    ``min_confidence``, a probability; one the drafter does not take is refused, one left None is
-    dropped) and calls the builder its spec names with ``draft`` (the draft model), ``folder`` (where
-    its weights or deployed shape lie) and ``deployed`` (False: ignore the deployed shape,
-    ``drafting.json``, and keep the trained settings).
+    Looks ``name`` up in the registry (``core.names``), checks the options (each a count >= 1, or a
+    probability for a probability option such as ``min_confidence``; one the drafter does not take is
+    refused, one left None is dropped) and calls the builder its spec names with ``draft`` (the draft
+    model), ``folder`` (where its weights or deployed shape lie) and ``deployed`` (False: ignore the
+    deployed shape, ``drafting.json``, and keep the trained settings).
     """
-    low = next((f"{k}={v}" for k, v in options.items()
-                if v is not None and k not in PROBABILITY_OPTIONS and v < 1), None)
-    if low is not None:
-        raise InputError(f"drafter option {low} is below 1: give a positive value")
-    for option, what in PROBABILITY_OPTIONS.items():
-        value = options.get(option)
-        if value is not None and not 0 <= value <= 1:
-            raise InputError(f"{what} {value}: give a probability in [0, 1]")
+    for option, value in options.items():
+        known = draft_options.get(option)
+        if value is not None and known is not None and known.probability and not 0 <= value <= 1:
+            raise InputError(f"{option} {value} ({known.flag}): give a probability in [0, 1]")
+        if value is not None and not (known is not None and known.probability) and value < 1:
+            raise InputError(f"drafter option {option}={value} is below 1: give a positive value")
     if name == VANILLA:
         return None
     spec = drafter_spec(name)
@@ -129,10 +128,9 @@ def check_request(model: Transformer, prompt: torch.Tensor, drafter: Drafter | N
     if need > limit:
         raise InputError(f"the prompt ({prompt.numel()} tokens) plus {max_new_tokens} new tokens exceeds the "
                          f"model's context of {limit}: shorten the prompt or lower max new tokens")
-    if drafter is not None and verifier not in VERIFIERS:
-        raise InputError(f"unknown verifier {verifier!r}: use one of {', '.join(VERIFIERS)}")
-    if drafter is not None and verifier == "greedy" and not sampling.greedy:
-        raise InputError("the greedy verifier is for temperature 0: use token, block, rrs, gbv or seqbv")
+    if drafter is not None and verifier_spec(verifier).greedy and not sampling.greedy:
+        *others, last = sampling_verifiers()
+        raise InputError(f"the {verifier} verifier is for temperature 0: use {', '.join(others)} or {last}")
 
 
 def settle(cache: KVCache, logits: torch.Tensor, tree: DraftTree | None, verifier: str, sampling: Sampling,
@@ -144,7 +142,8 @@ def settle(cache: KVCache, logits: torch.Tensor, tree: DraftTree | None, verifie
         cache.commit()
         row = logits[-1]
         return (), int(row.argmax()) if sampling.greedy else sampler.categorical(warp(row, sampling))
-    result = verify(verifier, tree, logits if verifier == "greedy" else warp(logits, sampling), sampler)
+    greedy = verifier_spec(verifier).greedy  # argmax matching reads the raw logits
+    result = verify(verifier, tree, logits if greedy else warp(logits, sampling), sampler)
     cache.keep([0, *result.path])
     return result.path, result.token
 

@@ -1,24 +1,24 @@
 """Linear layers that run CPU inference on prepacked weights: FBGEMM's half precision for a float32
 model, oneDNN's bfloat16 for a bfloat16 one.
 
-On a CPU a decode step is a string of matrix-vector products, and torch's default kernel (MKL here)
-is slow at the few rows a speculative verify runs: on the shipped target's LM head it takes 2 to 4
-times a one-row product for 2 to 5 rows (``benchmarks/cpu_linear.py``). FBGEMM's fp16-weight kernel,
-with weights packed once, takes 2.6 to 6 times less time there; it reads half the bytes (a whole
-forward of the shipped target runs 1.5 to 2 times faster), and fp16 holds every bfloat16 weight at
-or above 2^-14 exactly. So a ``Linear`` marked half (``use_half``: every model and drafter loaded
-from a 16-bit checkpoint) computes in inference (no autograd, float32 input on a CPU with FBGEMM)
-with its weights packed in fp16 and fp32 activations and accumulation; anywhere else, and always
-while training, it is ``nn.Linear``. The packed copy follows the weight: an in-place update, a new
-tensor or a move repacks it at the next call.
+On a CPU a decode step is a string of matrix-vector products, and torch's default kernel (MKL here) is
+slow at the few rows a speculative verify runs: on the shipped target's LM head a product of 2 to 5 rows
+takes several times a one-row product. FBGEMM's fp16-weight kernel, with weights packed once, takes
+several times less time there and reads half the bytes (each kernel's times:
+``benchmarks/results/cpu_linear.json``, docs/results.md, "Packed half-precision linears on CPU"), and
+fp16 holds every bfloat16 weight at or above 2^-14 exactly. So a ``Linear`` marked half (``use_half``:
+every model and drafter loaded from a 16-bit checkpoint) computes in inference (no autograd, float32
+input on a CPU with FBGEMM) with its weights packed in fp16 and fp32 activations and accumulation;
+anywhere else, and always while training, it is ``nn.Linear``. The packed copy follows the weight: an
+in-place update, a new tensor or a move repacks it at the next call.
 
 A bfloat16 model runs its linears on oneDNN with weights reordered once into its blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``, the layout inductor's CPU freezing uses): torch's default
 bfloat16 linear is several times slower at one to a few rows (``benchmarks/cpu_linear.py``), and the
 reordered product computes the same numbers. It needs no mark: the weights are already bfloat16.
 
-A small decode step costs more in calls than in arithmetic (each product and its checks cost tens of
-microseconds here), so ``Fused`` runs linears that share an input (query, key and value; gate and
+A small decode step costs more in calls than in arithmetic (each product and its checks cost a fixed
+overhead per call), so ``Fused`` runs linears that share an input (query, key and value; gate and
 up) as one packed product, and the repacking check reads the parameters directly.
 """
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # torch marks the two FBGEMM entry points deprecated, but the quantized-op route to the same kernel
-# costs about 40 us more per call, which is the whole gain on the layers' small matrices.
+# adds a per-call overhead as large as the whole gain on the layers' small matrices.
 warnings.filterwarnings("ignore", message="fbgemm_.*is deprecated")
 
 FBGEMM = (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")

@@ -36,14 +36,13 @@ import torch
 from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.files import write_json
+from core.names import registry
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import GREEDY, MAX_TREE_NODES, prefill, speculative_step, vanilla_step
+from real_engine.drafter_profiles import DraftSeries
 from real_engine.drafters.base import Drafter, prompt_rows
 from real_engine.drafters.draft_model import DraftModelDrafter
-from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle, new_eagle
-from real_engine.drafters.medusa import MedusaDrafter, choose_tree, load_medusa, new_medusa
-from real_engine.drafters.ngram import NgramDrafter
-from real_engine.drafters.specblock import SpecBlock, SpecBlockDrafter, load_specblock
+from real_engine.drafters.specblock import SpecBlockDrafter
 from real_engine.feedback import FeedbackDrafter
 from real_engine.kv_cache import KVCache
 from real_engine.model import Output, Transformer
@@ -130,8 +129,8 @@ better in the simulator than in the engine (the shipped fidelity test caught it)
 def warm_step(model: Transformer, context: int, nodes: int = 1, seed: int = 0) -> Callable[[], None]:
     """One untimed step of ``model`` at ``context`` cached tokens (a verify of a ``nodes``-token chain, or
     a plain step for 1): the prelude that lets a timed job find the caches as the decode loop leaves them
-    (a drafter runs right after the target verified a draft, a verify right after the drafter ran: 5 to
-    15% dearer here than right after a job of their own kind)."""
+    (a drafter runs right after the target verified a draft, a verify right after the drafter ran, which
+    costs more than right after a job of their own kind)."""
     device = model.lm_head.weight.device
     gen = torch.Generator().manual_seed(seed)
     vocab = model.args.vocab_size
@@ -297,64 +296,40 @@ def draft_backlog_samples(target: Transformer, draft: Transformer, grid: Profile
     return rows
 
 
-def draft_samples(target: Transformer, drafters: dict[str, Any], grid: ProfileGrid, bench: Bench,
-                  seed: int = 0, recording: bool = False
-                  ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
-    """Rows of ``samples.draft`` for each drafter kind in ``drafters`` (kind -> its model or net), and of
-    ``samples.draft_trees`` (the draft model's top-k trees), timed when ``bench`` runs. With
-    ``recording``, SpecBlock drafts as a stream that adapts online runs it: wrapped in the
-    ``FeedbackDrafter`` that records each iteration's feedback (the target's rows and rejections)."""
-    context = min(grid.draft_context, _contexts(grid, target)[-1])
-    room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
-    before = warm_step(target, context, 4, seed)  # the loop drafts right after the target verified
+@dataclass
+class _Timer:
+    """The ``DraftTimer`` drafters' series time with: sessions at the draft context, after a verify."""
 
-    def run(drafter: Drafter, depth: int) -> list[float]:
-        session = _Session(target, drafter, context, room, seed)
-        return bench.add(lambda: session.step(depth), before=before)
+    target: Transformer
+    grid: ProfileGrid
+    bench: Bench
+    seed: int
+    recording: bool
 
-    rows: dict[str, list[dict]] = {"ngram": [{"seconds": run(NgramDrafter(depth=8), 8)}]}
-    trees: dict[str, list[dict]] = {}
-    if "draft-model" in drafters:
-        draft = drafters["draft-model"]
-        rows["draft-model"] = [{"tokens": n, "seconds": run(DraftModelDrafter(draft, "chain", n), n)}
-                               for n in grid.draft_tokens]
-        trees["draft-model"] = [
-            {"depth": d, "width": w,
-             "seconds": run(DraftModelDrafter(draft, "tree", d, w, grid.tree_budget), d)}
-            for d in grid.tree_depths for w in grid.tree_widths]
-    if "specblock" in drafters:
-        net = drafters["specblock"]
-        # Every bucket drafts children, so each later block really starts from `starts` nodes.
-        children = (net.config.block_size,) * (len(net.config.edges) + 1)
+    def __post_init__(self) -> None:
+        self.context = min(self.grid.draft_context, _contexts(self.grid, self.target)[-1])
+        self.room = (self.grid.repeats + self.grid.warmup) * 33  # a step commits at most 17 tokens
+        self.before = warm_step(self.target, self.context, 4, self.seed)  # drafting follows a verify
 
-        def specblock(m: int, s: int) -> Drafter:
-            drafter = SpecBlockDrafter(net, m, s, budget=MAX_TREE_NODES - 1, children=children)
-            return FeedbackDrafter(drafter) if recording else drafter
-
-        k = net.config.block_size
-        rows["specblock"] = [{"starts": s, "blocks": m, "seconds": run(specblock(m, s), m * k)}
-                             for s in grid.specblock_starts for m in grid.specblock_blocks]
-    if "eagle" in drafters:
-        net, shape = drafters["eagle"]
-        shapes = {d: TreeShape(d, shape.top_k, shape.total_tokens) for d in grid.eagle_depths}
-        rows["eagle"] = [{"depth": d, "seconds": run(EagleDrafter(net, target, s), d)}
-                         for d, s in shapes.items()]
-    if "medusa" in drafters:
-        net, tree = drafters["medusa"]
-        rows["medusa"] = [{"seconds": run(MedusaDrafter(net, target, tree), max(len(n) for n in tree))}]
-    return rows, trees
+    def run(self, drafter: Drafter, depth: int) -> list[float]:
+        session = _Session(self.target, drafter, self.context, self.room, self.seed)
+        return self.bench.add(lambda: session.step(depth), before=self.before)
 
 
-def drafter_seconds(target: Transformer, drafter: Drafter, depth: int, *, clock_kind: str = "wall",
-                    repeats: int = FULL.repeats, warmup: int = FULL.warmup, context: int = FULL.draft_context,
-                    seed: int = 0) -> list[float]:
-    """Seconds of one iteration's drafting (propose + accept) of one drafter configuration, as the
-    profile times its draft series: for shapes those series do not key, such as a draft-model tree."""
-    bench = Bench(make_timer(target.lm_head.weight.device, clock_kind), repeats, warmup)
-    session = _Session(target, drafter, context, (repeats + warmup) * 33, seed)
-    seconds = bench.add(lambda: session.step(depth))
-    bench.run()
-    return seconds
+def draft_samples(target: Transformer, nets: dict[str, Any], grid: ProfileGrid, bench: Bench, seed: int = 0,
+                  recording: bool = False) -> dict[str, DraftSeries]:
+    """Each registered drafter's series (``DraftSeries``: rows of ``samples.draft`` and ``draft_trees``, its
+    ``draft_shapes`` entry), timed when ``bench`` runs: every drafter with a profiler whose model is in
+    ``nets`` (kind -> its model or net; the draft model for a drafter drafting with it) or that needs none.
+    With ``recording``, drafters draft as a stream that adapts online runs them (feedback recorded)."""
+    timer = _Timer(target, grid, bench, seed, recording)
+    out = {}
+    for kind, spec in registry.items():
+        profiler = spec.load("profile") if spec.profile else None
+        needs = profiler is not None and (spec.needs_draft_model or profiler.fresh is not None)
+        if profiler is not None and (kind in nets or not needs):
+            out[kind] = profiler.series(target, nets.get(kind), timer)
+    return out
 
 
 def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, bench: Bench, seed: int = 0
@@ -383,30 +358,27 @@ def prefill_samples(target: Transformer, net: Any | None, grid: ProfileGrid, ben
 
 def feature_drafters(target: Transformer, models_dir: Path | None = None, seed: int = 0
                      ) -> tuple[dict[str, Any], dict[str, str]]:
-    """SpecBlock, EAGLE and Medusa drafters for ``target``: trained weights from ``models_dir/<kind>`` (the
-    target's own drafters folder, ``ModelSpec.drafters``; None: none) when present and fitting this target,
-    else seeded random weights of the shipped shape.
+    """The registered drafters with a model of their own for ``target``: trained weights from
+    ``models_dir/<folder>`` (the target's own drafters folder, ``ModelSpec.drafters``; None: none) when
+    present and fitting this target, else seeded random weights of the shipped shape.
 
-    Returns (kind -> what ``draft_samples`` needs, kind -> the model name for the profile).
+    Returns (kind -> what its profiler's series needs, kind -> the model name for the profile).
     """
-    loaders: dict[str, tuple[Callable[[Path], Any], Callable[[], Any]]] = {
-        "specblock": (lambda f: load_specblock(f, target), lambda: SpecBlock.for_target(target, seed=seed)),
-        "eagle": (lambda f: load_eagle(f, target), lambda: (new_eagle(target, seed=seed), TreeShape())),
-        "medusa": (lambda f: load_medusa(f, target),
-                   lambda: (new_medusa(target, seed=seed), choose_tree([[0.6, 0.2, 0.1, 0.05]] * 4, 24))),
-    }
     nets, names = {}, {}
-    for kind, (load, fresh) in loaders.items():
-        folder = None if models_dir is None else models_dir / kind
+    for kind, spec in registry.items():
+        profiler = spec.load("profile") if spec.profile else None
+        if profiler is None or profiler.fresh is None:
+            continue
+        folder = None if models_dir is None else models_dir / spec.folder
         try:
-            loaded = None if folder is None else load(folder)
+            loaded = None if folder is None or profiler.load is None else profiler.load(target, folder)
         except (InputError, OSError, RuntimeError):  # absent, or made for another target
             loaded = None
         if loaded is None or folder is None:
-            nets[kind], names[kind] = fresh(), f"{kind} (random weights of the shipped shape: timing only)"
+            nets[kind] = profiler.fresh(target, seed)
+            names[kind] = f"{kind} (random weights of the shipped shape: timing only)"
         else:
             nets[kind], names[kind] = loaded, f"{folder.name} (trained weights)"
-    nets["specblock"].eval()
     return nets, names
 
 
@@ -429,15 +401,18 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     drafting = None if draft is None else warm_step(draft, context, seed=seed)  # what a verify follows
     verify, vanilla = verify_samples(target, grid, bench, seed, drafting)
     nets: dict[str, Any] = {}
-    names = {"ngram": "n-gram prompt lookup (no model)"}
+    names: dict[str, str] = {}
     if draft is not None:
-        nets["draft-model"], names["draft-model"] = draft, draft_name or model_name(draft, None)
+        kinds = [kind for kind, spec in registry.items() if spec.needs_draft_model]
+        nets.update(dict.fromkeys(kinds, draft))
+        names.update(dict.fromkeys(kinds, draft_name or model_name(draft, None)))
     if feature:
         more, more_names = feature_drafters(target, models_dir, seed)
         nets.update(more)
         names.update(more_names)
     update_model = draft if draft is not None else target
-    draft_rows, tree_rows = draft_samples(target, nets, grid, bench, seed)
+    series = draft_samples(target, nets, grid, bench, seed)
+    names = {kind: names.get(kind, registry[kind].summary) for kind in series}
     windows: dict[str, int] = {}
     single: dict[str, list[float]] = {}
     prefill_rows = prefill_samples(target, nets.get("specblock"), grid, bench, seed)
@@ -450,7 +425,8 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         update_rows = update_samples(update_model, grid.update_batch, updates, seed)
         update_name = (f"{'draft model' if draft is not None else 'target'}: "
                        f"{draft_name if draft is not None else target_name}, one next-token step")
-    samples = {"verify": verify, "vanilla": vanilla, "draft": draft_rows, "update": update_rows,
+    samples = {"verify": verify, "vanilla": vanilla, "update": update_rows,
+               "draft": {kind: one.rows for kind, one in series.items()},
                **({"update_single": single} if single else {}),
                **({"prefill": prefill_rows} if prefill_rows else {}),
                "steering": steering_samples(target, grid.draft_tokens, grid.draft_context, bench, seed),
@@ -458,7 +434,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                **({"batch_draft": batch_draft_samples(target, draft, grid, bench, seed),
                    "draft_backlog": draft_backlog_samples(target, draft, grid, bench, seed)}
                   if draft is not None else {}),
-               "draft_trees": tree_rows}
+               "draft_trees": {kind: one.trees for kind, one in series.items() if one.trees}}
     bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop
     updates.run()  # apart: a training step's memory traffic would evict what decoding keeps cached
     data = {
@@ -466,8 +442,8 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         "device": device_name(device),
         "dtype": dtype,
         "models": {"target": target_name, "drafters": names},
-        "block_size": nets["specblock"].config.block_size if "specblock" in nets else None,
-        "draft_shapes": draft_shapes(nets, grid),
+        "block_size": next((one.block_size for one in series.values() if one.block_size), None),
+        "draft_shapes": {kind: one.shape for kind, one in series.items() if one.shape},
         "derived_from": None,
         "estimator": estimator,
         **({"update_windows": windows} if windows else {}),
@@ -513,19 +489,6 @@ def remeasure_updates(data: dict[str, Any], target: Transformer, *, grid: Profil
     return {**profile.to_json(), "measurement": {**measured, "updates": {
         "torch": torch.__version__, "seed": seed, "threads": torch.get_num_threads(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}}}
-
-
-def draft_shapes(nets: dict[str, Any], grid: ProfileGrid) -> dict[str, dict[str, int]]:
-    """The settings each tree drafter's series holds fixed (the profile's ``draft_shapes``)."""
-    shapes = {}
-    if "draft-model" in nets:
-        shapes["draft-model"] = {"tree_budget": grid.tree_budget}
-    if "eagle" in nets:
-        shape = nets["eagle"][1]
-        shapes["eagle"] = {"top_k": shape.top_k, "total_tokens": shape.total_tokens}
-    if "specblock" in nets:  # every rank bucket drafts K children, within the tree's node budget
-        shapes["specblock"] = {"children": nets["specblock"].config.block_size, "budget": MAX_TREE_NODES - 1}
-    return shapes
 
 
 def save(data: dict[str, Any], path: str | Path) -> Path:

@@ -34,8 +34,7 @@ class StreamServer:
     seconds. A policy with ``should_revert`` (the cost-aware bandit) decides reverts and checkpoints;
     for the others the adapter's own rule does. ``on_iteration(query index, iteration)`` sees each
     speculative iteration. Servers keep no shared state, so several may take turns on one stream; note
-    that another server's updates evict what decoding keeps cached (measured: about 9% slower queries on
-    this CPU).
+    that another server's updates evict what decoding keeps cached, which slows its queries.
     """
 
     def __init__(self, target: Transformer, drafter: SpecBlockDrafter, domains: Sequence[str], policy: Policy,

@@ -39,14 +39,16 @@ Provenance, stated plainly:
   project's. Its drafts are not i.i.d., so the LP bound for K i.i.d. paths does not bound it.
 
 Each sampling verifier is written as a ``*_law`` function returning a :class:`Decision` (the accepted
-nodes and the law of the token to emit); ``VERIFIERS`` wraps each with that one final draw. Nothing
-larger than [nodes, vocab] is built, and host syncs are a handful per call (one Bernoulli draw
-covers a whole path in ``token`` and ``block``, one more draws the emitted token).
+nodes and the law of the token to emit); ``VERIFIERS`` wraps each with that one final draw. Both are
+read from the registry of ``core.verifiers`` (each verifier's entry points), so a verifier registered
+there is found here and in ``real_engine.exact``, which proves it lossless. Nothing larger than
+[nodes, vocab] is built, and host syncs are a handful per call (one Bernoulli draw covers a whole path
+in ``token`` and ``block``, one more draws the emitted token).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -54,8 +56,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from core import names
 from core.errors import InputError
+from core.verifiers import Loaded, verifier_spec
 from real_engine.tree import DraftTree
 
 
@@ -111,11 +113,15 @@ class Decision:
     bonus: bool
 
 
-def _check(name: str, tree: DraftTree, p: torch.Tensor, needs_q: bool) -> None:
+def _check(name: str, tree: DraftTree, p: torch.Tensor, points: bool = False) -> None:
+    """Refuse rows, a draft or a draft law verifier ``name`` cannot read. It needs ``q`` when its spec
+    says so (``needs_q``), except on a top-k tree when ``points``: it takes top-k children as point masses."""
+    spec = verifier_spec(name)
+    needs_q = spec.needs_q and not (points and tree.child_rule == "topk")
     if p.dim() != 2 or p.shape[0] != tree.size:
         raise InputError(f"{name}: p has shape {tuple(p.shape)} for a tree of {tree.size} nodes: "
                          "pass p as [nodes, vocab], one target row per tree node")
-    if tree.child_rule == "greedy_draft" and name not in ("greedy", "gds"):
+    if tree.child_rule == "greedy_draft" and not (spec.greedy or spec.draws == "greedy_draft"):
         raise InputError(f"{name} cannot verify a greedy draft (top tokens, then one sampled): use gds, or "
                          "greedy at temperature 0")
     if needs_q and tree.q is None:
@@ -288,7 +294,7 @@ def greedy(tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None) -> 
     argmax, emit the argmax where no child matches. ``p`` may be logits. Ties go to the lowest token
     id (``torch.argmax``); among duplicate children the first in index order is followed. No
     randomness: ``sampler`` is accepted for a uniform signature and unused."""
-    _check("greedy", tree, p, needs_q=False)
+    _check("greedy", tree, p)
     best = p.argmax(-1).tolist()
     tokens, kids = tree.tokens.tolist(), _children(tree)
     node, path = 0, []
@@ -311,7 +317,7 @@ def greedy_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None)
 def token_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
     """Token-level speculative sampling on the first path, following the pseudo-code of Leviathan et al.
     (2023, Algorithm 1; Chen et al. 2023 give the same rule)."""
-    _check("token", tree, p, needs_q=tree.child_rule != "topk")
+    _check("token", tree, p, points=True)
     nodes = _first_path(tree)
     tau, law = _token_core(_path(tree, p, nodes), sampler)
     return Decision(tuple(nodes[:tau]), law, tau == len(nodes))
@@ -320,7 +326,7 @@ def token_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
 def block_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
     """Block verification, BV, on the first path, following the algorithm of Sun et al. (ICLR 2025,
     arXiv 2403.10444)."""
-    _check("block", tree, p, needs_q=tree.child_rule != "topk")
+    _check("block", tree, p, points=True)
     nodes = _first_path(tree)
     tau, law = _block_core(_path(tree, p, nodes), sampler)
     return Decision(tuple(nodes[:tau]), law, tau == len(nodes))
@@ -358,7 +364,7 @@ def rrs_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
     measured in ``tests/test_verify_trie.py``).
     """
     rule = tree.child_rule
-    _check("rrs", tree, p, needs_q=rule != "topk")
+    _check("rrs", tree, p, points=True)
     tokens, parents, kids = tree.tokens.tolist(), tree.parents.tolist(), _children(tree)
     live = [0]
     while True:
@@ -439,7 +445,7 @@ def gbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
     one path (``specblock lp --vocab 2 --length 2 --drafts 2 --drafter mix``, seed 0, instance 0:
     1.609 against 1.857; ``tests/test_lp.py``), so the paper's gain over BV is not claimed for it.
     """
-    _check("gbv", tree, p, needs_q=True)
+    _check("gbv", tree, p)
     if tree.child_rule != "iid":
         raise InputError(f"gbv needs i.i.d. drafted paths, not child rule {tree.child_rule!r}: "
                          "draft with child_rule='iid' or use rrs/seqbv")
@@ -472,7 +478,7 @@ def seqbv_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
     tried at ``s`` are removed for ``without_replacement``; point masses for ``topk``).
     """
     rule = tree.child_rule
-    _check("seqbv", tree, p, needs_q=rule != "topk")
+    _check("seqbv", tree, p, points=True)
     paths = _chains("seqbv", tree)
     tokens = tree.tokens.tolist()
     strings = [[tokens[node] for node in path] for path in paths]
@@ -527,7 +533,7 @@ def gds_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
     project's. The proof of losslessness does not use which tokens ``T`` holds; taking the top tokens
     is what makes it accept much.
     """
-    _check("gds", tree, p, needs_q=True)
+    _check("gds", tree, p)
     if tree.child_rule != "greedy_draft":
         raise InputError(f"gds verifies a greedy draft, not child rule {tree.child_rule!r}: draft with "
                          "child_rule='greedy_draft' (top K-1 tokens, then one sampled path) or use rrs/seqbv")
@@ -555,10 +561,6 @@ def gds_law(tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Decision:
 
 Verifier = Callable[[DraftTree, torch.Tensor, Sampler], VerifyResult]
 LawFn = Callable[[DraftTree, torch.Tensor, Sampler], Decision]
-LAWS: dict[str, LawFn] = {
-    "greedy": greedy_law, "token": token_law, "block": block_law, "rrs": rrs_law, "gbv": gbv_law,
-    "seqbv": seqbv_law, "gds": gds_law,
-}
 
 
 def _emit(law: LawFn, tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> VerifyResult:
@@ -566,10 +568,9 @@ def _emit(law: LawFn, tree: DraftTree, p: torch.Tensor, sampler: Sampler) -> Ver
     return VerifyResult(decision.path, sampler.categorical(decision.law), decision.bonus)
 
 
-# keyed by the command line's verifier names, in their order (core.names)
-VERIFIERS: dict[str, Verifier] = dict(zip(names.VERIFIERS, (
-    greedy, *(partial(_emit, law) for law in (token_law, block_law, rrs_law, gbv_law, seqbv_law, gds_law))),
-    strict=True))
+LAWS: Mapping[str, LawFn] = Loaded(lambda spec: spec.load("law"))  # each one's law, up to its final draw
+VERIFIERS: Mapping[str, Verifier] = Loaded(  # each verifier, its final draw included
+    lambda spec: spec.load("runner") if spec.runner else partial(_emit, spec.load("law")))
 
 
 def verify(name: str, tree: DraftTree, p: torch.Tensor, sampler: Sampler | None = None) -> VerifyResult:

@@ -1,15 +1,15 @@
-"""AdaptStream: whether to spend compute updating the drafter online (SpecBlock appendix A.3).
+"""``specblock/AdaptStream-v0``: whether to spend compute updating the drafter online (SpecBlock
+appendix A.3).
 
 ``AdaptStreamBatch`` is the batch core over N streams; ``AdaptStreamEnv`` is it with N = 1 and
-``simulator.vector_envs.AdaptStreamVectorEnv`` with N slots (``simulator.envs`` explains the layout).
+``AdaptStreamVectorEnv`` with N slots (``simulator.env_base`` explains the layout).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
@@ -19,17 +19,21 @@ from policies.adaptation import FULL, HEAD, SKIP
 from policies.features import ADAPT_INDEX, adapt_bounds, adapt_features
 from simulator.acceptance import check_domains
 from simulator.adaptation import AdaptationDynamics, level_rates
-from simulator.envs import (
+from simulator.env_base import (
     DEFAULT_PROMPT,
     DEFAULT_TOKENS,
     AcceptanceArg,
-    Phases,
+    BatchEnv,
+    BatchVectorEnv,
     ProfileArg,
-    ResetResult,
     StepResult,
+    VectorStepResult,
     check_query,
 )
 from simulator.replay import resolve_acceptance
+
+Phases = Sequence[tuple[int, Mapping[str, float] | None]]
+"""A stream's domain mix over time: (queries, {domain: weight}, None for equal shares) per phase."""
 
 RECENT_ALPHA, LONG_ALPHA, SHARE_ALPHA = 0.3, 0.05, 0.1
 """EWMA weights of the adaptation observation: short and long tau, and the domain shares."""
@@ -239,7 +243,7 @@ def _push(buffer: np.ndarray, windows: np.ndarray, rows: np.ndarray, domain: np.
     return buffer, windows * keep + (added > 0)
 
 
-class AdaptStreamEnv(gym.Env[np.ndarray, int]):
+class AdaptStreamEnv(BatchEnv[int]):
     """
     ## Description
 
@@ -342,8 +346,6 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
     ```
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
@@ -351,28 +353,19 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
                  dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
                  draft_shape: DraftShape | None = None, overlap: bool = False,
                  overlap_slowdown: float | Mapping[str, float] = 1.0) -> None:
-        self.batch = AdaptStreamBatch(1, profile, acceptance, drafter, draft_length, tokens_per_query,
-                                      prompt_tokens, phases, dynamics, draft_shape, overlap, overlap_slowdown)
-        self.render_mode = render_mode
-        self.action_space = spaces.Discrete(3)
-        low, high = adapt_bounds(len(self.batch.model.domains))
-        self.observation_space = spaces.Box(low, high, dtype=np.float64)
-        self._running = False
+        batch = AdaptStreamBatch(1, profile, acceptance, drafter, draft_length, tokens_per_query,
+                                 prompt_tokens, phases, dynamics, draft_shape, overlap, overlap_slowdown)
+        super().__init__(batch, *_spaces(batch), render_mode)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
-        """Start a new stream (seeded by ``seed`` when given)."""
-        super().reset(seed=seed)
-        self.batch.start(np.ones(1, dtype=bool))
-        self._running = True
-        return self._observation(), {}
+    def _begin(self, mask: np.ndarray) -> None:
+        """Start a new stream: the drafter as profiled, empty buffers (nothing is drawn)."""
+        self.batch.start(mask)
 
     def step(self, action: int) -> StepResult:
         """Run the chosen update, then serve the next query of the stream."""
-        assert self.action_space.contains(action), f"{action!r} ({type(action)}) invalid"
-        assert self._running, "Call reset before using step method."
+        self._check(action)
         out = self.batch.serve(self.np_random, np.array([action], dtype=np.int64), np.arange(1))
-        terminated = bool(out["done"][0])
-        self._running = not terminated
+        terminated = self._ended(out["done"])
         info: dict[str, Any] = {key: float(out[key][0]) for key in
                                 ("tokens_per_second", "tau", "query_seconds", "update_seconds",
                                  "train_seconds")}
@@ -390,8 +383,61 @@ class AdaptStreamEnv(gym.Env[np.ndarray, int]):
         self.batch.revert(np.ones(1, dtype=bool))
 
     def _observation(self) -> np.ndarray:
+        """``adapt_features`` of the stream."""
         s = self.batch.state
         head_fill, full_fill = self.batch.fills()
         return adapt_features(float(head_fill[0]), float(full_fill[0]), float(s["trigger"][0]),
                               float(s["recent"][0]), float(s["recent"][0] - s["long"][0]), int(s["since"][0]),
                               s["shares"][0])
+
+
+class AdaptStreamVectorEnv(BatchVectorEnv):
+    """``num_envs`` AdaptStream streams stepped together; see :class:`AdaptStreamEnv`."""
+
+    def __init__(self, num_envs: int = 1, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
+                 drafter: str = "specblock", draft_length: int = 8, tokens_per_query: int = DEFAULT_TOKENS,
+                 prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
+                 phases: Phases | None = None,
+                 dynamics: AdaptationDynamics | None = None, render_mode: str | None = None,
+                 draft_shape: DraftShape | None = None, overlap: bool = False,
+                 overlap_slowdown: float | Mapping[str, float] = 1.0) -> None:
+        batch = AdaptStreamBatch(num_envs, profile, acceptance, drafter, draft_length, tokens_per_query,
+                                 prompt_tokens, phases, dynamics, draft_shape, overlap, overlap_slowdown)
+        super().__init__(num_envs, batch, *_spaces(batch), render_mode)
+
+    def _begin(self, mask: np.ndarray) -> None:
+        """Start a new stream in every slot of ``mask`` (nothing is drawn)."""
+        self.batch.start(mask)
+
+    def step(self, actions: np.ndarray) -> VectorStepResult:
+        """Run each slot's update and serve its next query; slots that ended start a new stream."""
+        self._check(actions)
+        restart = self.prev_done
+        self.batch.start(restart)
+        active = np.flatnonzero(~restart)
+        keys = ("reward", "tokens_per_second", "tau", "query_seconds", "update_seconds", "train_seconds",
+                "updated", "domain", "done")
+        info = {key: np.zeros(self.num_envs, dtype=bool if key in ("updated", "done") else
+                              np.int64 if key == "domain" else np.float64) for key in keys}
+        if active.size:
+            for key, values in self.batch.serve(self.np_random, np.asarray(actions), active).items():
+                info[key][active] = values
+        self.prev_done = info.pop("done")
+        reward = info.pop("reward")
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        return self.batch.observations(), reward, self.prev_done.copy(), truncated, info
+
+    def checkpoint(self, mask: np.ndarray | None = None, previous: bool = False) -> None:
+        """Save the current drafter of the slots in ``mask`` (all when None) as their last good one
+        (``previous``: the one before the last step's update)."""
+        self.batch.checkpoint(np.ones(self.num_envs, dtype=bool) if mask is None else mask, previous)
+
+    def revert(self, mask: np.ndarray | None = None) -> None:
+        """Restore the last good drafter of the slots in ``mask`` (all when None)."""
+        self.batch.revert(np.ones(self.num_envs, dtype=bool) if mask is None else mask)
+
+
+def _spaces(batch: AdaptStreamBatch) -> tuple[spaces.Discrete, spaces.Box]:
+    """An AdaptStream step's action and observation spaces (one share per domain of the core's model)."""
+    low, high = adapt_bounds(len(batch.model.domains))
+    return spaces.Discrete(3), spaces.Box(low, high, dtype=np.float64)

@@ -56,7 +56,7 @@ from core.errors import InputError
 from simulator.instances import ARInstance, check_shape, path_probabilities
 
 SOLVERS = ("CLARABEL", "HIGHS")
-MAX_VARIABLES = 500_000  # peak memory about 1.7 GB through cvxpy and Clarabel (3.3 GB at 1M variables)
+MAX_VARIABLES = 500_000  # cvxpy and Clarabel's peak memory grows with the variables: a small machine's bound
 DEFAULT_TIME_LIMIT = 120.0
 # Clarabel's default tolerances (1e-8) leave the optimum off by up to 1e-7 on these LPs.
 TOLERANCES = {"CLARABEL": {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10, "tol_feas": 1e-10}}
@@ -303,7 +303,7 @@ def expected_token(inst: ARInstance) -> float:
     return float(total)
 
 
-def expected_bv(inst: ARInstance) -> float:
+def expected_block(inst: ARInstance) -> float:
     """Expected accepted tokens of block verification on one path (Sun et al. 2025): ``sum_i sum_{x^i}
     beta(x^i)`` with ``beta(x^i) = min(q(x^i), beta(x^(i-1)) p(x_i | x^(i-1)))``."""
     q_paths = path_probabilities(inst.q_tables, inst.length)

@@ -22,8 +22,8 @@ from policies.base import Policy, policy_from_dict, policy_to_dict
 from policies.features import LENGTH_CAP, LENGTH_SLICES, SERVE_GLOBAL, SERVE_SLOT_SLICES, serve_slots
 from policies.serving import keeps_drafting
 from simulator.adapt_stream import AdaptStreamEnv
-from simulator.serve import SpecServeEnv
-from simulator.vector_envs import SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthVectorEnv
+from simulator.spec_serve import SpecServeEnv
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""Shared fixtures: tiny random checkpoints written by ``transformers``' ``save_pretrained``.
+"""Shared fixtures: tiny random checkpoints written by ``transformers``' ``save_pretrained``; the
+pytest-timeout backstop scaled to the machine.
 
 Session-scoped so ``transformers`` is imported and each checkpoint built once per test run. Every
 checkpoint is seeded; the engine loads them with ``real_engine.model.load_model``.
+
+Time limits scale with the machine (``time_limits``): the per-test pytest-timeout backstop (``timeout`` in
+pyproject.toml) is scaled here, at collection, by the slowness measured then.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import time_limits
 import torch
 
 from real_engine.model import Transformer, load_model
@@ -64,6 +69,19 @@ def build_checkpoint(folder: Path, kind: str = "llama", *, seed: int = 0, vocab:
     if tokenizer:
         save_char_tokenizer(folder)
     return folder
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scale the pytest-timeout backstop (the ini ``timeout``) by the machine's slowness, measured here at
+    the start of the run (``time_limits.slowness``), for every test without a timeout of its own, unless
+    ``--timeout`` was given."""
+    if not items or not config.pluginmanager.hasplugin("timeout") or config.getoption("timeout") is not None \
+            or not config.getini("timeout"):
+        return
+    seconds = time_limits.limit(float(config.getini("timeout")))
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(seconds))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from time_limits import limit
 
 from core.errors import InputError
 from policies.adaptation import FULL, HEAD, SKIP, BanditParams, CostAwareBandit
@@ -274,7 +275,7 @@ def test_run_stream_rows_and_policies(target: Transformer) -> None:
     assert rows[-1]["syncs"] == 7 and all(r["new_tokens"] == 12 for r in rows)
     never = run_stream(target, drafter(target), stream, make_policy("never"), max_new_tokens=12)
     assert all(r["update"] is None and r["syncs"] == 0 for r in never)
-    bandit = make_policy("cost_aware_bandit", {"warmup": 2, "saturation": 0.5, "cooldown": 0}, seed=0)
+    bandit = make_policy("cost-aware-bandit", {"warmup": 2, "saturation": 0.5, "cooldown": 0}, seed=0)
     config = AdaptConfig(head_capacity=8, clock="cpu")
     rows = run_stream(target, drafter(target), stream, bandit, config=config, max_new_tokens=12)
     assert all(r["action"] == "skip" for r in rows[:2]) and any(r["update"] for r in rows[2:])
@@ -377,7 +378,7 @@ def test_training_is_true_while_an_update_runs(target: Transformer, monkeypatch)
     release = threading.Event()
 
     def held(*args, **kwargs):
-        release.wait(timeout=60)
+        release.wait(timeout=limit(60))
         return update_drafter(*args, **kwargs)
 
     monkeypatch.setattr(adapter_module, "update_drafter", held)

@@ -101,6 +101,7 @@ def test_grid_spans_the_asked_ranges() -> None:
     assert stream_for(PAPER_PROFILE).simulated and not stream_for(CPU_PROFILE).simulated
 
 
+@pytest.mark.slow
 def test_quick_json_is_one_object_with_the_maps(tmp_path, capsys) -> None:
     try:
         main(["benchmark", "adapt_breakeven", "--quick", "--json", "--out", str(tmp_path)])

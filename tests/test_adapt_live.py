@@ -107,8 +107,9 @@ def test_stream_has_equal_domain_shares_a_shifting_mix_and_seeded_lengths() -> N
         StreamPlan(queries=10, shift=5, min_new_tokens=4, max_new_tokens=6, sim_seeds=1, retime_repeats=0)
     with pytest.raises(InputError, match="shift earlier"):
         phase_counts(dataclasses.replace(plan, shift=36))
-    assert QUICK_PLAN.queries == 200 and DEFAULT_PLAN.queries == 2000
-    assert (DEFAULT_PLAN.min_new_tokens, DEFAULT_PLAN.max_new_tokens) == (48, 64)
+    assert QUICK_PLAN.queries == 2 * QUICK_PLAN.shift < DEFAULT_PLAN.queries == 2000  # the paper's, smaller
+    assert (QUICK_PLAN.min_new_tokens, QUICK_PLAN.max_new_tokens) == (DEFAULT_PLAN.min_new_tokens,
+                                                                      DEFAULT_PLAN.max_new_tokens) == (48, 64)
 
 
 def test_stream_record_and_summary() -> None:
@@ -305,6 +306,7 @@ FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "updat
            "shifted_tau_late")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool) -> None:
     """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries,

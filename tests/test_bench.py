@@ -211,7 +211,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir
                                          capsys: pytest.CaptureFixture[str]) -> None:
     from policies import make_policy, save_policy
 
-    adapt = save_policy(make_policy("epsilon_greedy"), tmp_path / "adapt.json")
+    adapt = save_policy(make_policy("epsilon-greedy"), tmp_path / "adapt.json")
     args = [a.replace("MISSING", str(tmp_path / "nowhere")).replace("ADAPT", str(adapt)) for a in args]
     base = ["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir", str(prompts_dir),
             "--out", str(tmp_path / "out")]

@@ -13,7 +13,7 @@ from experiments.lp_table import STUDY
 
 CELL_KEYS = {"source", "vocab", "length", "drafts", "instances", "value", "gap", "over_iid_bound",
              "gbv_below_bv", "per_instance"}
-IID = ("token", "bv", "rrs", "seqbv", "gbv")  # drafted i.i.d., so under the i.i.d. LP
+IID = ("token", "block", "rrs", "seqbv", "gbv")  # drafted i.i.d., so under the i.i.d. LP
 
 
 def test_quick_run_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,8 +38,8 @@ def test_quick_run_prints_one_json_object(tmp_path: Path, capsys: pytest.Capture
             assert all(row[v] <= row["lp"] + 1e-6 for v in IID)
             assert row["rrs_wor"] <= row["lp_wor"] + 1e-6 and row["gds"] <= row["lp_gds"] + 1e-6
             if cell["drafts"] == 1:  # one draft: every multi-draft rule is token-level or BV
-                assert row["gds"] == pytest.approx(row["bv"], abs=1e-9)
+                assert row["gds"] == pytest.approx(row["block"], abs=1e-9)
                 assert row["rrs"] == pytest.approx(row["token"], abs=1e-9)
-                assert row["lp"] == pytest.approx(row["bv"], abs=1e-6)
+                assert row["lp"] == pytest.approx(row["block"], abs=1e-6)
     markdown = (tmp_path / "multidraft_quick.md").read_text()
     assert "| source | V | L | K |" in markdown and "GBV below single-path BV" in markdown

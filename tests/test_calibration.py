@@ -53,7 +53,7 @@ def test_policy_file_carries_the_calibration(tmp_path) -> None:
     assert again.calibration == TWO and policy_to_dict(again) == policy_to_dict(policy)
     assert "calibration" not in policy_to_dict(make_policy("libraspec"))
     with pytest.raises(InputError, match="reads no drafter confidences"):
-        make_policy("cost_aware_bandit", calibration=TWO)
+        make_policy("cost-aware-bandit", calibration=TWO)
     with pytest.raises(InputError, match="reads no drafter confidences"):
         make_policy("fixed", calibration=TWO)
     data = {**policy_to_dict(policy), "calibration": {"positions": [{"x": [1.0, 0.0], "y": [0, 1]}]}}

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from time_limits import limit
 
 from core.names import BENCHMARKS
 from core.paths import REPO
@@ -32,7 +33,8 @@ def test_specblock_help_lists_every_command_without_importing_torch() -> None:
             "except SystemExit as exc:\n"
             "    assert not exc.code, exc.code\n"
             "print('torch' in sys.modules, file=sys.stderr)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit(120),
+                          cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert set(EXPERIMENTS) <= listed(proc.stdout) == set(COMMANDS)
     assert proc.stderr.strip().splitlines()[-1] == "False"  # torch was never imported
@@ -98,7 +100,7 @@ def test_a_benchmark_prints_one_json_object_and_writes_its_result(tmp_path: Path
     argv = ["benchmark", "verifier_latency", "--repeats", "1", "--warmup", "0", "--json",
             "--out", str(tmp_path)]
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", *argv], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+                          timeout=limit(300), cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     [line] = proc.stdout.splitlines()
     shown = json.loads(line)

@@ -13,8 +13,7 @@ from core.cost_profile import load_profile, profile_from_json, save_profile
 from core.errors import InputError
 from core.paths import PAPER_PROFILE
 from policies.features import LENGTH_CAP, LENGTH_SLICES
-from simulator.envs import SpecLengthEnv
-from simulator.vector_envs import SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthEnv, SpecLengthVectorEnv
 
 DEPTHS, WIDTHS = (2, 4, 8), (2, 4)
 
@@ -124,7 +123,7 @@ def test_bad_tree_series_are_refused() -> None:
     data = with_trees()
     del data["samples"]["draft"]["draft-model"], data["models"]["drafters"]["draft-model"]
     del data["draft_shapes"]
-    with pytest.raises(InputError, match=r"next to its samples\.draft series"):
+    with pytest.raises(InputError, match=r"next to their samples\.draft series"):
         profile_from_json(data)
 
 

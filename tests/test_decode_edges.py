@@ -32,8 +32,8 @@ def test_make_drafter_defaults_ranges_and_what_it_needs(target: Transformer, dra
     assert (ngram.depth, ngram.max_ngram) == (2, 5)
     assert make_drafter("draft-model", target, draft, min_confidence=1.0) is not None
     for bad in (-0.5, 1.5):
-        with pytest.raises(InputError, match=rf"^minimum draft confidence {bad}: give a probability in "
-                                             r"\[0, 1\]$"):
+        with pytest.raises(InputError, match=rf"^min_confidence {bad} \(--min-confidence\): give a "
+                                             r"probability in \[0, 1\]$"):
             make_drafter("draft-model", target, draft, min_confidence=bad)
     with pytest.raises(InputError, match=r"^the draft-model drafter needs a draft model: pass one "
                                          r"\(--draft-model DIR\)$"):

@@ -34,6 +34,7 @@ def test_relative_figures_are_paired_by_prompt() -> None:
     assert row["tau"] == pytest.approx(16 / 8) and row["greedy_identical"]
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_both_drafters_at_both_vocabularies(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "drafters"
     for name in dp.DRAFTERS:  # the shipped pair, with a token order for the reduced vocabulary

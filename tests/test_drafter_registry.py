@@ -1,69 +1,43 @@
-"""The drafter registry (``core.names``): a toy drafter registered with one ``register_drafter`` call is
-offered by `specblock generate`, decodes through ``generate`` and the bench harness exactly as vanilla
-does at temperature 0, and unknown names and options are refused; the shipped specs agree with their
-builders, and the name lists import without torch."""
+"""The drafter registry (``core.names``): the toy drafter of ``toy_drafter.py``, registered with one
+``register_drafter`` call, is offered by `specblock generate` with its own option, decodes through
+``generate`` and the bench harness exactly as vanilla does at temperature 0, is timed by the profiler and
+costed by the profile, tried by `specblock shapes`, run by the fidelity study and trained by `specblock
+train`; unknown names and options are refused; the shipped specs agree with their builders, and the name
+lists import without torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
+import toy_drafter
 
 from core import names
+from core.cost_profile import profile_from_json, token_by_token
 from core.errors import InputError
 from core.names import DrafterSpec, register_drafter, trained_drafters
 from core.paths import REPO
 from experiments.cli import main
+from real_engine import profile as prof
 from real_engine.decode import generate, make_drafter
-from real_engine.model import Output, Transformer
-from real_engine.training.recipes import RECIPES
-from real_engine.tree import DraftTree
+from real_engine.model import Transformer
 from real_engine.verify import VERIFIERS
-from real_engine.warp import Sampling
 
 PROMPT = [5, 9, 2, 7, 7, 3]
 
 
-class Repeat:
-    """A toy drafter: always the chain ``token`` x ``depth`` after the root, with point-mass laws."""
-
-    def __init__(self, depth: int, token: int) -> None:
-        self.depth, self.token, self.model_seconds = depth, token, 0.0
-        self.root, self.vocab = 0, 0
-
-    def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
-              max_length: int) -> None:
-        self.root, self.vocab = int(prompt[-1]), target.logits.shape[-1]
-
-    def propose(self, max_depth: int) -> DraftTree:
-        draft = [self.token] * min(self.depth, max_depth)
-        q = torch.cat((F.one_hot(torch.tensor(draft, dtype=torch.long), self.vocab).float(),
-                       torch.zeros(1, self.vocab)))
-        return DraftTree.chain(self.root, draft, q, "topk")
-
-    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
-        self.root = token
-
-
-def build_repeat(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
-                 depth: int = 3, token: int = 1) -> Repeat:
-    return Repeat(depth, token)
-
-
 @pytest.fixture
 def repeat() -> Iterator[DrafterSpec]:
-    """The toy drafter, registered for one test."""
-    spec = register_drafter("repeat", f"{__name__}:build_repeat", options=("depth", "token"),
-                            summary="the same token again")
+    """The toy drafter of ``tests/toy_drafter.py``, registered (one call) for one test."""
+    spec = toy_drafter.register()
     yield spec
-    del names.registry[spec.name]
+    del names.registry[spec.name], names.draft_options[toy_drafter.TOKEN.name]
 
 
 def test_a_registered_drafter_is_offered_and_decodes_as_vanilla(repeat: DrafterSpec, target: Transformer,
@@ -80,7 +54,7 @@ def test_a_registered_drafter_is_offered_and_decodes_as_vanilla(repeat: DrafterS
     assert out.tokens == vanilla.tokens
     assert set(out.stats.tree_sizes) <= {1, 2, 3} and 3 in out.stats.tree_sizes  # its drafts were verified
     runs = {}
-    for name, *options in (("none",), ("repeat", "--draft-length", "2")):
+    for name, *options in (("none",), ("repeat", "--draft-length", "2", "--repeat-token", str(token))):
         main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "8",
               "--drafter", name, *options, "--json"])  # returns on success (exits on an error)
         runs[name] = json.loads(capsys.readouterr().out)
@@ -120,10 +94,16 @@ def test_unknown_drafters_and_options_are_refused(repeat: DrafterSpec, target: T
         register_drafter("repeat", f"{__name__}:build_repeat")
     with pytest.raises(InputError, match="already registered"):
         register_drafter("none", f"{__name__}:build_repeat")
-    with pytest.raises(InputError, match=r"module\.path:function"):
+    with pytest.raises(InputError, match=r"module\.path:attribute"):
         register_drafter("other", "build_repeat")
     with pytest.raises(InputError, match="shape option 'width'"):
         register_drafter("other", f"{__name__}:build_repeat", options=("depth",), shape_options=("width",))
+    with pytest.raises(InputError, match="option 'colour' is not registered"):
+        register_drafter("other", f"{__name__}:build_repeat", options=("colour",))
+    with pytest.raises(InputError, match="chain 'twice' is not one of"):
+        register_drafter("other", f"{__name__}:build_repeat", chain="twice")
+    with pytest.raises(InputError, match="already registered differently"):
+        names.register_option(names.DraftOption("token", "--other-token", "another"))
     assert "other" not in names.registry
 
 
@@ -153,4 +133,41 @@ def test_the_name_lists_and_command_modules_import_without_torch() -> None:
 
 
 def test_every_trained_drafter_has_a_training_recipe() -> None:
-    assert set(RECIPES) == set(trained_drafters())
+    assert set(trained_drafters()) <= set(names.trainable_drafters())
+
+
+def test_the_registration_brings_its_profile_series_and_costs(repeat: DrafterSpec,
+                                                              target: Transformer) -> None:
+    grid = dataclasses.replace(prof.QUICK, nodes=(1, 4), contexts=(16,), draft_tokens=(1, 2),
+                               tree_depths=(2,), tree_widths=(2,), specblock_starts=(1,),
+                               specblock_blocks=(1,), eagle_depths=(1,), prefill_tokens=(8,),
+                               batch_requests=(1,), batch_nodes=(1,), repeats=1, warmup=0,
+                               update_batch=(1, 8))
+    data = prof.measure(target, target_name="tiny", grid=grid, feature=False, clock_kind="cpu")
+    profile = profile_from_json({k: v for k, v in data.items() if k != "measurement"})
+    assert [row["tokens"] for row in data["samples"]["draft"]["repeat"]] == [1, 2]
+    assert profile.drafters["repeat"] == "the same token again"  # a drafter without a model: its summary
+    assert token_by_token("repeat") and profile.chain_draft_seconds("repeat", 2) > 0
+    assert profile.draft_row("repeat", 2)[2] == profile.chain_draft_seconds("repeat", 2)
+
+
+def test_the_registration_brings_its_shapes_fidelity_and_training(repeat: DrafterSpec, target: Transformer,
+                                                                  llama_dir: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments import fidelity
+    from experiments.commands.train import kinds
+    from experiments.shapes import shape_grids, sweep
+
+    assert shape_grids()["repeat"] == toy_drafter.SHAPES
+    result = sweep(target, [PROMPT], {"repeat": tmp_path}, max_new_tokens=6, progress=False)
+    assert [row["shape"] for row in result["drafters"]["repeat"]].count({"depth": 2}) == 1
+    config = next(c for c in fidelity.configs() if c.drafter == "repeat")
+    assert fidelity.traces()[config.trace] == {"drafter": "repeat", "depth": 2}
+    assert fidelity.draft_shape(config) is None  # a chain, costed token by token
+    engine = fidelity.Engine(target, None, None, 6, 0)
+    assert engine.drafter_factory(config)().depth == 2
+    assert "repeat" in kinds()
+    out = tmp_path / "trained"
+    main(["train", "repeat", "--model", str(llama_dir), "--out", str(out), "--threads", "1", "--json"])
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["out"] == str(out) and make_drafter("repeat", target, folder=out).token == trained["token"]

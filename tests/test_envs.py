@@ -15,14 +15,13 @@ from core.errors import InputError
 from core.paths import PAPER_PROFILE
 from policies.adaptation import ADAPT_INFO_KEYS
 from policies.features import ADAPT_INDEX, LENGTH_CAP, adapt_features, length_features
-from simulator.adapt_stream import AdaptStreamEnv, _push, default_phases
+from simulator.adapt_stream import AdaptStreamEnv, AdaptStreamVectorEnv, _push, default_phases
 from simulator.adaptation import AdaptationDynamics, level_rates
-from simulator.envs import SpecLengthEnv
 from simulator.parametric import default_acceptance, synthetic_traces
 from simulator.replay import resolve_acceptance
 from simulator.rollout import serve_query
+from simulator.spec_length import SpecLengthEnv, SpecLengthVectorEnv
 from simulator.traces import save_traces
-from simulator.vector_envs import AdaptStreamVectorEnv, SpecLengthVectorEnv
 
 SHORT = {"tokens_per_query": 48}
 STREAM = {"phases": ((6, {"code": 1.0}), (10, None)), "tokens_per_query": 64}

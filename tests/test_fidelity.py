@@ -51,7 +51,8 @@ PROMPTS = [Prompt("x", "a", (1,) * 50), Prompt("y", "b", (1,) * 70)]
 @pytest.mark.parametrize(("length", "tau", "seconds"), [(2, 3.0, 1e-3 + 3e-3), (6, 5.0, 3e-3 + 7e-3),
                                                         (0, 1.0, 2e-3)])
 def test_simulate_chain_is_exact(length: int, tau: float, seconds: float) -> None:
-    config = fidelity.Config("c", "none" if length == 0 else "draft-model", "chain", length, depth=length)
+    drafter = "none" if length == 0 else "draft-model"
+    config = fidelity.make_config("c", drafter, "chain", length, depth=length)
     out = fidelity.simulate(flat_profile(), chain_traces(accepted=4), config, PROMPTS, tokens=60, queries=8,
                             seed=0)
     assert out["tau"] == pytest.approx(tau)
@@ -61,17 +62,17 @@ def test_simulate_chain_is_exact(length: int, tau: float, seconds: float) -> Non
 
 def test_a_tree_config_is_charged_its_whole_tree_at_every_length() -> None:
     """A tree's drafting costs its shape's series whatever the verified length; a chain's grows per token."""
-    tree = fidelity.Config("t", "draft-model", "tree", 8, depth=4, width=2, budget=8)
+    tree = fidelity.make_config("t", "draft-model", "tree", 8, depth=4, width=2, budget=8)
     shape = fidelity.draft_shape(tree)
     assert shape == {"depth": 4, "width": 2}
-    chain = fidelity.Config("c", "draft-model", "chain", 8, depth=8)
+    chain = fidelity.make_config("c", "draft-model", "chain", 8, depth=8)
     assert fidelity.draft_shape(chain) is None
-    eagle = fidelity.Config("e", "eagle", "eagle-4", 16, depth=4, budget=16)
+    eagle = fidelity.make_config("e", "eagle", "eagle-4", 16, depth=4, budget=16)
     assert fidelity.draft_shape(eagle) == {"depth": 4}
 
 
 def test_specblock_is_charged_the_mean_of_its_recorded_shapes() -> None:
-    config = fidelity.Config("s", "specblock", "specblock-2", 16, blocks=2, budget=16)
+    config = fidelity.make_config("s", "specblock", "specblock-2", 16, blocks=2, budget=16)
     shapes = [{"starts": 1.0, "blocks": 1}, {"starts": 4.0, "blocks": 2}]
     assert fidelity.draft_shape(config, shapes) == shapes
     with pytest.raises(InputError, match="record its calibration trace here"):
@@ -102,6 +103,7 @@ def test_markdown_lists_every_config() -> None:
     assert "| chain 4 | 100.0 | 104.0 | +4.0% | +108.0% |" in text and "skipped eagle" in text
 
 
+@pytest.mark.slow
 def test_fidelity_of_a_profile_measured_here() -> None:
     """A cost profile measured in this process predicts a run measured right after it: the speedup over
     vanilla within 30% and tokens/s within 50% (loose on purpose: they catch unit and modelling
@@ -122,7 +124,7 @@ def test_fidelity_of_a_profile_measured_here() -> None:
     traces = load_traces(traces_path)
     assert set(traces["drafter"]) == {"draft-model"}, "the shipped traces are draft-model chains"
     depth = int(max(d.max(initial=0) for d in traces["depths"]))  # replayed at the depth they were drafted
-    config = fidelity.Config(f"chain {depth}", "draft-model", "chain", depth, depth=depth)
+    config = fidelity.make_config(f"chain {depth}", "draft-model", "chain", depth, depth=depth)
     target, draft = load_model(target_config.parent), load_model(DATA / "models" / "draft")
     tokenizer = Tokenizer.load(target_config.parent, target.args.vocab_size, target.args.eos_token_id)
     prompts = load_prompts(prompt_domains(), 2, tokenizer.encode, "evaluation", max_tokens=256)
@@ -134,7 +136,7 @@ def test_fidelity_of_a_profile_measured_here() -> None:
         data = prof.measure(target, target_name="target", draft=draft, draft_name="draft", grid=grid,
                             feature=False, threads=1, clock_kind="cpu")
         engine = fidelity.Engine(target, draft, tokenizer.eos_id, TRACE_TOKENS, 0)
-        vanilla = fidelity.Config("vanilla", "none", "", 0)
+        vanilla = fidelity.make_config("vanilla", "none", "", 0)
         measured = engine.measure(prompts, [vanilla, config])
     finally:
         torch.set_num_threads(threads)
@@ -165,8 +167,8 @@ class FakeEngine:
 
 
 def test_run_fidelity_compares_tokens_per_second_and_speedup() -> None:
-    configs = [fidelity.Config("vanilla", "none", "", 0),
-               fidelity.Config("chain 2", "draft-model", "chain-2", 2)]
+    configs = [fidelity.make_config("vanilla", "none", "", 0),
+               fidelity.make_config("chain 2", "draft-model", "chain-2", 2)]
     engine = FakeEngine()
     calibration = fidelity.calibrate(engine, PROMPTS, configs)
     result = fidelity.run_fidelity(engine, flat_profile(), "cpu", calibration, PROMPTS, configs, queries=8)
@@ -196,7 +198,7 @@ def test_profile_options_are_checked_before_anything_runs(tmp_path: Path, capsys
 def test_calibration_costs_split_a_trace_into_tau_draft_and_verify() -> None:
     traces = chain_traces(accepted=4).assign(draft_seconds=np.where(np.arange(20) % 5 == 0, 1.0, 3e-3),
                                              verify_seconds=8e-3)
-    chain = fidelity.Config("c", "draft-model", "chain", 8, depth=8)
+    chain = fidelity.make_config("c", "draft-model", "chain", 8, depth=8)
     out = fidelity.calibration_costs(flat_profile(), traces, chain)
     assert out["tau"] == pytest.approx(5.0)
     assert out["draft_ms"] == pytest.approx(3.0)  # each query's first iteration (1 s) left out

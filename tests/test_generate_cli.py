@@ -126,7 +126,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, llama_d
     policy.write_text("{}")
     names = {"other": other_vocab_dir, "draft": draft_dir, "missing": missing, "corrupt": corrupt,
              "tmp": tmp_path, "policy": policy,
-             "adapt": save_policy(make_policy("cost_aware_bandit"), tmp_path / "adapt.json"),
+             "adapt": save_policy(make_policy("cost-aware-bandit"), tmp_path / "adapt.json"),
              "fixed": save_policy(make_policy("fixed", {"length": 2}), tmp_path / "fixed.json")}
     args = [arg.format(**names) for arg in args]
     if "--prompt" not in args and "--prompt-file" not in args:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from time_limits import limit
 
 from core.cost_profile import load_profile
 from core.paths import REPO, TARGET
@@ -43,7 +44,7 @@ def guarded(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     env.pop("OUT", None)
     return subprocess.run([sys.executable, "-c", GUARD, module, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=limit(300))
 
 
 def test_the_guard_catches_an_indirect_import() -> None:

@@ -1,4 +1,4 @@
-"""Input at the edges (issue 27): extreme temperatures, mismatched configs, devices, seeds, non-UTF-8
+"""Input at the edges: extreme temperatures, mismatched configs, devices, seeds, non-UTF-8
 prompts, hostile JSON, oversized files and runs from another working directory all end in one line
 on stderr and exit code 2, or in valid output; never a traceback."""
 
@@ -313,8 +313,7 @@ def test_train_finds_the_shipped_data_from_another_folder(elsewhere: Path, monke
 
     calls: dict[str, tuple] = {}
     monkeypatch.setattr(draft_model, "train_draft_model", lambda *a, **k: calls.setdefault("draft", a) and {})
-    monkeypatch.setattr(recipes, "train_drafter",
-                        lambda *a, **k: calls.setdefault("eagle", (a, k)) and {})
+    monkeypatch.setattr(recipes, "eagle_recipe", lambda *a, **k: calls.setdefault("eagle", (a, k)) and {})
     code, _, err = run(["train", "draft-model", "--steps", "1", "--threads", "1"], capsys)
     assert code == 0, err
     out, run_dir, target = calls["draft"][:3]
@@ -322,9 +321,9 @@ def test_train_finds_the_shipped_data_from_another_folder(elsewhere: Path, monke
                                       REPO / "data/models/target")
     code, _, err = run(["train", "eagle", "--steps", "1", "--threads", "1", "--out", "mine"], capsys)
     assert code == 0, err
-    (_, target, out, run_dir), options = calls["eagle"]
+    (target, out, run_dir, request), _ = calls["eagle"]
     assert (target, out, run_dir) == (REPO / "data/models/target", Path("mine"), REPO / "runs/eagle")
-    assert options["data_dir"] == REPO / "runs/drafter-data"
+    assert request.data_dir == REPO / "runs/drafter-data"
     assert not list(elsewhere.iterdir())  # nothing written to the working folder
     assert TOKENIZER.is_file() and (PROMPTS / "code.jsonl").is_file()
     assert windows.TOKEN_CACHE.is_relative_to(REPO)

@@ -43,7 +43,7 @@ def _verifier_plan(problem: lp.LPProblem, inst: ARInstance, verifier: str, draft
 
 def test_known_example_token_bv_and_lp():
     assert lp.expected_token(KNOWN) == pytest.approx(10 / 9, abs=1e-12)
-    assert lp.expected_bv(KNOWN) == pytest.approx(11 / 9, abs=1e-12)
+    assert lp.expected_block(KNOWN) == pytest.approx(11 / 9, abs=1e-12)
     for solver in lp.SOLVERS:
         result = lp.solve_lp(KNOWN, solver=solver)
         # 11/9, not the 12/9 of the naive coupling LP that ignores the stopping-time structure.
@@ -56,7 +56,7 @@ def test_bv_attains_the_single_draft_lp():
     for i in range(24):
         inst = random_instance(2 + i % 2, 1 + i % 3, rng, drafter=("indep", "mix")[i // 12])
         bound = lp.solve_lp(inst).value
-        assert abs(lp.expected_bv(inst) - bound) < 1e-6
+        assert abs(lp.expected_block(inst) - bound) < 1e-6
         assert lp.expected_token(inst) <= bound + 1e-9
 
 
@@ -65,7 +65,7 @@ def test_closed_forms_match_the_torch_verifiers():
     for vocab, length in ((2, 3), (3, 2)):
         inst = random_instance(vocab, length, rng, drafter="mix")
         assert exact.expected_accepted("token", inst) == pytest.approx(lp.expected_token(inst), abs=1e-12)
-        assert exact.expected_accepted("block", inst) == pytest.approx(lp.expected_bv(inst), abs=1e-12)
+        assert exact.expected_accepted("block", inst) == pytest.approx(lp.expected_block(inst), abs=1e-12)
 
 
 @pytest.mark.parametrize(("vocab", "length", "seed"), [(2, 2, 0), (3, 2, 1), (2, 3, 2)])
@@ -143,7 +143,7 @@ def test_gbv_can_accept_less_than_single_path_bv():
     """The example in GBV's docstring: instance 0 of ``specblock lp --vocab 2 --length 2 --drafts 2 --drafter
     mix`` (seed 0). Selecting the greatest path under the p/q order gives it a worse draft law than q."""
     inst = random_instance(2, 2, np.random.default_rng(0), drafter="mix")
-    gbv, bv = exact.expected_accepted("gbv", inst, drafts=2), lp.expected_bv(inst)
+    gbv, bv = exact.expected_accepted("gbv", inst, drafts=2), lp.expected_block(inst)
     assert gbv == pytest.approx(1.6091, abs=1e-4) and bv == pytest.approx(1.8565, abs=1e-4)
     assert exact.expected_accepted("seqbv", inst, drafts=2) >= bv  # the other two multi-path rules do not
     assert exact.expected_accepted("rrs", inst, drafts=2) >= bv

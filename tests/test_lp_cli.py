@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from time_limits import limit
 
 from core.paths import REPO
 from experiments.cli import main
 
-KEYS = {"lp", "token", "bv", "rrs", "seqbv", "gbv", "gds", "seconds"}
+KEYS = {"lp", "token", "block", "rrs", "seqbv", "gbv", "gds", "seconds"}
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -25,7 +26,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_json_schema_through_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "lp", "--vocab", "2", "--length", "2",
                            "--drafts", "2", "--instances", "2", "--seed", "3", "--json"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+                          capture_output=True, text=True, timeout=limit(300), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # exactly one JSON object and nothing else on stdout
     assert set(data) == {"vocab", "length", "drafts", "instances"}
@@ -36,7 +37,7 @@ def test_json_schema_through_the_command_line():
         assert all(0 <= row[k] <= 2 for k in KEYS - {"seconds", "lp"})
         assert -1e-9 <= row["lp"] <= 2 + 1e-9  # up to the solver's tolerance
         assert row["seconds"] >= 0
-        assert max(row["rrs"], row["seqbv"], row["gbv"], row["bv"]) <= row["lp"] + 1e-6
+        assert max(row["rrs"], row["seqbv"], row["gbv"], row["block"]) <= row["lp"] + 1e-6
 
 
 def test_one_draft_multi_path_verifiers_reduce_to_single_path(capsys):
@@ -45,10 +46,10 @@ def test_one_draft_multi_path_verifiers_reduce_to_single_path(capsys):
     assert code == 0
     for row in json.loads(out)["instances"]:
         assert row["rrs"] == pytest.approx(row["token"], abs=1e-9)
-        assert row["seqbv"] == pytest.approx(row["bv"], abs=1e-9)
-        assert row["gbv"] == pytest.approx(row["bv"], abs=1e-9)
-        assert row["gds"] == pytest.approx(row["bv"], abs=1e-9)
-        assert row["lp"] == pytest.approx(row["bv"], abs=1e-6)
+        assert row["seqbv"] == pytest.approx(row["block"], abs=1e-9)
+        assert row["gbv"] == pytest.approx(row["block"], abs=1e-9)
+        assert row["gds"] == pytest.approx(row["block"], abs=1e-9)
+        assert row["lp"] == pytest.approx(row["block"], abs=1e-6)
 
 
 def test_seed_fixes_the_instances(capsys):
@@ -56,7 +57,7 @@ def test_seed_fixes_the_instances(capsys):
     first = json.loads(run(argv, capsys)[1])["instances"]
     second = json.loads(run(argv, capsys)[1])["instances"]
     other = json.loads(run([*argv[:-2], "5", "--json"], capsys)[1])["instances"]
-    assert [r["bv"] for r in first] == [r["bv"] for r in second] != [r["bv"] for r in other]
+    assert [r["block"] for r in first] == [r["block"] for r in second] != [r["block"] for r in other]
 
 
 def test_step_instance_reproduces_the_known_example(capsys):
@@ -66,7 +67,7 @@ def test_step_instance_reproduces_the_known_example(capsys):
     assert code == 0
     [row] = json.loads(out)["instances"]
     assert row["token"] == pytest.approx(10 / 9, abs=1e-9)
-    assert row["bv"] == pytest.approx(11 / 9, abs=1e-9)
+    assert row["block"] == pytest.approx(11 / 9, abs=1e-9)
     assert row["lp"] == pytest.approx(11 / 9, abs=1e-6)
 
 

@@ -72,11 +72,11 @@ def test_train_writes_a_folder_models_drafters_into_it(llama_dir: Path, monkeypa
     from real_engine.training import draft_model, recipes
 
     calls: dict[str, tuple] = {}
-    monkeypatch.setattr(recipes, "train_drafter", lambda *a, **k: calls.setdefault("eagle", a) and {})
+    monkeypatch.setattr(recipes, "eagle_recipe", lambda *a, **k: calls.setdefault("eagle", a) and {})
     monkeypatch.setattr(draft_model, "train_draft_model", lambda *a, **k: calls.setdefault("draft", a) and {})
     code, _, err = cli(["train", "eagle", "--model", str(llama_dir), "--steps", "1", "--threads", "1"])
     assert code == 0, err
-    _, target, out, run_dir = calls["eagle"]
+    target, out, run_dir, _ = calls["eagle"]
     assert (target, out) == (llama_dir, llama_dir / "drafters" / "eagle")
     assert run_dir == REPO / "runs" / f"eagle-{llama_dir.name}"  # never the toy family's checkpoints
     code, _, err = cli(["train", "draft-model", "--model", str(llama_dir), "--steps", "1", "--threads", "1"])

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from time_limits import limit
 
 from core.errors import InputError
 from core.paths import REPO
@@ -24,9 +25,9 @@ DEPLOY = {"policies": {}, "fidelity_error": 0.1, "fidelity_error_ci": [0.05, 0.2
 
 
 def specblock(*args: str) -> subprocess.CompletedProcess:
-    """The command line, in this interpreter (a hang fails the test at the 150 s timeout)."""
+    """The command line, in this interpreter (a hang fails the test at its time limit)."""
     return subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
-                          timeout=150, cwd=REPO)
+                          timeout=limit(150), cwd=REPO)
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:

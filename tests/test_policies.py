@@ -97,7 +97,7 @@ def test_expected_tokens_and_speedup_curve():
 
 def test_libraspec_stops_where_speedup_peaks_for_affine_and_convex_costs():
     rng = np.random.default_rng(0)
-    greedy, exhaustive = make_policy("libraspec"), make_policy("libraspec_exhaustive")
+    greedy, exhaustive = make_policy("libraspec"), make_policy("libraspec-exhaustive")
     chosen = set()
     for trial in range(200):
         conf = rng.uniform(0.2, 1.0, rng.integers(1, LENGTH_CAP + 1))
@@ -118,7 +118,7 @@ def test_exhaustive_beats_greedy_on_step_shaped_cost():
     steps[0] = 1.0  # a tile boundary: verifying any token costs a whole tile
     obs = length_obs(conf, steps)
     greedy = make_policy("libraspec").act(obs)
-    exhaustive = make_policy("libraspec_exhaustive").act(obs)
+    exhaustive = make_policy("libraspec-exhaustive").act(obs)
     curve = speedup_curve(conf, steps)
     assert (greedy, exhaustive) == (0, LENGTH_CAP)
     assert curve[exhaustive] > 1.5 * curve[greedy]
@@ -127,7 +127,7 @@ def test_exhaustive_beats_greedy_on_step_shaped_cost():
 def test_libraspec_respects_max_length():
     obs = length_obs(np.ones(LENGTH_CAP), np.ones(LENGTH_CAP + 1))
     assert make_policy("libraspec", {"max_length": 5}).act(obs) == 5
-    assert make_policy("libraspec_exhaustive", {"max_length": 5}).act(obs) == 5
+    assert make_policy("libraspec-exhaustive", {"max_length": 5}).act(obs) == 5
 
 
 def test_fixed_and_threshold():
@@ -190,19 +190,19 @@ def test_never_and_always():
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.3])
 def test_epsilon_greedy_explores_at_its_rate(epsilon):
-    policy = make_policy("epsilon_greedy", {"epsilon": epsilon, "alpha": 0.5}, seed=3)
+    policy = make_policy("epsilon-greedy", {"epsilon": epsilon, "alpha": 0.5}, seed=3)
     policy.estimates[:] = [1.0, 2.0, 4.0]  # greedy choice: FULL
     obs = adapt_obs()
     actions = np.array([policy.act(obs) for _ in range(30_000)])
     # exploration draws uniformly among all three actions, so 2/3 of explorations leave the greedy one
     assert abs(np.mean(actions != FULL) - epsilon * 2 / 3) < 0.012
-    again = make_policy("epsilon_greedy", {"epsilon": epsilon, "alpha": 0.5}, seed=3)
+    again = make_policy("epsilon-greedy", {"epsilon": epsilon, "alpha": 0.5}, seed=3)
     again.estimates[:] = [1.0, 2.0, 4.0]
     assert [again.act(obs) for _ in range(200)] == actions[:200].tolist()
 
 
 def test_epsilon_greedy_tries_each_action_then_follows_ewma_of_tau():
-    policy = make_policy("epsilon_greedy", {"epsilon": 0.0, "alpha": 0.5}, seed=0)
+    policy = make_policy("epsilon-greedy", {"epsilon": 0.0, "alpha": 0.5}, seed=0)
     obs = adapt_obs()
     taus = {SKIP: 3.0, HEAD: 3.5, FULL: 3.2}
     tried = [step(policy, obs, tau=taus[policy.act(obs)], update_seconds=100.0) for _ in range(3)]
@@ -213,20 +213,20 @@ def test_epsilon_greedy_tries_each_action_then_follows_ewma_of_tau():
 
 
 def test_bandit_warm_up_skips_and_measures_the_baseline():
-    policy = make_policy("cost_aware_bandit", seed=0)
+    policy = make_policy("cost-aware-bandit", seed=0)
     actions = [step(policy, adapt_obs(), tokens_per_second=50.0 + q, tau=2.0 + 0.1 * q) for q in range(11)]
     assert actions[:10] == [SKIP] * 10
     assert actions[10] != SKIP
     assert policy.baseline_tps == pytest.approx(np.mean(50.0 + np.arange(10)))
     assert policy.baseline_tau == pytest.approx(np.mean(2.0 + 0.1 * np.arange(10)))
-    short = make_policy("cost_aware_bandit", {"warmup": 3}, seed=0)
+    short = make_policy("cost-aware-bandit", {"warmup": 3}, seed=0)
     short_actions = [step(short, adapt_obs()) for _ in range(4)]
     assert short_actions[:3] == [SKIP] * 3 and short_actions[3] != SKIP
 
 
 def test_bandit_cold_start_cooldown_and_epsilon_decay():
     # every update costs far more than it gains, so once the cold start is over the bandit must skip
-    policy = make_policy("cost_aware_bandit", seed=1)
+    policy = make_policy("cost-aware-bandit", seed=1)
     for _ in range(10):
         step(policy, adapt_obs())
     actions, epsilons = [], []
@@ -246,13 +246,13 @@ def test_bandit_cold_start_cooldown_and_epsilon_decay():
 
 
 def test_bandit_cooldown_blocks_the_next_two_queries_even_when_worth_it():
-    policy = make_policy("cost_aware_bandit", {"warmup": 0, "cold_start_events": 0, "cooldown": 2}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 0, "cold_start_events": 0, "cooldown": 2}, seed=0)
     policy.gains.update({HEAD: 0.2, FULL: 0.1})
     assert [step(policy, adapt_obs()) for _ in range(7)] == [HEAD, SKIP, SKIP, HEAD, SKIP, SKIP, HEAD]
 
 
 def test_bandit_decision_rule_after_cold_start():
-    policy = make_policy("cost_aware_bandit", {"warmup": 0, "cold_start_events": 0}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 0, "cold_start_events": 0}, seed=0)
     policy.gains.update({HEAD: -0.1, FULL: 0.0})
     assert policy.act(adapt_obs()) == SKIP  # both predicted gains <= 0
     policy.gains.update({HEAD: 0.05, FULL: 0.2})
@@ -263,7 +263,7 @@ def test_bandit_decision_rule_after_cold_start():
 
 @pytest.mark.parametrize("trigger, measured", [(4.9, False), (5.0, True)])
 def test_bandit_gain_is_net_of_cost_and_gated_by_s_min(trigger, measured):
-    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 2, "window": 4}, seed=0)
     step(policy, adapt_obs(head=0.0, full=0.0))
     step(policy, adapt_obs(head=0.0, full=0.0))  # baseline 100 tokens/s
     action = step(policy, adapt_obs(full=0.0, trigger=trigger), tokens_per_second=150.0, update_seconds=1.0)
@@ -284,7 +284,7 @@ def run_window(policy, tau, window=4):
 
 
 def test_bandit_reverts_after_three_monotone_drops():
-    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 2, "window": 4}, seed=0)
     for _ in range(2):
         step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
     run_window(policy, 3.1)
@@ -301,7 +301,7 @@ def test_bandit_reverts_after_three_monotone_drops():
 def test_bandit_says_when_the_good_window_measured_the_drafter_before_this_querys_update():
     """A window a new event closes early measured the drafter that served the previous query (the new
     update may be live for this one); a window that fills measured the current drafter."""
-    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4, "cooldown": 1}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 2, "window": 4, "cooldown": 1}, seed=0)
     for _ in range(2):
         step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
     run_window(policy, 3.1, window=2)
@@ -314,7 +314,7 @@ def test_bandit_says_when_the_good_window_measured_the_drafter_before_this_query
 
 
 def test_bandit_does_not_revert_when_the_fall_is_not_monotone():
-    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 2, "window": 4}, seed=0)
     for _ in range(2):
         step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
     for tau in [2.9, 2.8, 2.85, 2.7, 2.6]:
@@ -339,19 +339,19 @@ def test_bandit_is_deterministic_under_a_seed():
 
 
 def test_bandit_requires_its_info_keys():
-    policy = make_policy("cost_aware_bandit")
+    policy = make_policy("cost-aware-bandit")
     info = dict(INFO)
     del info["update_seconds"]
     with pytest.raises(InputError, match="update_seconds") as raised:
         policy.observe(adapt_obs(), SKIP, 0.0, info)
-    assert "cost_aware_bandit" in str(raised.value)
+    assert "cost-aware-bandit" in str(raised.value)
 
 
 @pytest.mark.parametrize("previous", [[], [2.5], [2.5, 2.25]])
 def test_bandit_equal_tau_windows_are_never_drops(previous):
     """A window whose mean tau equals the one it is compared with is not a drop: it marks the drafter good
     and resets the count, however many follow (after the warm-up baseline, or after drops)."""
-    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4, "revert_windows": 3,
+    policy = make_policy("cost-aware-bandit", {"warmup": 2, "window": 4, "revert_windows": 3,
                                                  "cold_start_events": 100}, seed=0)
     for _ in range(2):
         step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
@@ -372,7 +372,7 @@ def test_bandit_equal_tau_windows_are_never_drops(previous):
 def test_bandit_gain_weighs_throughput_by_query_seconds():
     """Window throughput is tokens over seconds: queries of 0.25 s at 160 tokens/s after a 100 tokens/s
     baseline, with 0.25 s of update, gain 160 * 1 / 1.25 / 100 - 1 = 0.28."""
-    policy = make_policy("cost_aware_bandit", {"warmup": 1, "window": 4, "throughput_alpha": 0.0}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 1, "window": 4, "throughput_alpha": 0.0}, seed=0)
     step(policy, adapt_obs(head=0.0, full=0.0), query_seconds=0.25)
     assert step(policy, adapt_obs(full=0.0), tokens_per_second=160.0, query_seconds=0.25,
                 update_seconds=0.25) == HEAD
@@ -385,7 +385,7 @@ def test_bandit_gain_weighs_throughput_by_query_seconds():
                                                                (100.0, 0.0, False)])
 def test_bandit_gain_needs_time_spent_and_a_reference(baseline, seconds, measured):
     """A window with no seconds, or no reference throughput, has no gain; small positive ones do."""
-    policy = make_policy("cost_aware_bandit", {"warmup": 1, "window": 1, "throughput_alpha": 0.0}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 1, "window": 1, "throughput_alpha": 0.0}, seed=0)
     step(policy, adapt_obs(head=0.0, full=0.0), tokens_per_second=baseline)
     assert step(policy, adapt_obs(full=0.0), tokens_per_second=0.75, query_seconds=seconds) == HEAD
     if measured:
@@ -395,7 +395,7 @@ def test_bandit_gain_needs_time_spent_and_a_reference(baseline, seconds, measure
 
 
 def test_bandit_after_a_revert_counts_drops_afresh_and_keeps_measuring():
-    policy = make_policy("cost_aware_bandit", {"warmup": 2, "window": 4, "cold_start_events": 100}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 2, "window": 4, "cold_start_events": 100}, seed=0)
     for _ in range(2):
         step(policy, adapt_obs(head=0.0, full=0.0), tau=3.0)
     for tau in (2.9, 2.8, 2.7):
@@ -411,7 +411,7 @@ def test_bandit_after_a_revert_counts_drops_afresh_and_keeps_measuring():
 
 
 def test_bandit_cold_start_tries_an_unmeasured_update_first():
-    policy = make_policy("cost_aware_bandit", {"warmup": 0, "epsilon_start": 0.0, "epsilon_end": 0.0}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 0, "epsilon_start": 0.0, "epsilon_end": 0.0}, seed=0)
     policy.gains.update({HEAD: 0.5, FULL: float("nan")})
     assert policy.act(adapt_obs()) == FULL
     policy.gains.update({HEAD: float("nan"), FULL: 0.5})
@@ -421,9 +421,9 @@ def test_bandit_cold_start_tries_an_unmeasured_update_first():
 
 
 def test_epsilon_greedy_names_itself_when_tau_is_missing():
-    policy = make_policy("epsilon_greedy")
+    policy = make_policy("epsilon-greedy")
     info = {k: v for k, v in INFO.items() if k != "tau"}
-    with pytest.raises(InputError, match="epsilon_greedy"):
+    with pytest.raises(InputError, match="epsilon-greedy"):
         policy.observe(adapt_obs(), SKIP, 0.0, info)
 
 
@@ -443,8 +443,8 @@ def batch_inputs(rows: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 @pytest.mark.parametrize(("kind", "params"), [("fixed", {"length": 5}), ("threshold", {}),
                                               ("threshold", {"threshold": 0.25, "max_length": 9}),
                                               ("libraspec", {}), ("libraspec", {"max_length": 7}),
-                                              ("libraspec_exhaustive", {}),
-                                              ("libraspec_exhaustive", {"max_length": 5})])
+                                              ("libraspec-exhaustive", {}),
+                                              ("libraspec-exhaustive", {"max_length": 5})])
 def test_batch_choices_equal_the_single_ones(kind, params):
     policy = make_policy(kind, params)
     conf, steps = batch_inputs()
@@ -457,8 +457,8 @@ def test_hand_worked_choices_on_ties():
     conf, steps = batch_inputs(rows=3)
     assert make_policy("threshold", {"threshold": 0.25}).choose(conf[0], steps[0]) == 2  # 0.25 is enough
     assert make_policy("libraspec").choose(conf[2], steps[2]) == 0  # a gain equal to its cost: stop
-    assert make_policy("libraspec_exhaustive").choose(conf[2], steps[2]) == 0  # S(0) = S(1) = 0.5: smallest
-    assert make_policy("libraspec_exhaustive").choose(conf[1], steps[1]) == 0
+    assert make_policy("libraspec-exhaustive").choose(conf[2], steps[2]) == 0  # S(0) = S(1) = 0.5: smallest
+    assert make_policy("libraspec-exhaustive").choose(conf[1], steps[1]) == 0
 
 
 def test_a_calibration_maps_confidences_before_every_choice():
@@ -499,7 +499,7 @@ def test_heuristic_bounds_may_equal_the_initial_length_and_missing_info_names_it
 
 
 def test_bandit_starts_clean_and_a_warm_up_without_seconds_takes_the_reported_throughput():
-    policy = make_policy("cost_aware_bandit", {"warmup": 2}, seed=0)
+    policy = make_policy("cost-aware-bandit", {"warmup": 2}, seed=0)
     assert policy.should_revert() is False and policy.checkpoint_good is False
     assert np.isnan(policy.baseline_tps) and np.isnan(policy.baseline_tau)
     step(policy, adapt_obs(), tokens_per_second=80.0, query_seconds=0.0)

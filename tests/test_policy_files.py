@@ -9,7 +9,16 @@ import pickle
 import numpy as np
 import pytest
 
-from policies import POLICY_FILE_VERSION, POLICY_KINDS, InputError, load_policy, make_policy, save_policy
+from policies import (
+    KIND_ALIASES,
+    POLICY_FILE_VERSION,
+    POLICY_KINDS,
+    InputError,
+    load_policy,
+    make_policy,
+    policy_role,
+    save_policy,
+)
 from policies.features import SERVE_SLOT_DIM, adapt_features, length_features, serve_features
 
 # Non-default parameters for every kind, so a round trip proves each one is written and read back.
@@ -18,11 +27,11 @@ NON_DEFAULT = {
     "threshold": {"threshold": 0.45, "max_length": 9},
     "heuristic": {"initial": 3, "min_length": 2, "max_length": 12, "grow": 3, "shrink": 2},
     "libraspec": {"max_length": 11},
-    "libraspec_exhaustive": {"max_length": 13},
+    "libraspec-exhaustive": {"max_length": 13},
     "never": {},
     "always": {"update": "full"},
-    "epsilon_greedy": {"epsilon": 0.2, "alpha": 0.4},
-    "cost_aware_bandit": {"warmup": 5, "cold_start_events": 4, "epsilon_start": 0.5, "epsilon_end": 0.05,
+    "epsilon-greedy": {"epsilon": 0.2, "alpha": 0.4},
+    "cost-aware-bandit": {"warmup": 5, "cold_start_events": 4, "epsilon_start": 0.5, "epsilon_end": 0.05,
                           "cooldown": 3, "s_min": 7.0, "gain_alpha": 0.25, "throughput_alpha": 0.1,
                           "saturation": 0.9, "window": 6, "revert_windows": 2},
     "batch-table": {"l1": 6, "l4": 2, "l8": 0},
@@ -30,8 +39,6 @@ NON_DEFAULT = {
     "libraspec-batch": {"max_length": 6, "margin": 1.2},
     "threshold-batch": {"threshold": 0.35, "max_length": 5},
 }
-LENGTH_KINDS = {"fixed", "threshold", "heuristic", "libraspec", "libraspec_exhaustive"}
-SERVING_KINDS = {"batch-table", "goodput", "libraspec-batch", "threshold-batch"}
 
 
 def test_every_registered_kind_is_covered():
@@ -49,15 +56,28 @@ def test_round_trip(kind, tmp_path):
     assert data == {"kind": kind, "version": POLICY_FILE_VERSION, "params": dataclasses.asdict(policy.params)}
     loaded = load_policy(path, seed=0)
     assert type(loaded) is type(policy) and loaded.params == policy.params
-    if kind in LENGTH_KINDS:
+    if policy_role(policy) == "length":
         obs = length_features(np.array([0.9, 0.7, 0.6, 0.2]), 10, np.linspace(1.0, 1.8, 17))
-    elif kind in SERVING_KINDS:
+    elif policy_role(policy) == "serving":
         slots = np.zeros((2, SERVE_SLOT_DIM))
         slots[0, :7] = (1, 40, 20, 0.9, 0.8, 0.7, 0.6)
         obs = serve_features(1, 0, (0.03, 0.001, 0.001, 0.0005), slots)
     else:
         obs = adapt_features(1.0, 1.0, 9.0, 3.0, 0.0, 0, np.array([1.0]))
     assert np.array_equal(loaded.act(obs), make_policy(kind, NON_DEFAULT[kind], seed=0).act(obs))
+
+
+@pytest.mark.parametrize("old", sorted(KIND_ALIASES))
+def test_a_file_of_an_old_spelled_kind_loads_as_the_kind_it_names(old, tmp_path):
+    """Files written before kinds were hyphenated (``epsilon_greedy``, ...) load through the aliases; saved
+    again, they take the current spelling."""
+    kind = KIND_ALIASES[old]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"kind": old, "version": POLICY_FILE_VERSION, "params": NON_DEFAULT[kind]}))
+    loaded = load_policy(path)
+    assert loaded.kind == kind and loaded.params == make_policy(kind, NON_DEFAULT[kind]).params
+    assert json.loads(save_policy(loaded, tmp_path / "new.json").read_text())["kind"] == kind
+    assert old not in POLICY_KINDS
 
 
 def test_numpy_parameters_are_stored_as_plain_json(tmp_path):
@@ -114,8 +134,8 @@ def test_missing_file(tmp_path):
     ("fixed", {"length": 17}, "length = 17 is invalid: use an integer in [0, 16]"),
     ("heuristic", {"initial": 1, "min_length": 2}, "min_length <= initial <= max_length"),
     ("always", {"update": "both"}, "use one of head, full"),
-    ("cost_aware_bandit", {"window": 0}, "window = 0"),
-    ("epsilon_greedy", {"epsilon": -0.1}, "epsilon = -0.1"),
+    ("cost-aware-bandit", {"window": 0}, "window = 0"),
+    ("epsilon-greedy", {"epsilon": -0.1}, "epsilon = -0.1"),
     ("libraspec", {"max_len": 3}, "unknown parameter(s) max_len"),
     ("tree_search", {}, "unknown policy kind"),
 ])

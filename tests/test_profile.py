@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.cost_profile import DRAFT_KEYS, load_profile
+from core.cost_profile import load_profile
 from core.errors import InputError
+from core.names import registry
 from core.paths import PAPER_PROFILE
 from experiments.cli import main
 from real_engine import profile as prof
@@ -46,7 +47,7 @@ def test_profile_loads_with_every_series(measured: dict, tmp_path: Path) -> None
     path = prof.save(measured, tmp_path / "profile.json")
     profile = load_profile(path)
     assert profile.device.startswith("CPU") and profile.dtype == "float32"
-    assert set(profile.drafters) == set(DRAFT_KEYS)  # n-gram, draft model and the three feature drafters
+    assert set(profile.drafters) == set(registry)  # n-gram, draft model and the three feature drafters
     verify = {(row["nodes"], row["context"]) for row in measured["samples"]["verify"]}
     assert verify == {(n, c) for n in TINY.nodes for c in TINY.contexts}
     assert all(len(row["seconds"]) == TINY.repeats for row in measured["samples"]["verify"])
@@ -160,9 +161,9 @@ def test_specblock_drafting_timed_while_recording_feedback_runs_the_recorder(
     grid = dataclasses.replace(prof.QUICK, specblock_starts=(1,), specblock_blocks=(1,), repeats=2, warmup=0)
     for recording in (False, True):
         bench = Bench(make_timer(target.lm_head.weight.device, "cpu"), grid.repeats, 0)
-        rows, _ = prof.draft_samples(target, {"specblock": net}, grid, bench, 0, recording=recording)
+        series = prof.draft_samples(target, {"specblock": net}, grid, bench, 0, recording=recording)
         bench.run()
-        assert len(rows["specblock"][0]["seconds"]) == 2
+        assert len(series["specblock"].rows[0]["seconds"]) == 2
         assert bool(kept) == recording  # each recorded step keeps the target's rows
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from time_limits import limit
 
 from core.paths import REPO, RESULTS
 from experiments.provenance import provenance
@@ -65,7 +66,7 @@ def results_dir(tmp_path: Path) -> Path:
 
 def results(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "experiments.cli", "results", *argv],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+                          capture_output=True, text=True, timeout=limit(120), cwd=REPO)
 
 
 def test_fixture_has_the_provenance_schema():

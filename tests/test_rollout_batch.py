@@ -9,12 +9,12 @@ from policies.base import make_policy
 from policies.features import LENGTH_CAP, LENGTH_SLICES
 from simulator.parametric import default_acceptance
 from simulator.rollout import run_length
-from simulator.vector_envs import SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthVectorEnv
 
 CASES = [("fixed", {"length": 5}), ("fixed", {"length": 0}), ("threshold", {"threshold": 0.3}),
          ("threshold", {"threshold": 0.05, "max_length": 6}), ("threshold", {"max_length": 0}),
          ("libraspec", {}), ("libraspec", {"max_length": 4}), ("libraspec", {"max_length": 0}),
-         ("libraspec_exhaustive", {}), ("libraspec_exhaustive", {"max_length": 7})]
+         ("libraspec-exhaustive", {}), ("libraspec-exhaustive", {"max_length": 7})]
 
 
 def observations(rows: int = 3000, seed: int = 0) -> np.ndarray:

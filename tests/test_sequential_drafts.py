@@ -45,7 +45,7 @@ def test_the_simulator_stops_a_chain_where_the_engine_does(spec: dict) -> None:
 def test_a_probe_token_the_policy_then_drops_is_charged() -> None:
     """Confidences 0.5 and a threshold of 0.6: the chain drafts one token, then verifies none of it, so
     each step costs a vanilla step (2 ms) plus one draft token (0.5 ms); a fixed length pays no extra."""
-    config = fidelity.Config("c", "draft-model", "chain", 4, depth=4)
+    config = fidelity.make_config("c", "draft-model", "chain", 4, depth=4)
     threshold = make_policy("threshold", {"threshold": 0.6})
     out = fidelity.simulate(flat_profile(), chain_traces(accepted=4), config, PROMPTS, tokens=60, queries=8,
                             seed=0, policy=threshold)
@@ -87,7 +87,7 @@ def test_a_tree_drafted_whole_is_charged_even_when_nothing_is_left_to_verify() -
     data.pop("fits")
     data["samples"]["draft_trees"] = {"draft-model": [{"depth": d, "width": w, "seconds": [3e-3]}
                                                       for d in (2, 4) for w in (2, 3)]}
-    tree = fidelity.Config("t", "draft-model", "tree", 8, depth=4, width=3, budget=8)
+    tree = fidelity.make_config("t", "draft-model", "tree", 8, depth=4, width=3, budget=8)
     shape = fidelity.draft_shape(tree)
     for drafted, accepted, seconds in ((0, 0, 2e-3 + 3e-3), (4, 2, 3e-3 + 5e-3)):
         traces = chain_traces(accepted, drafted=drafted)

@@ -21,7 +21,7 @@ from core.serve_costs import (
     iteration_costs,
 )
 from policies.features import LENGTH_CAP, serve_features, serve_slots
-from simulator.serve import Arrivals, ServeBatch, SpecServeEnv
+from simulator.spec_serve import Arrivals, ServeBatch, SpecServeEnv
 
 SMALL = {"rate": 8.0, "requests": 6, "max_batch": 3, "prompt_tokens": (16, 64), "output_tokens": (8, 24)}
 

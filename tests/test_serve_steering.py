@@ -19,7 +19,7 @@ from real_engine.model import Transformer
 from real_engine.speculate import ServeSteering
 from real_engine.tree import DraftTree
 from simulator.rollout import Outcome, run_serve, serve_drafts
-from simulator.serve import Arrivals, SpecServeEnv
+from simulator.spec_serve import Arrivals, SpecServeEnv
 
 
 class Recorder:

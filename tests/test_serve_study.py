@@ -12,7 +12,7 @@ from experiments.serve_report import study_body
 from experiments.serve_study import CASES, capacity, serve_markdown, serve_plot, serve_point
 from experiments.tune import Traffic, make_setting
 from policies.serving import NEVER
-from simulator.serve import ServeTraffic
+from simulator.spec_serve import ServeTraffic
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.profile.stem)
@@ -26,7 +26,7 @@ def test_capacity_is_what_vanilla_serves_at_a_full_batch(case) -> None:
 
 
 def test_a_point_reports_throughput_and_latencies() -> None:
-    setting = make_setting("serve", PAPER_PROFILE, queries=6, chunks=1, seed=3, traffic=Traffic(),
+    setting = make_setting("serving", PAPER_PROFILE, queries=6, chunks=1, seed=3, traffic=Traffic(),
                            drafter="eagle", serve=ServeTraffic(5.0, 3, (64, 128), (16, 32)))
     vanilla = serve_point(setting, "batch-table", dict(NEVER), episodes=2)
     table = serve_point(setting, "batch-table", {"l1": 3, "l2": 3, "l3": 3}, episodes=2)

@@ -14,7 +14,7 @@ from policies import load_policy, make_policy, save_policy
 from policies.calibration import Calibration
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, serve_features, serve_probe
 from policies.serving import expected_rate, keeps_drafting, request_view
-from simulator.serve import SpecServeEnv
+from simulator.spec_serve import SpecServeEnv
 
 
 def observation(confidences: list[list[float]], cap: int = 4,

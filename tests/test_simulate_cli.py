@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from time_limits import limit
 
 from core.paths import PAPER_PROFILE, REPO
 from experiments.cli import main
@@ -28,7 +29,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_json_schema_through_the_command_line():
     command = [sys.executable, "-m", "experiments.cli", "simulate", "--profile", str(PAPER_PROFILE),
                "--queries", "6", "--json"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=limit(300), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # exactly one JSON object and nothing else on stdout
     assert set(data) == {"profile", "derived", "traces", "acceptance", "drafter", "queries", "seed",
@@ -45,8 +46,8 @@ def test_json_schema_through_the_command_line():
 
 
 def test_policy_files_and_traces(tmp_path, capsys):
-    save_policy(make_policy("libraspec_exhaustive"), tmp_path / "libra.json")
-    save_policy(make_policy("cost_aware_bandit"), tmp_path / "bandit.json")
+    save_policy(make_policy("libraspec-exhaustive"), tmp_path / "libra.json")
+    save_policy(make_policy("cost-aware-bandit"), tmp_path / "bandit.json")
     recorded = synthetic_traces(default_acceptance(), queries=8, iterations=30, seed=0, drafter="eagle")
     traces = save_traces(recorded, tmp_path / "t.parquet")
     code, out, err = run(["--profile", str(PAPER_PROFILE), "--traces", str(traces),

@@ -10,6 +10,7 @@ from datetime import datetime
 
 import pytest
 from test_simulate_cli import run
+from time_limits import limit
 
 from core.cost_profile import load_profile
 from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, REPO, TARGET, TRACES
@@ -77,7 +78,8 @@ def test_no_probe_omits_the_probe_without_torch():
             "except SystemExit as exc:\n"
             "    assert not exc.code, exc.code\n"
             "print('torch' in sys.modules, file=sys.stderr)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit(300),
+                          cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     where = json.loads(proc.stdout)["where"]
     assert where["probe"] is None and where["probe_skipped"] == "--no-probe"

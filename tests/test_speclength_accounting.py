@@ -11,8 +11,7 @@ from core.cost_profile import profile_from_json
 from core.errors import InputError
 from policies.features import LENGTH_CAP
 from simulator.acceptance import Draws
-from simulator.envs import SpecLengthEnv
-from simulator.vector_envs import SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthEnv, SpecLengthVectorEnv
 
 PROMPT = 300
 NODES = [1, 2, 4, 8, 16, 32]

@@ -181,7 +181,7 @@ def test_length_zero_skips_drafting(tiny: Transformer) -> None:
 def test_adaptation_policy_is_refused_with_the_fix(tiny: Transformer) -> None:
     with pytest.raises(InputError, match="drafter updates"):
         LengthControlled(
-            make_drafter("ngram", tiny), make_policy("cost_aware_bandit"), flat_profile(), "ngram"
+            make_drafter("ngram", tiny), make_policy("cost-aware-bandit"), flat_profile(), "ngram"
         )
 
 

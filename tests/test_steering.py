@@ -13,7 +13,7 @@ from policies import make_policy
 from policies.features import LENGTH_SLICES
 from simulator.replay import TraceReplay
 from simulator.rollout import run_length
-from simulator.vector_envs import SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthVectorEnv
 
 
 def profile(steering: float | None = None, vanilla: list[float] | None = None, estimator: str | None = None,

@@ -16,8 +16,8 @@ import pytest
 from policies.base import make_policy
 from simulator.replay import TraceReplay
 from simulator.rollout import run_length
-from simulator.serve import SpecServeEnv
-from simulator.vector_envs import SpecLengthVectorEnv
+from simulator.spec_length import SpecLengthVectorEnv
+from simulator.spec_serve import SpecServeEnv
 
 EASY, HARD, DEPTH, TOKENS = 0.9, 0.3, 8, 512
 

@@ -14,7 +14,6 @@ from core.errors import InputError
 from core.paths import PAPER_PROFILE, SERVE_PROFILE, TRACES
 from experiments.cli import main
 from experiments.tune import (
-    SEARCH_BOUNDS,
     Traffic,
     TuneResult,
     best_rows,
@@ -24,8 +23,9 @@ from experiments.tune import (
     make_setting,
     tune_policies,
 )
+from policies.adaptation import BanditParams
 from policies.base import load_policy
-from simulator.serve import ServeTraffic
+from simulator.spec_serve import ServeTraffic
 
 SETTING = make_setting("length", PAPER_PROFILE, queries=24, chunks=2, traffic=Traffic())
 
@@ -65,8 +65,8 @@ def test_best_row_is_the_argmax_of_the_table(study: TuneResult):
 
 
 def test_best_rows_prefer_trials_that_ran_every_chunk():
-    table = pd.DataFrame({  # as ASHA leaves it: fixed trial b stopped early, epsilon_greedy entirely
-        "kind": ["fixed", "fixed", "fixed", "epsilon_greedy", "epsilon_greedy"],
+    table = pd.DataFrame({  # as ASHA leaves it: fixed trial b stopped early, epsilon-greedy entirely
+        "kind": ["fixed", "fixed", "fixed", "epsilon-greedy", "epsilon-greedy"],
         "trial_id": ["a", "b", "c", "d", "e"],
         "tokens_per_second": [80.0, 95.0, 70.0, 90.0, 60.0],
         "chunks": [4, 1, 4, 1, 2],
@@ -97,16 +97,16 @@ def test_resume_continues_and_a_second_study_is_refused(study: TuneResult):
 
 
 def test_configurations_start_at_the_defaults_and_respect_the_ranges():
-    bandit = configurations("cost_aware_bandit", "random", 12, seed=3)
-    assert bandit[0] == default_params("cost_aware_bandit") and len(bandit) == 12
-    for name, (low, high) in SEARCH_BOUNDS["cost_aware_bandit"].items():
+    bandit = configurations("cost-aware-bandit", "random", 12, seed=3)
+    assert bandit[0] == default_params("cost-aware-bandit") and len(bandit) == 12
+    for name, (low, high) in BanditParams.SEARCH.items():
         assert all(low <= params[name] <= high for params in bandit)
-    assert configurations("cost_aware_bandit", "random", 12, seed=3) == bandit
+    assert configurations("cost-aware-bandit", "random", 12, seed=3) == bandit
     for params in configurations("heuristic", "random", 30, seed=0):
         assert params["min_length"] <= params["initial"] <= params["max_length"]
     assert [p["length"] for p in configurations("fixed", "grid", 5)] == [0, 4, 8, 12, 16]
     with pytest.raises(InputError, match="--search random"):
-        configurations("cost_aware_bandit", "grid", 4)
+        configurations("cost-aware-bandit", "grid", 4)
 
 
 @pytest.mark.parametrize("argv", [
@@ -114,16 +114,16 @@ def test_configurations_start_at_the_defaults_and_respect_the_ranges():
     ["length", "--samples", "0"],
     ["adapt", "--policy-kind", "nope"],
     ["length", "--policy-kind", "never"],
-    ["adapt", "--search", "grid", "--policy-kind", "cost_aware_bandit"],
+    ["adaptation", "--search", "grid", "--policy-kind", "cost-aware-bandit"],
     ["length", "--queries", "2", "--chunks", "3"],
     ["length", "--rate", "3"],
-    ["serve", "--policy-kind", "libraspec"],
-    ["serve", "--rate", "0"],
-    ["serve", "--max-batch", "0"],
-    ["serve", "--output-tokens", "64"],
-    ["serve", "--prompt-tokens", "96,32"],
+    ["serving", "--policy-kind", "libraspec"],
+    ["serving", "--rate", "0"],
+    ["serving", "--max-batch", "0"],
+    ["serving", "--output-tokens", "64"],
+    ["serving", "--prompt-tokens", "96,32"],
     ["length", "--output-tokens", "32,32"],
-    ["serve", "--calibrate"],
+    ["serving", "--calibrate"],
     ["adapt", "--calibrate", "--traces", "data/traces/default.parquet"],
 ])
 def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]):
@@ -133,32 +133,32 @@ def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]):
 
 
 def test_cli_json(ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    code, out, err = run(["adapt", "--policy-kind", "epsilon_greedy", "--samples", "2", "--queries", "30",
-                          "--chunks", "1", "--profile", str(PAPER_PROFILE), "--out", str(tmp_path), "--json"],
-                         capsys)
+    code, out, err = run(["adaptation", "--policy-kind", "epsilon-greedy", "--samples", "2", "--queries",
+                          "30", "--chunks", "1", "--profile", str(PAPER_PROFILE), "--out", str(tmp_path),
+                          "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)  # exactly one JSON object on stdout
     assert {"kind", "samples", "best", "out", "seconds", "trials_per_minute"} <= set(data)
-    assert (data["kind"], data["samples"], data["trials"]) == ("adapt", 2, 2)
+    assert (data["kind"], data["samples"], data["trials"]) == ("adaptation", 2, 2)
     assert set(data["best"]) == {"kind", "params", "tokens_per_second"}
-    assert data["best"]["kind"] == "epsilon_greedy" and data["trials_per_minute"] > 0
-    assert load_policy(Path(data["out"]) / "best_policy.json").kind == "epsilon_greedy"
+    assert data["best"]["kind"] == "epsilon-greedy" and data["trials_per_minute"] > 0
+    assert load_policy(Path(data["out"]) / "best_policy.json").kind == "epsilon-greedy"
 
 
 def test_cli_serve_tunes_serving_policies_on_specserve(ray_session: None, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]):
-    """`specblock tune serve`: trials serve SpecServe episodes; the exported best is a serving policy, and
-    the objective is the episodes' tokens/s as ``evaluate`` computes it."""
+    """`specblock tune serve` (the older name of `serving`): trials serve SpecServe episodes; the exported
+    best is a serving policy, and the objective is the episodes' tokens/s as ``evaluate`` computes it."""
     code, out, err = run(["serve", "--policy-kind", "batch-table,libraspec-batch", "--samples", "2",
                           "--queries", "8", "--chunks", "1", "--rate", "6", "--max-batch", "3", "--profile",
                           str(PAPER_PROFILE), "--out", str(tmp_path), "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
-    assert data["kind"] == "serve" and data["trials"] == 4
+    assert data["kind"] == "serving" and data["trials"] == 4
     assert data["setting"]["serve"]["rate"] == 6.0 and data["setting"]["serve"]["max_batch"] == 3
     best = load_policy(Path(data["out"]) / "best_policy.json")
     assert best.kind in ("batch-table", "libraspec-batch")
-    setting = make_setting("serve", PAPER_PROFILE, queries=8, chunks=1, serve=ServeTraffic(6.0, 3))
+    setting = make_setting("serving", PAPER_PROFILE, queries=8, chunks=1, serve=ServeTraffic(6.0, 3))
     again = evaluate(setting, best.kind, dataclasses.asdict(best.params))
     assert again.tokens_per_second == pytest.approx(data["best"]["tokens_per_second"])
 
@@ -167,7 +167,7 @@ def test_cli_serve_calibrates_the_confidence_readers(ray_session: None, tmp_path
                                                      capsys: pytest.CaptureFixture[str]):
     """`--calibrate`: the calibration fitted from the traces lands in the study folder and in the exported
     file of every kind that reads confidences, so the policy the engine loads maps them the same way."""
-    code, out, err = run(["serve", "--policy-kind", "libraspec-batch", "--samples", "1", "--queries", "4",
+    code, out, err = run(["serving", "--policy-kind", "libraspec-batch", "--samples", "1", "--queries", "4",
                           "--chunks", "1", "--profile", str(SERVE_PROFILE), "--traces", str(TRACES),
                           "--calibrate", "--prompt-tokens", "96,96", "--output-tokens", "8,8", "--out",
                           str(tmp_path), "--json"], capsys)

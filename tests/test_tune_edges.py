@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from time_limits import limit
 
 from core.errors import InputError
 from core.paths import PAPER_PROFILE, REPO
@@ -29,9 +30,9 @@ SMALL = ["length", "--samples", "2", "--queries", "8", "--chunks", "1", "--profi
 
 
 def specblock(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The command line in this interpreter (a hang fails the test at the 150 s timeout)."""
+    """The command line in this interpreter (a hang fails the test at its time limit)."""
     return subprocess.run([sys.executable, "-m", "experiments.cli", *args], capture_output=True, text=True,
-                          timeout=150, cwd=REPO, env=env)
+                          timeout=limit(150), cwd=REPO, env=env)
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -203,7 +204,7 @@ def test_a_lock_dies_with_its_holder(tmp_path: Path) -> None:
             pass
     finally:
         child.send_signal(signal.SIGKILL)  # a crash: no clean-up runs
-        child.wait(timeout=30)
+        child.wait(timeout=limit(30))
     assert (out / LOCK).exists()  # left behind, but no longer locked
     with hold(out):
         assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()

@@ -11,10 +11,19 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import DRAFT_SHAPES, DTYPES, VERIFIERS, drafter_choices, registry, trained_drafters
+from core.names import DTYPES, drafter_choices, registry, trained_drafters
 from core.paths import RESULTS, repo_relative
+from core.verifiers import DRAFT_SHAPES, verifier_names
 from experiments.bench_report import markdown, write_report
-from experiments.cli import SEED, model_arg, model_option, model_profile, model_prompts, resolve_device
+from experiments.cli import (
+    OUT_FOLDER,
+    SEED,
+    model_arg,
+    model_option,
+    model_profile,
+    model_prompts,
+    resolve_device,
+)
 from experiments.provenance import save_result
 from real_engine.drafters.trained import deployed_shape, trained_available
 
@@ -112,7 +121,7 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
 @click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench).")
-@click.option("--out", type=click.Path(path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
 @click.option("--policy", "policy_files", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               multiple=True, help="A length policy file (repeatable): each chain/tree configuration runs "
@@ -167,7 +176,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
     settings = Settings(
         domains=(load_prompts(prompts_dir, chosen, count) if prompt_file is None
                  else read_prompt_file(prompt_file, count)),
-        drafters=names, verifiers=_names(verifiers, "--verifiers", VERIFIERS),
+        drafters=names, verifiers=_names(verifiers, "--verifiers", verifier_names()),
         temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", DRAFT_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
         budget=tree_budget, chain=chain, policies=policies,

@@ -1,6 +1,6 @@
 """`specblock fidelity`: the simulator's predicted tokens/s against the live engine's, per configuration.
 
-Records calibration traces, runs every configuration of ``experiments.fidelity.CONFIGS`` in the engine on
+Records calibration traces, runs every configuration of ``experiments.fidelity.configs()`` in the engine on
 the evaluation prompts and in the simulator from its trace, and writes ``<out>/<name>.json`` (with
 provenance) and ``<name>.md`` (``experiments.fidelity`` describes the method).
 """
@@ -19,7 +19,7 @@ from core.errors import InputError
 from core.files import write_text
 from core.models import ModelSpec
 from core.paths import RESULTS, repo_relative
-from experiments.cli import SEED, model_option, model_profile, model_prompts
+from experiments.cli import OUT_FOLDER, SEED, model_option, model_profile, model_prompts
 from experiments.provenance import save_result
 
 
@@ -46,7 +46,7 @@ from experiments.provenance import save_result
 @click.option("--profile-repeats", type=int, default=15, show_default=True,
               help="Timed repeats per configuration of --measure-profile.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json and <name>.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results instead of the "
                                                       "table.")
@@ -59,7 +59,7 @@ def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None,
     import torch  # torch, the engine and the simulator load here, not for --help
 
     from core.cost_profile import load_profile, profile_measurement
-    from experiments.fidelity import CONFIGS, Engine, calibrate, given_traces, markdown, run_fidelity
+    from experiments.fidelity import Engine, calibrate, configs, given_traces, markdown, run_fidelity
     from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
@@ -85,13 +85,13 @@ def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None,
     room = target.args.max_position_embeddings - max_new_tokens - 17
     cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room, folder=prompt_sets)
     ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room, folder=prompt_sets)
-    configs = CONFIGS if only is None else tuple(c for c in CONFIGS if c.name in only.split(","))
+    chosen = configs() if only is None else tuple(c for c in configs() if c.name in only.split(","))
     start = time.perf_counter()
 
     def log(message: str) -> None:
         click.echo(f"[{time.perf_counter() - start:6.0f} s] {message}", err=True)
 
-    traces = calibrate(engine, cal, configs, given_traces(trace_files), log)
+    traces = calibrate(engine, cal, chosen, given_traces(trace_files), log)
     if fresh_path is not None:
         log(f"measuring a cost profile ({profile_repeats} repeats) into {fresh_path}")
         grid = dataclasses.replace(prof.FULL, repeats=profile_repeats)
@@ -102,7 +102,7 @@ def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None,
         profile_path = fresh_path
         profile = load_profile(profile_path)
     clock = profile_measurement(profile_path).get("clock", "wall")
-    result = run_fidelity(engine, profile, clock, traces, ev, configs, queries, log)
+    result = run_fidelity(engine, profile, clock, traces, ev, chosen, queries, log)
     meta = {"profile": repo_relative(profile_path), "model": model.name,
             "model_dir": repo_relative(model_dir),
             "draft_model": repo_relative(draft_dir) if draft is not None else None,

@@ -16,20 +16,24 @@ from core.models import ModelSpec
 from core.names import (
     DTYPES,
     VANILLA,
-    VERIFIERS,
     DrafterSpec,
+    draft_options,
     drafter_choices,
     drafter_spec,
     registry,
     trained_drafters,
 )
-from experiments.cli import SEED, LiveChoice, drafter_folder, model_option, model_profile, resolve_device
+from core.verifiers import check_fit, default_verifier, defaults_help, verifier_names
+from experiments.cli import (
+    SEED,
+    DrafterCommand,
+    LiveChoice,
+    drafter_folder,
+    model_option,
+    model_profile,
+    resolve_device,
+)
 from real_engine.drafters.trained import deployed_shape
-
-# make_drafter's options and the flags that set them, in the order --help lists them
-FLAGS = {"depth": "--draft-length", "width": "--tree-width", "budget": "--tree-budget", "paths": "--paths",
-         "min_confidence": "--min-confidence", "vocab": "--draft-vocab", "staged": "--staged",
-         "lookup": "--lookup", "blocks": "--blocks", "max_ngram": "--ngram-max"}
 
 
 def _uses(spec: DrafterSpec | None) -> tuple[str, ...]:
@@ -37,7 +41,7 @@ def _uses(spec: DrafterSpec | None) -> tuple[str, ...]:
     if spec is None:
         return ()
     return (*(("--drafter-model",) if spec.trained else ()),
-            *(flag for option, flag in FLAGS.items() if option in spec.options))
+            *(option.flag for name, option in draft_options.items() if name in spec.options))
 
 
 def _either(names: tuple[str, ...]) -> str:
@@ -48,11 +52,6 @@ def _either(names: tuple[str, ...]) -> str:
 def _which(keep: Callable[[DrafterSpec], bool]) -> tuple[str, ...]:
     """The registered drafters whose spec ``keep`` holds for (for --help)."""
     return tuple(name for name, spec in registry.items() if keep(spec))
-
-
-def _taking(option: str) -> str:
-    """The registered drafters taking ``option`` (for --help)."""
-    return ", ".join(_which(lambda spec: option in spec.options))
 
 
 def _drafter_help() -> str:
@@ -109,26 +108,6 @@ def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
     return prompt
 
 
-def _check_verifier(verifier: str, spec: DrafterSpec | None, tree_width: int | None) -> None:
-    """gbv needs i.i.d. sampled paths (only a drafter taking paths samples them); gbv and seqbv need
-    unmerged paths of equal length; the trained drafters' deterministic top-k trees are verified by rrs
-    (or greedy); their sampled chains (tree width 1, where they take a width) by any single-draft
-    verifier. ``tree_width`` is set only for a drafter that takes one."""
-    if spec is None:
-        return
-    chain = tree_width == 1
-    if spec.trained and verifier not in ("greedy", "rrs", *(("token", "block") if chain else ())):
-        chain_hint = ", or --tree-width 1 (a sampled chain) for token, block" * ("width" in spec.options)
-        raise InputError(f"the {spec.name} drafter drafts a deterministic top-k tree: use --verifier rrs "
-                         f"(or greedy at temperature 0){chain_hint}")
-    if verifier == "gbv" and ("paths" not in spec.options or (tree_width or 1) > 1):
-        raise InputError("gbv verifies i.i.d. sampled paths: use --drafter draft-model with --tree-width 1 "
-                         "(and --paths K), or another verifier")
-    if verifier == "seqbv" and (tree_width or 1) > 1:
-        raise InputError("seqbv verifies unmerged paths, not a top-k tree: use --paths K instead of "
-                         "--tree-width, or --verifier rrs")
-
-
 def _check_options(drafter: str, spec: DrafterSpec | None, given: dict[str, Any]) -> None:
     """Refuse a drafter option the chosen drafter would not use (rather than ignore it)."""
     uses = _uses(spec)
@@ -139,13 +118,11 @@ def _check_options(drafter: str, spec: DrafterSpec | None, given: dict[str, Any]
 
 
 def _auto_verifier(temperature: float, spec: DrafterSpec | None, tree_width: int | None, paths: int) -> str:
-    """Greedy at T = 0; else SeqBV for paths, RRS for a top-k tree (tree width > 1, or None for a trained
-    drafter: its trained tree), block verification for a chain (n-gram's, the draft model's, a SpecBlock
-    or EAGLE chain of tree width 1)."""
-    if temperature == 0:
-        return "greedy"
+    """The default verifier (``core.verifiers.default_verifier``) for the draft's shape: paths, a top-k tree
+    (tree width > 1, or None for a trained drafter: its trained tree), else a chain (n-gram's, the draft
+    model's, a SpecBlock or EAGLE chain of tree width 1)."""
     tree = (tree_width or 1) > 1 or (tree_width is None and spec is not None and spec.trained)
-    return "seqbv" if paths > 1 else "rrs" if tree else "block"
+    return default_verifier(temperature, "paths" if paths > 1 else "tree" if tree else "chain")
 
 
 class _Stream:
@@ -167,7 +144,7 @@ class _Stream:
         self.shown = text
 
 
-@click.command()
+@click.command(cls=DrafterCommand)
 @model_option()
 @click.option("--draft-model", "draft_dir", type=click.Path(path_type=Path), default=None,
               show_default="the model's own",
@@ -178,38 +155,13 @@ class _Stream:
               show_default="the model's own",
               help=f"Trained weights folder, for --drafter {_either(trained_drafters())} [default: the one "
                    "trained for --model].")
-@click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
-              help="Default: greedy at temperature 0, else block (chain), rrs (tree) or seqbv (paths).")
+@click.option("--verifier", type=LiveChoice(verifier_names), default=None,
+              help=defaults_help(("chain", "tree", "paths")))
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k likeliest tokens (0: off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus mass to keep (1: off).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds every random draw.")
-@click.option("--draft-length", type=int, default=None, show_default="4; trained: as trained",
-              help=f"Draft depth: tokens per chain or path, levels of a tree ({_taking('depth')}).")
-@click.option("--tree-width", type=int, default=None, show_default="1; EAGLE: as trained",
-              help="Draft model: >1 drafts a top-k tree this wide per level; EAGLE: its top-k; SpecBlock: "
-                   "children per node at most (1: a chain).")
-@click.option("--tree-budget", type=int, default=None, show_default="16; trained: as trained",
-              help=f"Most draft nodes kept (the likeliest): {_taking('budget')}.")
-@click.option("--min-confidence", type=click.FloatRange(0, 1), default=None, show_default="0",
-              help="Draft model's chain: draft a further token only while the draft's top probability is "
-                   "at least this (assisted generation's assistant_confidence_threshold).")
-@click.option("--draft-vocab", type=int, default=None, show_default="the drafter's own",
-              help=f"Draft only this many of the most frequent tokens (draft_vocab.json in the drafter's "
-                   f"folder; the vocabulary's size: all): {_taking('vocab')}.")
-@click.option("--staged", type=int, default=None, show_default="off",
-              help="Draft model's chain: guess ahead by n-gram lookup, running the guesses in the same "
-                   "forward, and end the chain at the first wrong guess once this many forwards ran.")
-@click.option("--lookup", type=int, default=None, show_default="off",
-              help="Draft model's chain: where the context's last this many tokens (1 to 3) occurred "
-                   "before, propose the n-gram lookup's chain alone, without running the draft model.")
-@click.option("--paths", type=int, default=None, show_default="1",
-              help="Draft model: >1 samples this many independent paths (for rrs, gbv, seqbv).")
-@click.option("--blocks", type=int, default=None, show_default="2",
-              help="SpecBlock: block forwards per draft (M); the tree reaches depth M x block size.")
-@click.option("--ngram-max", type=int, default=None, show_default="3",
-              help="n-gram drafter: longest n tried.")
 @click.option("--policy", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A length policy file (JSON, e.g. from `specblock tune length`): it chooses how much of "
                    "each "
@@ -228,29 +180,23 @@ class _Stream:
               help="Read the prompt from this file instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
 def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir: Path | None,
-            verifier: str | None,
-            temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int,
-            draft_length: int | None, tree_width: int | None, tree_budget: int | None,
-            min_confidence: float | None, draft_vocab: int | None, staged: int | None, lookup: int | None,
-            paths: int | None,
-            blocks: int | None,
-            ngram_max: int | None,
-            policy: Path | None, profile_path: Path | None, device: str | None, dtype: str | None,
-            prompt: str | None,
-            chat: bool, prompt_file: Path | None, as_json: bool) -> None:
+            verifier: str | None, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
+            seed: int, policy: Path | None, profile_path: Path | None, device: str | None, dtype: str | None,
+            prompt: str | None, chat: bool, prompt_file: Path | None, as_json: bool,
+            **given: float | None) -> None:
     """Generate text from a prompt, with speculative decoding unless --drafter none.
 
     Without --json the text streams to stdout and a stats line goes to stderr.
     """
     text = _prompt_text(prompt, prompt_file)
     spec = None if drafter == VANILLA else drafter_spec(drafter)
+    tree_width, paths = given.get("width"), given.get("paths")  # (the registry's draft options)
     length_policy = None if policy is None else _check_policy(policy, drafter, paths)
-    given = {"depth": draft_length, "width": tree_width, "budget": tree_budget, "paths": paths,
-             "min_confidence": min_confidence, "vocab": draft_vocab, "staged": staged, "lookup": lookup,
-             "blocks": blocks, "max_ngram": ngram_max}  # make_drafter's options, in FLAGS order
-    _check_options(drafter, spec, {"--drafter-model": drafter_dir, **{FLAGS[k]: v for k, v in given.items()}})
-    for flag, value in (("--min-confidence", min_confidence), ("--staged", staged), ("--lookup", lookup)):
-        if value and max(tree_width or 1, paths or 1) > 1:
+    _check_options(drafter, spec, {"--drafter-model": drafter_dir,
+                                   **{draft_options[k].flag: v for k, v in given.items()}})
+    for name in ("min_confidence", "staged", "lookup"):
+        if given.get(name) and max(tree_width or 1, paths or 1) > 1:
+            flag = draft_options[name].flag
             raise InputError(f"{flag} shapes a chain, not a tree or paths: drop it, or drop --tree-width and "
                              "--paths")
     import torch  # torch and the engine: not for --help
@@ -269,7 +215,7 @@ def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir:
         saved = _drafter_folder(model, spec, draft_dir, drafter_dir)
         width = (deployed_shape(drafter, saved) if saved else {}).get("width", None if spec.trained else 1)
     verifier = verifier or _auto_verifier(temperature, spec, width, paths or 1)
-    _check_verifier(verifier, spec, width)
+    check_fit(verifier, spec, width, _which(lambda s: "paths" in s.options))  # those sample i.i.d. paths
     folder = _drafter_folder(model, spec, draft_dir, drafter_dir)  # where its weights or drafting.json lie
     if length_policy is not None:
         profile_path = model_profile(model, profile_path)

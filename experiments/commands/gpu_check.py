@@ -16,13 +16,13 @@ from typing import Any
 import click
 
 from core.paths import MODELS
-from experiments.cli import SEED, resolve_device
+from experiments.cli import OUT_FOLDER, SEED, resolve_device
 
 
 @click.command("gpu-check")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
 @click.option("--tiny", is_flag=True, help="Tiny shapes (seconds, for tests on a CPU); needs --out.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=OUT_FOLDER, default=None,
               help="Folder for the profile and gpu_check.json [default: $OUT when set, else data/profiles "
                    "and benchmarks/results].")
 @click.option("--models", type=click.Path(file_okay=False, path_type=Path), default=MODELS,

@@ -18,7 +18,7 @@ import click
 from core.errors import InputError
 from core.models import ModelSpec
 from core.paths import PIPELINE_RUNS
-from experiments.cli import model_option
+from experiments.cli import OUT_FOLDER, model_option
 
 
 def _latest() -> Path:
@@ -32,11 +32,14 @@ def _latest() -> Path:
 @click.command("pipeline")
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=OUT_FOLDER,
     default=None,
     help="Run folder [default: runs/pipeline/<date-time>; with --resume, the latest one].",
 )
-@click.option("--quick", is_flag=True, help="Small sizes: the whole loop in a few minutes on 2 CPU cores.")
+@click.option("--quick", is_flag=True, help="Small sizes: the whole loop within 5 minutes on 2 CPU cores.")
+@click.option("--smoke", is_flag=True,
+              help="The fewest prompts and queries that still run every step (under a minute; the tests): "
+              "a check that it works, not a measurement.")
 @click.option(
     "--resume",
     is_flag=True,
@@ -75,6 +78,7 @@ def _latest() -> Path:
 def command(
     out: Path | None,
     quick: bool,
+    smoke: bool,
     resume: bool,
     address: str | None,
     model: ModelSpec,
@@ -83,10 +87,12 @@ def command(
     as_json: bool,
 ) -> None:
     """Profile, trace, simulate, tune, deploy and report, into one run folder."""
+    if quick and smoke:
+        raise InputError("--quick and --smoke are two plans: give one of them")
     from rich.console import Console  # rich, torch and Ray: not for --help
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.pipeline import FULL, QUICK, STEPS, run_pipeline
+    from experiments.pipeline import FULL, QUICK, SMOKE, STEPS, run_pipeline
 
     if out is None:
         out = _latest() if resume else PIPELINE_RUNS / time.strftime("%Y%m%d-%H%M%S")
@@ -101,7 +107,7 @@ def command(
         task = progress.add_task("steps", total=len(STEPS))
         result = run_pipeline(
             out,
-            QUICK if quick else FULL,
+            SMOKE if smoke else QUICK if quick else FULL,
             resume=resume,
             model=model,
             draft_dir=draft_dir,

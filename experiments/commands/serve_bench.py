@@ -15,7 +15,7 @@ from core.errors import InputError
 from core.files import write_text
 from core.models import TOY, ModelSpec
 from core.paths import RESULTS, SERVE_BENCH_RUNS, SERVE_POLICIES, repo_relative
-from experiments.cli import SEED, drafter_folder, model_arg, model_option, model_prompts
+from experiments.cli import OUT_FOLDER, SEED, drafter_folder, model_arg, model_option, model_prompts
 
 QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4}
 
@@ -60,7 +60,7 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
 @model_option()
 @click.option("--policy", "policy_paths", multiple=True, type=click.Path(path_type=Path),
               help="A serving policy file (repeatable) [default: for toy-16m the tuned files in "
-                   "data/policies/serve, else each serving kind's defaults]. Vanilla decoding always runs "
+                   "data/policies/serving, else each serving kind's defaults]. Vanilla decoding always runs "
                    "beside them.")
 @click.option("--rates", default="2,8,32", show_default=True, help="Arrival rates (requests per second).")
 @click.option("--requests", type=int, default=16, show_default=True, help="Requests per round and rate.")
@@ -88,7 +88,7 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
                    "runs/serve-bench unless --out is given: about a minute.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--name", default="serve_bench", show_default=True, help="Result file name.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=OUT_FOLDER, default=None,
               help="Folder for <name>.json and <name>.md [default: benchmarks/results; with --quick, "
                    "runs/serve-bench].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
@@ -108,8 +108,6 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
                              ("--profile-repeats", profile_repeats, 1), ("--threads", threads, 1)):
         if value < low:
             raise InputError(f"{flag} {value} is too small: give {low} or more")
-    if not (scratch or out.is_dir()):
-        raise InputError(f"--out {out}: no such folder: create it or give another")
     if profile_out is not None and (profile_path is not None or not profile_out.parent.is_dir()):
         raise InputError(f"--profile-out {profile_out}: give an existing folder, and no --profile (it "
                          "writes the profile measured first)")
@@ -139,7 +137,7 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     steering = load_profile(steering_path)  # bad files fail first
     profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
-    out.mkdir(parents=True, exist_ok=True)  # every input checked (an existing folder, or the scratch one)
+    out.mkdir(parents=True, exist_ok=True)  # every input checked: --out is created as in every command
     target, draft = load_model(model_dir), load_model(draft_dir)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     prompt_sets = model_prompts(model)

@@ -1,10 +1,11 @@
 """`specblock shapes`: tune each drafter's shape on this machine (``experiments.shapes``).
 
-Greedy tokens/s of every shape of ``experiments.shapes.GRIDS`` over vanilla, round-robin on the
-calibration prompts; writes ``<out>/<tag>.json`` and ``.md``; ``--apply`` saves each drafter's fastest
-shape as its folder's ``drafting.json``, which ``generate`` (and for the trained drafters ``bench`` and
-``trace``) then use; the draft model's lies in ``<drafters-dir>/draft``. ``--model`` chooses the model:
-its target, its drafters folder (default ``--drafters-dir``) and its prompt sets.
+Greedy tokens/s of every shape of each drafter's registered ``shapes`` (``experiments.shapes.shape_grids``)
+over vanilla, round-robin on the calibration prompts; writes ``<out>/<tag>.json`` and ``.md``;
+``--apply`` saves each drafter's fastest shape as its folder's ``drafting.json``, which ``generate`` (and
+for the trained drafters ``bench`` and ``trace``) then use; the draft model's lies in
+``<drafters-dir>/draft``. ``--model`` chooses the model: its target, its drafters folder (default
+``--drafters-dir``) and its prompt sets.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from core.errors import InputError
 from core.models import ModelSpec
 from core.names import registry, trained_drafters
 from core.paths import RESULTS
-from experiments.cli import SEED, model_arg, model_domains, model_option, model_prompts
+from experiments.cli import OUT_FOLDER, SEED, model_arg, model_domains, model_option, model_prompts
 
 # the drafters with a deployable shape: the trained ones, then the others (the draft model)
 TUNABLE = (*trained_drafters(),
@@ -39,7 +40,7 @@ TUNABLE = (*trained_drafters(),
               help="Folder holding <drafter>/ weights and the draft model's draft/.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Results folder.")
 @click.option("--tag", default="shapes", show_default=True, help="Results file name.")
 @click.option("--apply", is_flag=True, help="Save each drafter's fastest shape as its drafting.json.")

@@ -57,7 +57,7 @@ from experiments.defaults import default_drafter, default_profile, shipped_trace
 from experiments.provenance import cpu_name
 
 BASELINES = (1, 2, 4, 8)
-MAX_QUERIES = 100_000  # queries per policy: ~90 s and 0.5 GiB on 2 CPU cores; estimates are tight long before
+MAX_QUERIES = 100_000  # queries per policy: time and memory grow with it; estimates are tight long before
 PROBE_SECONDS = 1.0  # wall seconds the probe times this machine's vanilla step for
 PROBE_CONTEXT = 256  # the probe runs at the profile's vanilla context nearest this
 PROBE_MIN_RUNS = 5
@@ -241,12 +241,10 @@ def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[
     from core.cost_profile import load_profile  # numpy and the simulator: not for --help
     from policies import USES, policy_role
     from policies.base import load_policy, make_policy
-    from simulator.adapt_stream import AdaptStreamEnv, default_phases
     from simulator.parametric import default_acceptance
+    from simulator.predict import predict
     from simulator.replay import TraceReplay
-    from simulator.rollout import run_adapt, run_length
     from simulator.traces import load_traces
-    from simulator.vector_envs import SpecLengthVectorEnv
 
     profile = load_profile(profile_path)
     traces = None if traces_path is None else load_traces(traces_path)
@@ -263,12 +261,8 @@ def _evaluate(profile_path: Path, traces_path: Path | None, policy_paths: tuple[
         if role == "serving":
             raise InputError(f"--policy {name}: {USES[role]}; `specblock simulate` runs length and "
                              "adaptation policies")
-        if role == "adaptation":
-            env = AdaptStreamEnv(profile, model, drafter, phases=default_phases(model.domains, queries))
-            outcome, where = run_adapt(policy, env, seed), "AdaptStream"
-        else:
-            outcome = run_length(policy, SpecLengthVectorEnv(queries, profile, model, drafter), seed)
-            where = "SpecLength"
+        outcome = predict(policy, profile, model, drafter, queries=queries, seed=seed).outcome
+        where = "AdaptStream" if role == "adaptation" else "SpecLength"
         rows.append({"name": name, "kind": policy.kind, "env": where,
                      "tokens_per_second": outcome.tokens_per_second, "tau": outcome.tau,
                      "latency_seconds": outcome.latency_seconds})

@@ -13,11 +13,12 @@ from pathlib import Path
 import click
 
 from core.paths import RESULTS
+from experiments.cli import OUT_FOLDER
 
 
 @click.command("study")
 @click.argument("name", metavar="STUDY")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+@click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for study_<STUDY>.json, .md and .png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results instead of the "
                                                       "tables.")

@@ -16,7 +16,8 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import DTYPES, VERIFIERS, drafter_names, drafter_spec
+from core.names import DTYPES, drafter_names, drafter_spec
+from core.verifiers import default_verifier, defaults_help, verifier_names
 from experiments.cli import (
     SEED,
     LiveChoice,
@@ -79,8 +80,8 @@ def _folder(path: Path, flag: str, train: str) -> Path:
 @click.option("--tree-budget", type=int, default=None,
               help="Tree nodes kept [default: 16 for the draft model; a trained drafter's own].")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--verifier", type=click.Choice(VERIFIERS), default=None,
-              help="Default: greedy at temperature 0, else block (chain) or rrs (tree).")
+@click.option("--verifier", type=LiveChoice(verifier_names), default=None,
+              help=defaults_help(("chain", "tree")))
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Query i decodes with seed + i.")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
@@ -128,8 +129,8 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
     if threads is not None:
         torch.set_num_threads(threads)
     sampling = Sampling(temperature)
-    tree_drafter = (given["width"] or 1) > 1 or spec.trained
-    verifier = verifier or ("greedy" if temperature == 0 else "rrs" if tree_drafter else "block")
+    tree_drafter = (given["width"] or 1) > 1 or spec.trained  # a trained drafter: its top-k tree
+    verifier = verifier or default_verifier(temperature, "tree" if tree_drafter else "chain")
     device = resolve_device(device)
     target = load_model(model_dir, getattr(torch, dtype), device)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)

@@ -2,14 +2,15 @@
 for any model.
 
 Kinds: ``tokenizer`` (corpus manifest, tokenizer and prompt sets under data/) and ``target`` (the target
-LM, shipped to data/models/target), both the shipped toy family's only; ``draft-model`` (a small model
-distilled from the target) and the feature drafters ``specblock``, ``eagle`` and ``medusa`` (trained on
-the target's rows, cached under runs/drafter-data; see ``real_engine.training.recipes``), each for the
-model ``--model`` names and written to that model's drafters folder (``ModelSpec.drafter_folder``: the
-toy family's are data/models/draft and data/models/<kind>, a checkpoint folder's DIR/drafters/<kind>).
-Checkpoints live under runs/<kind>/ (another model's under runs/<kind>-<model>/) and ``--resume``
-continues them. The default paths (data/..., runs/...) lie in the repository wherever the command runs;
-a path given on the command line is relative to the working directory.
+LM, shipped to data/models/target), both the shipped toy family's only; then every registered drafter
+with a training recipe (``DrafterSpec.recipe``, run by ``real_engine.training.recipes.train_drafter``):
+the draft model (distilled from the target) and the feature drafters (trained on the target's rows,
+cached under runs/drafter-data), each for the model ``--model`` names and written to that model's
+drafters folder (``ModelSpec.drafter_folder``: the toy family's are data/models/draft and
+data/models/<kind>, a checkpoint folder's DIR/drafters/<kind>). Checkpoints live under runs/<kind>/
+(another model's under runs/<kind>-<model>/) and ``--resume`` continues them. The default paths
+(data/..., runs/...) lie in the repository wherever the command runs; a path given on the command line
+is relative to the working directory.
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ import click
 
 from core.errors import InputError
 from core.models import TOY, ModelSpec
-from core.names import trained_drafters
+from core.names import trainable_drafters, trained_drafters
 from core.paths import RUNS
-from experiments.cli import model_option
+from experiments.cli import OUT_FOLDER, LiveChoice, model_option
 
-DRAFTERS = trained_drafters()  # the feature drafters (core.names registers them trained)
-KINDS = ("tokenizer", "target", "draft-model", *DRAFTERS)
 TOY_ONLY = ("tokenizer", "target")  # they build the shipped toy family itself
+CURVES = ("losses", "accuracies", "loss_curve", "eval_curve")  # a training record's curves: not printed
+
+
+def kinds() -> tuple[str, ...]:
+    """What `specblock train` builds: the toy family's tokenizer and target, every drafter with a recipe."""
+    return (*TOY_ONLY, *trainable_drafters())
 
 
 def default_out(kind: str, model: ModelSpec) -> Path:
@@ -44,8 +49,8 @@ def default_run_dir(kind: str, model: ModelSpec) -> Path:
 
 
 @click.command("train")
-@click.argument("kind", type=click.Choice(KINDS))
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.argument("kind", type=LiveChoice(kinds))
+@click.option("--out", type=OUT_FOLDER, default=None,
               help="Folder for the trained model [default: the model's own drafter folder (toy-16m: "
                    "data/models/<kind>, data/models/draft for draft-model; a folder DIR: "
                    "DIR/drafters/<kind>); target: data/models/target].")
@@ -100,14 +105,15 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"no model in {init_dir}: give a folder with config.json and safetensors weights")
     if threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}: give 1 or 2")
-    if sequences is not None and (kind not in DRAFTERS or sequences < 1):
-        raise InputError(f"--sequences {sequences}: give a positive count, for specblock, eagle or medusa")
+    if sequences is not None and (kind not in trained_drafters() or sequences < 1):
+        raise InputError(f"--sequences {sequences}: give a positive count, for "
+                         f"{', '.join(trained_drafters())}")
     if kind in TOY_ONLY and model != TOY:
         raise InputError(f"`specblock train {kind}` builds the shipped toy family ({TOY.name}), not a target "
-                         f"for model {model.name!r}: drop --model, or train a drafter (draft-model, "
-                         f"{', '.join(DRAFTERS)}) for it")
+                         f"for model {model.name!r}: drop --model, or train a drafter "
+                         f"({', '.join(trainable_drafters())}) for it")
     target_dir = model.target
-    if kind in (*DRAFTERS, "draft-model") and not (target_dir / "config.json").exists():
+    if kind not in TOY_ONLY and not (target_dir / "config.json").exists():
         if model != TOY:
             model.require()
         raise InputError(f"no target model in {target_dir}: run `specblock train target` or give --model")
@@ -115,34 +121,23 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
     run_dir = run_dir or default_run_dir(kind, model)
     import torch  # torch and the training code: not for --help
 
-    from real_engine.training import corpus, draft_model, target
+    from real_engine.training import corpus, recipes, target
 
     torch.set_num_threads(threads)
     if kind == "tokenizer":
         result = corpus.prepare_data()
-    elif kind in DRAFTERS:
-        from real_engine.training.recipes import DataRecipe, train_drafter
-
-        given = (("steps", steps), ("lr", lr), ("batch_size", batch_size))
-        overrides = {k: v for k, v in given if v is not None}
-        recipe = DataRecipe(**{k: v for k, v in (("sequences", sequences), ("on_policy", on_policy))
-                                if v is not None})
-        log = train_drafter(kind, target_dir, out, run_dir, data_dir=data_dir,
-                            recipe=recipe, overrides=overrides, resume=resume, minutes=minutes, init=init_dir)
-        result = {k: v for k, v in log.items() if k not in ("losses", "accuracies")}
-        result["out"] = str(out)
-    else:
-        base = target.TARGETS[size or "16m"] if kind == "target" else draft_model.DRAFT_MODEL
+    elif kind == "target":
         overrides = {k: v for k, v in (("minutes", minutes), ("steps", steps), ("lr", lr),
-                                       ("batch_size", batch_size), ("on_policy", on_policy))
-                     if v is not None}
-        cfg = dataclasses.replace(base, **overrides)
-        if kind == "target":
-            log = target.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
-        else:
-            log = draft_model.train_draft_model(out, run_dir, target_dir, cfg, resume=resume, init=init_dir)
-        result = {k: v for k, v in log.items() if k not in ("loss_curve", "eval_curve")}
-        result["out"] = str(out)
+                                       ("batch_size", batch_size)) if v is not None}
+        cfg = dataclasses.replace(target.TARGETS[size or "16m"], **overrides)
+        log = target.train_target(out, run_dir, cfg, resume=resume, init=init_dir)
+        result = {**{k: v for k, v in log.items() if k not in CURVES}, "out": str(out)}
+    else:
+        request = recipes.TrainRequest(steps=steps, lr=lr, batch_size=batch_size, sequences=sequences,
+                                       on_policy=on_policy, minutes=minutes, data_dir=data_dir, resume=resume,
+                                       init=init_dir)
+        log = recipes.train_drafter(kind, target_dir, out, run_dir, request)
+        result = {**{k: v for k, v in log.items() if k not in CURVES}, "out": str(out)}
     if as_json:
         click.echo(json.dumps(result))
     else:

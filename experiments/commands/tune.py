@@ -1,8 +1,10 @@
-"""`specblock tune length|adapt|serve`: tune the policies on the simulator with Ray Tune; export the best.
+"""`specblock tune length|adaptation|serving`: tune the policies on the simulator with Ray Tune; export the
+best.
 
-``length`` tunes speculation-length policies on SpecLength queries, ``adapt`` adaptation policies on
-AdaptStream streams with a domain shift, ``serve`` the lengths of a batch's requests on SpecServe
-episodes (``experiments.tune`` describes the objective, the common random numbers and the out folder).
+The task is the role of the policies it tunes: ``length`` tunes speculation-length policies on SpecLength
+queries, ``adaptation`` adaptation policies on AdaptStream streams with a domain shift, ``serving`` the
+lengths of a batch's requests on SpecServe episodes (``adapt`` and ``serve`` still name the last two;
+``experiments.tune`` describes the objective, the common random numbers and the out folder).
 Local Ray on 2 CPUs by default; ``--address`` joins a running cluster (checked, and joined within 30 s,
 before any work). ``--resume`` continues an interrupted study in the same ``--out`` from its trial
 records; one process at a time may write a study folder.
@@ -20,10 +22,9 @@ import click
 
 from core.errors import InputError
 from core.files import write_json
+from core.names import ROLE_ALIASES, ROLES
 from core.paths import TUNE_RUNS
-from experiments.cli import SEED
-
-TASKS = ("length", "adapt", "serve")
+from experiments.cli import OUT_FOLDER, SEED
 
 
 def _table(task: str, report: dict[str, Any]) -> None:
@@ -57,28 +58,27 @@ def _range(value: str | None, flag: str) -> tuple[int, int] | None:
 
 
 @click.command("tune")
-@click.argument("task", metavar="length|adapt|serve", type=click.Choice(TASKS))
+@click.argument("task", metavar="|".join(ROLES), type=click.Choice((*ROLES, *ROLE_ALIASES)))
 @click.option("--samples", type=int, default=16, show_default=True,
               help="Configurations per policy kind (random: the defaults, then random draws; "
                    "grid: values per parameter); at most 4096.")
 @click.option("--policy-kind", "kinds", multiple=True,
-              help="Policy kind to tune (repeatable or comma-separated) [default: length -> libraspec, "
-                   "threshold, heuristic, fixed; adapt -> cost_aware_bandit, epsilon_greedy; serve -> "
-                   "libraspec-batch, batch-table, goodput, threshold-batch].")
+              help="Policy kind to tune (repeatable or comma-separated) [default: every kind of the "
+                   "task's role that its class does not exclude from tuning; --json lists them].")
 @click.option("--search", type=click.Choice(("random", "grid")), default="random", show_default=True,
               help="How configurations are drawn from each kind's parameter ranges.")
 @click.option("--scheduler", type=click.Choice(("fifo", "asha")), default="fifo", show_default=True,
               help="asha stops poor trials after a chunk of queries.")
 @click.option("--queries", type=int, default=None,
-              help="length: queries per trial [256]; adapt: queries per stream [2000]; serve: requests per "
-                   "episode [64].")
+              help="length: queries per trial [256]; adaptation: queries per stream [2000]; serving: "
+                   "requests per episode [64].")
 @click.option("--chunks", type=int, default=None,
-              help="length: batches the queries are served in [4]; adapt: streams per trial [2]; serve: "
-                   "episodes per trial [2]. One report per chunk.")
-@click.option("--rate", type=float, default=None, help="serve: requests arriving per second [2].")
-@click.option("--max-batch", type=int, default=None, help="serve: requests decoded together at most [8].")
-@click.option("--prompt-tokens", default=None, help="serve: prompt lengths LOW,HIGH [128,1024].")
-@click.option("--output-tokens", default=None, help="serve: output lengths LOW,HIGH [64,256].")
+              help="length: batches the queries are served in [4]; adaptation: streams per trial [2]; "
+                   "serving: episodes per trial [2]. One report per chunk.")
+@click.option("--rate", type=float, default=None, help="serving: requests arriving per second [2].")
+@click.option("--max-batch", type=int, default=None, help="serving: requests decoded together at most [8].")
+@click.option("--prompt-tokens", default=None, help="serving: prompt lengths LOW,HIGH [128,1024].")
+@click.option("--output-tokens", default=None, help="serving: output lengths LOW,HIGH [64,256].")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the simulated work (the same in every trial) and of the random search.")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path),
@@ -96,7 +96,7 @@ def _range(value: str | None, flag: str) -> tuple[int, int] | None:
 @click.option("--address", default=None,
               help="A running Ray cluster: host:port, ray://host:port, or auto (the one `ray start` "
                    "recorded) [default: a private local Ray].")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.option("--out", type=OUT_FOLDER, default=None,
               help="Study folder [default: runs/tune/TASK].")
 @click.option("--resume", is_flag=True,
               help="Continue the study already in --out: run the trials it has no record of.")
@@ -111,18 +111,19 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
     policy."""
     from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
     from simulator.calibration import fit_calibration
-    from simulator.serve import ServeTraffic
+    from simulator.spec_serve import ServeTraffic
     from simulator.traces import load_traces
 
+    task = ROLE_ALIASES.get(task, task)
     given = {"rate": rate, "max_batch": max_batch, "prompt_tokens": _range(prompt_tokens, "--prompt-tokens"),
              "output_tokens": _range(output_tokens, "--output-tokens")}
-    if task != "serve" and any(v is not None for v in given.values()):
-        raise InputError("--rate, --max-batch, --prompt-tokens and --output-tokens shape the serve study's "
+    if task != "serving" and any(v is not None for v in given.values()):
+        raise InputError("--rate, --max-batch, --prompt-tokens and --output-tokens shape the serving study's "
                          f"traffic: drop them for `specblock tune {task}`")
     serve = ServeTraffic(**{k: v for k, v in given.items() if v is not None})
     out = out or TUNE_RUNS / task
-    if calibrate and (calibration_path is not None or traces_path is None or task == "adapt"):
-        raise InputError("--calibrate fits a length or serve study's calibration from --traces: give "
+    if calibrate and (calibration_path is not None or traces_path is None or task == "adaptation"):
+        raise InputError("--calibrate fits a length or serving study's calibration from --traces: give "
                          "--traces and no --calibration")
     setting = make_setting(task, profile_path, traces_path, queries, chunks, seed,
                            calibration=calibration_path, serve=serve)

@@ -15,8 +15,9 @@ Three shapes of draft:
   row, with no forward of its own. The drafted tokens are drawn exactly as without guesses; the chain
   ends early once ``staged`` forwards ran and the drafted token leaves the guesses (``staged=1``: the
   draft model's chain as far as it agrees with the lookup, plus its own next token). A small draft
-  model costs per call, not per token, here (a 6-token forward costs 1.4 times a 1-token one), so a
-  chain through text the context repeats costs one forward. The stop depends on the drafted prefix
+  model costs per call, not per token, here (a forward of a few tokens costs little more than one of
+  one token: the draft model's tree series in ``data/profiles/cpu_shipped.json``), so a chain through
+  text the context repeats costs one forward. The stop depends on the drafted prefix
   only, so verification stays lossless (enumerated exactly in ``tests/test_speculate.py``).
   With ``lookup`` a proposal is the lookup's chain alone, with no forward, wherever the context's last
   ``lookup`` tokens (or more) occurred before (SAM-Decoding's rule, Hu et al. 2024): where the context
@@ -59,7 +60,7 @@ import torch
 from torch import nn
 
 from core.errors import InputError
-from core.names import DRAFT_SHAPES
+from core.verifiers import DRAFT_SHAPES
 from real_engine.drafters.base import clock
 from real_engine.drafters.ngram import NgramIndex, lookup_chain
 from real_engine.drafters.trained import deployed_shape

@@ -2,15 +2,14 @@
 
 **Inputs.** Every drafter row at position ``t`` is one linear fusion of three vectors: a conditioning
 vector, the embedding of the token at ``t`` (the target's embeddings, frozen and shared) and a learned
-query for the row's slot ``k``. The conditioning and the embedding are RMS-normalized first, as
-EAGLE-3 fuses its inputs: a target's residual features are hundreds of times longer than its token
-embeddings (about 250 to 380 against 1.4 for the shipped 16M target), and fused raw they drowned
-the token and the queries. Committed positions are *prefix rows*: slot 0 conditioned on
-``W_cond`` of the target's low/mid/high features at ``t - 1`` (zero at ``t = 0``), run causally; the
-drafter's KV cache holds them. Block 1 is the root's prefix row (slot 0) plus slots ``1..K-1``, all
-with the root's token and conditioning. A later block started at a drafted node ``u`` bypasses
-``W_cond``: its conditioning is the drafter's own last-layer state (before the final norm) at the
-slot that drafted ``u``, its token is ``u``'s.
+query for the row's slot ``k``. The conditioning and the embedding are RMS-normalized first, as EAGLE-3
+fuses its inputs: a target's residual features are hundreds of times longer than its token embeddings,
+and fused raw they drowned the token and the queries. Committed positions are *prefix rows*: slot 0
+conditioned on ``W_cond`` of the target's low/mid/high features at ``t - 1`` (zero at ``t = 0``), run
+causally; the drafter's KV cache holds them. Block 1 is the root's prefix row (slot 0) plus slots
+``1..K-1``, all with the root's token and conditioning. A later block started at a drafted node ``u``
+bypasses ``W_cond``: its conditioning is the drafter's own last-layer state (before the final norm) at
+the slot that drafted ``u``, its token is ``u``'s.
 
 **Layers.** The decoder layers are the target's (``real_engine.model.DecoderLayer``). Before each
 layer ``l > 0``, row ``k`` of a block becomes ``S_l([h_k, h_{k-1}])`` with a per-transition linear map

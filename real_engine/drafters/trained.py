@@ -20,7 +20,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, read_json, write_json
-from core.names import PROBABILITY_OPTIONS, drafter_spec
+from core.names import draft_options, drafter_spec
 
 FILES = ("config.json", "model.safetensors")
 SHAPE_FILE = "drafting.json"  # a draft model's lies in the draft model's folder
@@ -46,8 +46,8 @@ def deployed_shape(name: str, folder: str | Path) -> dict[str, float]:
 
 
 def _valid(option: str, value: Any) -> bool:
-    """Whether ``value`` suits ``option``: a probability for ``min_confidence``, else a positive int."""
-    if option in PROBABILITY_OPTIONS:
+    """Whether ``value`` suits ``option``: a probability for a probability option, else a positive int."""
+    if option in draft_options and draft_options[option].probability:
         return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 

@@ -191,11 +191,6 @@ def build_domain(domain: str) -> tuple[Document, ...]:
     return tuple(docs)
 
 
-def build_corpus(domains: tuple[str, ...] = DOMAINS) -> dict[str, tuple[Document, ...]]:
-    """Documents of each requested domain."""
-    return {d: build_domain(d) for d in domains}
-
-
 def documents(domains: tuple[str, ...] = DOMAINS, split: str = "train") -> list[Document]:
     """The documents of one split across ``domains``, domain by domain."""
     if split not in ("train", "heldout"):

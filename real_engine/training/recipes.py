@@ -1,4 +1,8 @@
-"""The shipped recipes of the feature drafters, as ``specblock train specblock|eagle|medusa`` runs them.
+"""The shipped drafters' training recipes, as ``specblock train KIND`` runs them (``train_drafter``).
+
+Each registered drafter names its recipe (``DrafterSpec.recipe``): a function of the target folder, the
+output and checkpoint folders and a ``TrainRequest``. The draft model is distilled from the target; the
+feature drafters learn as follows.
 
 From a target folder: ``sequences`` windows of ``seq_len`` tokens drawn (seeded) from the training
 split of the corpus domains the target learnt, the target's rows for them cached under
@@ -18,11 +22,12 @@ import torch
 
 from core.errors import InputError
 from core.files import write_json
-from core.names import DOMAINS
+from core.names import DOMAINS, drafter_spec, trainable_drafters
 from core.paths import DRAFTER_DATA
 from real_engine.decode import make_drafter
 from real_engine.drafters.eagle import TreeShape
 from real_engine.model import Transformer, load_model
+from real_engine.training import draft_model as distil
 from real_engine.training.baselines import BaselineConfig, train_eagle, train_medusa
 from real_engine.training.drafter_data import (
     DrafterData,
@@ -34,20 +39,17 @@ from real_engine.training.rank_calibration import calibrate_specblock
 from real_engine.training.specblock import SpecBlockTrainConfig, train_from_corpus
 from real_engine.training.windows import heldout_windows
 
-# SpecBlock and EAGLE-style train alike (issue 31): the same windows, steps, batches, schedule and warm
+# SpecBlock and EAGLE-style train alike: the same windows, steps, batches, schedule and warm
 # start (a fresh drafter on the target's embeddings and head), both drafting the DRAFT_VOCAB tokens the
 # target predicts most often, trained as deep as they draft: SpecBlock's M = 2 blocks of K = 4, EAGLE's
 # training-time test unrolled over its 8-deep tree, both keeping 32 nodes.
 DRAFT_VOCAB = 2048
 FEATURE_STEPS = 1500
-RECIPES: dict[str, SpecBlockTrainConfig | BaselineConfig] = {
-    "specblock": SpecBlockTrainConfig(steps=FEATURE_STEPS, batch_size=4, lr=2e-3, starts=48,
-                                      prefix_weight=1.0, draft_vocab=DRAFT_VOCAB, rank_balance=0.5,
-                                      checkpoint_every=20),
-    "eagle": BaselineConfig(steps=FEATURE_STEPS, batch_size=4, lr=2e-3, warmup=0.015, checkpoint_every=20,
-                            scored=64),
-    "medusa": BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64),
-}
+SPECBLOCK = SpecBlockTrainConfig(steps=FEATURE_STEPS, batch_size=4, lr=2e-3, starts=48, prefix_weight=1.0,
+                                 draft_vocab=DRAFT_VOCAB, rank_balance=0.5, checkpoint_every=20)
+EAGLE = BaselineConfig(steps=FEATURE_STEPS, batch_size=4, lr=2e-3, warmup=0.015, checkpoint_every=20,
+                       scored=64)
+MEDUSA = BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoint_every=25, scored=64)
 EAGLE_TREE = TreeShape(depth=8, top_k=4, total_tokens=32)  # unrolled as deep in training
 MEDUSA_HEADS, MEDUSA_TREE = 4, 24  # heads and static-tree nodes
 
@@ -80,36 +82,96 @@ def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split:
                                 on_policy=on_policy)
 
 
-def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: str | Path, *,
-                  data_dir: str | Path = DRAFTER_DATA, recipe: DataRecipe = DataRecipe(),
-                  overrides: dict[str, Any] | None = None, resume: bool = False, minutes: float | None = None,
-                  progress: bool = True, init: str | Path | None = None) -> dict[str, Any]:
-    """Train the ``kind`` drafter for the target in ``target_dir`` into ``out`` (checkpoints in
-    ``run_dir``; ``minutes`` caps this call, ``resume`` continues; ``init`` warm-starts from a saved
-    drafter of the kind, e.g. the one for an earlier version of the target); returns its training record."""
-    if kind not in RECIPES:
-        raise InputError(f"unknown drafter kind {kind!r}: use one of {', '.join(RECIPES)}")
-    config = dataclasses.replace(RECIPES[kind], **(overrides or {}))
+@dataclasses.dataclass(frozen=True)
+class TrainRequest:
+    """What ``specblock train KIND`` asks of a drafter's recipe: optimization overrides (None keeps the
+    recipe's), the data (``sequences``, ``on_policy``: the recipe's when None), a time cap, the cache of the
+    target's rows, whether to resume, and a warm start."""
+
+    steps: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    sequences: int | None = None
+    on_policy: float | None = None
+    minutes: float | None = None
+    data_dir: Path = DRAFTER_DATA
+    resume: bool = False
+    init: Path | None = None
+    progress: bool = True
+
+    def overrides(self) -> dict[str, Any]:
+        """The optimization fields it sets."""
+        return {k: v for k, v in (("steps", self.steps), ("lr", self.lr), ("batch_size", self.batch_size))
+                if v is not None}
+
+    def data(self) -> DataRecipe:
+        """The feature drafters' data recipe, with what it sets."""
+        return DataRecipe(**{k: v for k, v in (("sequences", self.sequences), ("on_policy", self.on_policy))
+                             if v is not None})
+
+
+def train_drafter(kind: str, target_dir: str | Path, out: str | Path, run_dir: str | Path,
+                  request: TrainRequest = TrainRequest()) -> dict[str, Any]:
+    """Train the registered drafter ``kind`` for the target in ``target_dir`` into ``out`` (checkpoints in
+    ``run_dir``) by its recipe (``DrafterSpec.recipe``); returns its training record."""
+    spec = drafter_spec(kind)
+    if not spec.recipe:
+        raise InputError(f"drafter {kind!r} has no training recipe: train one of "
+                         f"{', '.join(trainable_drafters())}")
+    return spec.load("recipe")(Path(target_dir), Path(out), Path(run_dir), request)
+
+
+def _feature_start(kind: str, base: Any, target_dir: Path, request: TrainRequest) -> tuple[Transformer, Any]:
+    """The target and the recipe's config ``base`` with the request's overrides; a wrong warm start
+    (``init``) of drafter ``kind`` fails here, before minutes of the target's rows are computed."""
+    config = dataclasses.replace(base, **request.overrides())
     target = load_model(target_dir)
-    if init is not None:  # a wrong warm start fails before minutes of the target's rows are computed
-        make_drafter(kind, target, folder=init, deployed=False)
-    if kind == "specblock":
-        record = train_from_corpus(target, out, run_dir, data_dir, sequences=recipe.sequences,
-                                   seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
-                                   resume=resume, minutes=minutes, progress=progress, init=init,
-                                   on_policy=recipe.on_policy)
-        if record["steps_done"] < config.steps:  # stopped by ``minutes``: calibrate once it is done
-            return record
-        heldout = prepare_data(target, recipe, Path(data_dir), "heldout", progress=progress)
-        record["rank_calibration"] = calibrate_specblock(target, out, heldout, seed=config.seed)
-        write_json(Path(out) / "training.json", record)
+    if request.init is not None:
+        make_drafter(kind, target, folder=request.init, deployed=False)
+    return target, config
+
+
+def specblock_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequest) -> dict[str, Any]:
+    """SpecBlock: trained on the corpus windows, then its rank head calibrated on held-out ones."""
+    target, config = _feature_start("specblock", SPECBLOCK, target_dir, request)
+    recipe = request.data()
+    record = train_from_corpus(target, out, run_dir, request.data_dir, sequences=recipe.sequences,
+                               seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
+                               resume=request.resume, minutes=request.minutes, progress=request.progress,
+                               init=request.init, on_policy=recipe.on_policy)
+    if record["steps_done"] < config.steps:  # stopped by ``minutes``: calibrate once it is done
         return record
-    data = prepare_data(target, recipe, Path(data_dir), seed=config.seed, progress=progress)
-    if kind == "eagle":
-        return train_eagle(target, data, out, config=config, tree=EAGLE_TREE, checkpoint=run_dir,
-                           resume=resume, minutes=minutes, progress=progress, init=init,
-                           draft_vocab=DRAFT_VOCAB)
-    heldout = prepare_data(target, recipe, Path(data_dir), "heldout", progress=progress)
+    heldout = prepare_data(target, recipe, Path(request.data_dir), "heldout", progress=request.progress)
+    record["rank_calibration"] = calibrate_specblock(target, out, heldout, seed=config.seed)
+    write_json(Path(out) / "training.json", record)
+    return record
+
+
+def eagle_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequest) -> dict[str, Any]:
+    """EAGLE-style: its training-time test unrolled over ``EAGLE_TREE``, on the reduced vocabulary."""
+    target, config = _feature_start("eagle", EAGLE, target_dir, request)
+    data = prepare_data(target, request.data(), Path(request.data_dir), seed=config.seed,
+                        progress=request.progress)
+    return train_eagle(target, data, out, config=config, tree=EAGLE_TREE, checkpoint=run_dir,
+                       resume=request.resume, minutes=request.minutes, progress=request.progress,
+                       init=request.init, draft_vocab=DRAFT_VOCAB)
+
+
+def medusa_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequest) -> dict[str, Any]:
+    """Medusa-style heads, their static tree chosen on held-out windows."""
+    target, config = _feature_start("medusa", MEDUSA, target_dir, request)
+    recipe = request.data()
+    data = prepare_data(target, recipe, Path(request.data_dir), seed=config.seed, progress=request.progress)
+    heldout = prepare_data(target, recipe, Path(request.data_dir), "heldout", progress=request.progress)
     return train_medusa(target, data, heldout, out, config=config, heads=MEDUSA_HEADS, own_heads=False,
-                        tree_budget=MEDUSA_TREE, checkpoint=run_dir, resume=resume, minutes=minutes,
-                        progress=progress, init=init)
+                        tree_budget=MEDUSA_TREE, checkpoint=run_dir, resume=request.resume,
+                        minutes=request.minutes, progress=request.progress, init=request.init)
+
+
+def draft_model_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequest) -> dict[str, Any]:
+    """The draft model, distilled from the target (``real_engine.training.draft_model``)."""
+    given = {**request.overrides(), **{k: v for k, v in (("minutes", request.minutes),
+                                                          ("on_policy", request.on_policy)) if v is not None}}
+    config = dataclasses.replace(distil.DRAFT_MODEL, **given)
+    return distil.train_draft_model(out, run_dir, target_dir, config, resume=request.resume,
+                                    init=request.init)

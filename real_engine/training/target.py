@@ -12,7 +12,7 @@ from real_engine.training.loop import TrainConfig, continue_from, corpus_data, i
 
 # The shipped target: 15.7M parameters. Most of a 5M target's single-token step is per-call overhead
 # rather than arithmetic (``benchmarks/forward_cost.py`` prints the share), and every forward pays it,
-# so a draft model's forward cost half a step however narrow it was. Overhead grows with the layer
+# so a draft model's forward cost a large share of a step however narrow it was. Overhead grows with the layer
 # count and arithmetic with the width squared, so a wider, deeper target makes drafting relatively
 # cheap, as it is at scale.
 TARGET = TrainConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,

@@ -2,9 +2,10 @@
 serves it, with a speculation length per running request.
 
 The core (:class:`ServeBatch`) runs N independent servers at once (numpy arrays over servers and batch
-slots); the single environment is the core with N = 1, the vector form (``simulator.vector_envs``) the
-same core with N servers. A server's requests arrive by a Poisson process (``rate`` per second) with
-prompt and output lengths uniform in their ranges, or given; a request joins a free slot of the batch
+slots); the single environment (:class:`SpecServeEnv`) is the core with N = 1, the vector form
+(:class:`SpecServeVectorEnv`) the same core with N servers (``simulator.env_base`` explains the
+layout). A server's requests arrive by a Poisson process (``rate`` per second) with prompt and output
+lengths uniform in their ranges, or given; a request joins a free slot of the batch
 (at most ``max_batch``) once it has arrived, after its prefill (``CostProfile.prefill_cost``), and
 leaves when its output is complete. One step is one iteration of the batched engine: each running
 request drafts the length the action gives it, one target forward verifies every request's draft, and
@@ -24,9 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
@@ -43,7 +43,15 @@ from core.serve_costs import (
 )
 from policies.features import LENGTH_CAP, SERVE_SLOT_DIM, SERVE_SLOT_SLICES, serve_bounds
 from simulator.acceptance import check_domains
-from simulator.envs import DEFAULT_PROMPT, AcceptanceArg, ProfileArg, ResetResult, StepResult
+from simulator.env_base import (
+    DEFAULT_PROMPT,
+    AcceptanceArg,
+    BatchEnv,
+    BatchVectorEnv,
+    ProfileArg,
+    StepResult,
+    VectorStepResult,
+)
 from simulator.replay import resolve_acceptance
 
 DEFAULT_RATE = 2.0  # requests per second
@@ -118,11 +126,10 @@ class ServeTraffic:
             lengths(value, name)
             object.__setattr__(self, name, value)
 
-    def env(self, profile: ProfileArg, acceptance: AcceptanceArg, drafter: str, requests: int
-            ) -> SpecServeEnv:
-        """An environment serving ``requests`` arrivals per episode of this traffic."""
-        return SpecServeEnv(profile, acceptance, drafter, self.rate, requests, self.max_batch,
-                            self.prompt_tokens, self.output_tokens)
+    def options(self) -> dict[str, Any]:
+        """``SpecServeEnv``'s options for episodes of this traffic."""
+        return {"rate": self.rate, "max_batch": self.max_batch, "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens}
 
 
 class ServeBatch:
@@ -309,7 +316,7 @@ class ServeBatch:
         return ttft.tolist(), tpot.tolist()
 
 
-class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
+class SpecServeEnv(BatchEnv[np.ndarray]):
     """
     ## Description
 
@@ -369,42 +376,66 @@ class SpecServeEnv(gym.Env[np.ndarray, np.ndarray]):
     ```
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
                  max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  output_tokens: Sequence[int] = DEFAULT_OUTPUT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
                  arrivals: Arrivals | None = None, observed: ProfileArg = None) -> None:
-        self.batch = ServeBatch(1, profile, acceptance, drafter, rate, requests, max_batch, prompt_tokens,
-                                output_tokens, domain_weights, arrivals, observed)
-        self.render_mode = render_mode
-        self.action_space = spaces.MultiDiscrete([LENGTH_CAP + 1] * self.batch.cap)
-        low, high = serve_bounds(self.batch.cap)
-        self.observation_space = spaces.Box(low, high, dtype=np.float64)
-        self._running = False
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
-        """Draw a new episode's arrivals and admit the first requests (seeded by ``seed`` when given)."""
-        super().reset(seed=seed)
-        self.batch.start(self.np_random, np.ones(1, dtype=bool))
-        self.batch.draft(self.np_random)
-        self._running = True
-        return self.batch.observations()[0], {}
+        batch = ServeBatch(1, profile, acceptance, drafter, rate, requests, max_batch, prompt_tokens,
+                           output_tokens, domain_weights, arrivals, observed)
+        super().__init__(batch, *_spaces(batch), render_mode)
 
     def step(self, action: np.ndarray) -> StepResult:
         """One iteration of the batch with each slot's speculation length ``action``."""
-        assert self.action_space.contains(np.asarray(action, dtype=np.int64)), f"{action!r} invalid"
-        assert self._running, "Call reset before using step method."
+        self._check(np.asarray(action, dtype=np.int64))
         out = self.batch.verify(np.asarray(action, dtype=np.int64)[None])
         self.batch.draft(self.np_random)
-        terminated = bool(out["done"][0])
-        self._running = not terminated
+        terminated = self._ended(out["done"])
         ttft, tpot = self.batch.latencies(0, out["finished"][0])
         keys = ("tokens", "seconds", "iteration_seconds", "draft_seconds", "running", "accepted")
         info = {key: out[key][0].item() for key in keys}
         info.update(ttft=ttft, tpot=tpot, clock=float(self.batch.clock[0]))
         reward = info["tokens"] / info["seconds"] if info["seconds"] > 0 else 0.0
-        return self.batch.observations()[0], float(reward), terminated, False, info
+        return self._observation(), float(reward), terminated, False, info
 
+
+class SpecServeVectorEnv(BatchVectorEnv):
+    """``num_envs`` SpecServe servers stepped together; see :class:`SpecServeEnv`. ``infos``
+    holds per server ``tokens``, ``seconds``, ``iteration_seconds``, ``draft_seconds``, ``running``,
+    ``accepted`` and ``completed`` (requests completed at the step); latencies are the single env's."""
+
+    def __init__(self, num_envs: int = 1, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
+                 drafter: str = "specblock", rate: float = DEFAULT_RATE, requests: int = DEFAULT_REQUESTS,
+                 max_batch: int = DEFAULT_BATCH, prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
+                 output_tokens: Sequence[int] = DEFAULT_OUTPUT,
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
+                 arrivals: Arrivals | None = None, observed: ProfileArg = None) -> None:
+        batch = ServeBatch(num_envs, profile, acceptance, drafter, rate, requests, max_batch,
+                           prompt_tokens, output_tokens, domain_weights, arrivals, observed)
+        super().__init__(num_envs, batch, *_spaces(batch), render_mode)
+
+    def step(self, actions: np.ndarray) -> VectorStepResult:
+        """One iteration of every server; servers that ended on the previous step start anew."""
+        self._check(np.asarray(actions, dtype=np.int64))
+        out = self.batch.verify(np.asarray(actions, dtype=np.int64))
+        keys = ("tokens", "seconds", "iteration_seconds", "draft_seconds", "running", "accepted")
+        info = {key: out[key] for key in keys}
+        info["completed"] = np.array([f.size for f in out["finished"]])
+        restart = self.prev_done
+        if restart.any():
+            self.batch.start(self.np_random, restart)
+            for values in info.values():
+                values[restart] = 0
+        self.batch.draft(self.np_random)
+        self.prev_done = out["done"] & ~restart
+        seconds = info["seconds"]
+        reward = np.divide(info["tokens"], seconds, out=np.zeros(self.num_envs), where=seconds > 0)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        return self.batch.observations(), reward, self.prev_done.copy(), truncated, info
+
+
+def _spaces(batch: ServeBatch) -> tuple[spaces.MultiDiscrete, spaces.Box]:
+    """A SpecServe step's action and observation spaces (one entry, one slot block per batch slot)."""
+    low, high = serve_bounds(batch.cap)
+    return spaces.MultiDiscrete([LENGTH_CAP + 1] * batch.cap), spaces.Box(low, high, dtype=np.float64)

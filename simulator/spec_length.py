@@ -1,23 +1,18 @@
-"""Gymnasium environments of the simulator: how much to speculate (here), and when to update the
-drafter (``simulator.adapt_stream``).
+"""``specblock/SpecLength-v0``: how much to speculate, one decoding iteration a step.
 
-Each environment runs on a batch core (numpy arrays over N queries or streams). The single
-environment here is the core with N = 1; the vector environment in ``simulator.vector_envs`` is the
-same core with N slots, so both follow one code path and, with one slot, draw the same random
-numbers. Observations are built with ``policies.features``, as in the live engine.
+``SpecLengthBatch`` is the batch core over N queries; ``SpecLengthEnv`` is it with N = 1 and
+``SpecLengthVectorEnv`` with N slots (``simulator.env_base`` explains the layout). Observations are built
+with ``policies.features``, as in the live engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, ClassVar
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from core.cost_profile import CostProfile, DraftShape, resolve_profile, token_by_token
+from core.cost_profile import DraftShape, resolve_profile, token_by_token
 from core.errors import InputError
 from policies.features import (
     LENGTH_CAP,
@@ -26,29 +21,19 @@ from policies.features import (
     length_bounds,
     length_features,
 )
-from simulator.acceptance import AcceptanceModel, check_domains
+from simulator.acceptance import check_domains
+from simulator.env_base import (
+    DEFAULT_PROMPT,
+    DEFAULT_TOKENS,
+    AcceptanceArg,
+    BatchEnv,
+    BatchVectorEnv,
+    ProfileArg,
+    StepResult,
+    VectorStepResult,
+    check_query,
+)
 from simulator.replay import resolve_acceptance
-
-DEFAULT_TOKENS = 512
-DEFAULT_PROMPT = (128, 1024)
-
-ProfileArg = str | Path | CostProfile | None
-AcceptanceArg = str | Path | AcceptanceModel | None
-Phases = Sequence[tuple[int, Mapping[str, float] | None]]
-ResetResult = tuple[np.ndarray, dict[str, Any]]
-StepResult = tuple[np.ndarray, float, bool, bool, dict[str, Any]]
-
-
-def check_query(tokens_per_query: int, prompt_tokens: Sequence[int]) -> tuple[int, int, int]:
-    """Validated (tokens per query, shortest prompt, longest prompt)."""
-    if isinstance(tokens_per_query, bool) or not isinstance(tokens_per_query, (int, np.integer)) \
-            or tokens_per_query < 1:
-        raise InputError(f"tokens_per_query = {tokens_per_query!r} is invalid: use an integer >= 1")
-    low, high = (int(v) for v in prompt_tokens)
-    if not 0 <= low <= high:
-        raise InputError(f"prompt_tokens = {tuple(prompt_tokens)} is invalid: "
-                         "use (low, high) with 0 <= low <= high")
-    return int(tokens_per_query), low, high
 
 
 class SpecLengthBatch:
@@ -159,7 +144,7 @@ class SpecLengthBatch:
         return obs
 
 
-class SpecLengthEnv(gym.Env[np.ndarray, int]):
+class SpecLengthEnv(BatchEnv[int]):
     """
     ## Description
 
@@ -247,43 +232,62 @@ class SpecLengthEnv(gym.Env[np.ndarray, int]):
     ```
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
                  drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
                  prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
                  domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
                  draft_shape: DraftShape | None = None, steered: bool = True,
                  observed: ProfileArg = None) -> None:
-        self.batch = SpecLengthBatch(1, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
-                                     domain_weights, draft_shape, steered, observed)
-        self.render_mode = render_mode
-        self.action_space = spaces.Discrete(LENGTH_CAP + 1)
-        low, high = length_bounds()
-        self.observation_space = spaces.Box(low, high, dtype=np.float64)
-        self._running = False
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
-        """Start a new query (seeded by ``seed`` when given)."""
-        super().reset(seed=seed)
-        self.batch.start(self.np_random, np.ones(1, dtype=bool))
-        self.batch.draft(self.np_random)
-        self._running = True
-        return self._observation(), {}
+        batch = SpecLengthBatch(1, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
+                                domain_weights, draft_shape, steered, observed)
+        super().__init__(batch, *_spaces(), render_mode)
 
     def step(self, action: int) -> StepResult:
         """Verify ``action`` positions of the pending draft, then draft the next iteration."""
-        assert self.action_space.contains(action), f"{action!r} ({type(action)}) invalid"
-        assert self._running, "Call reset before using step method."
+        self._check(action)
         out = self.batch.verify(np.array([action], dtype=np.int64))
         self.batch.draft(self.np_random)
-        terminated = bool(out["done"][0])
-        self._running = not terminated
+        terminated = self._ended(out["done"])
         info = {key: int(out[key][0]) for key in ("accepted", "drafted", "available", "tokens")}
         info["seconds"], info["draft_seconds"] = float(out["seconds"][0]), float(out["draft_seconds"][0])
         info["domain"] = self.batch.model.domains[int(out["domain"][0])]
         return self._observation(), -info["seconds"], terminated, False, info
 
     def _observation(self) -> np.ndarray:
+        """``length_features`` of the query."""
         b = self.batch
         return length_features(b.draws.confidences[0], int(b.context[0]), b.shown_seconds[0])
+
+
+class SpecLengthVectorEnv(BatchVectorEnv):
+    """``num_envs`` SpecLength queries stepped together; see :class:`SpecLengthEnv`."""
+
+    def __init__(self, num_envs: int = 1, profile: ProfileArg = None, acceptance: AcceptanceArg = None,
+                 drafter: str = "specblock", tokens_per_query: int = DEFAULT_TOKENS,
+                 prompt_tokens: Sequence[int] = DEFAULT_PROMPT,
+                 domain_weights: Mapping[str, float] | None = None, render_mode: str | None = None,
+                 draft_shape: DraftShape | None = None, steered: bool = True,
+                 observed: ProfileArg = None) -> None:
+        batch = SpecLengthBatch(num_envs, profile, acceptance, drafter, tokens_per_query, prompt_tokens,
+                                domain_weights, draft_shape, steered, observed)
+        super().__init__(num_envs, batch, *_spaces(), render_mode)
+
+    def step(self, actions: np.ndarray) -> VectorStepResult:
+        """Verify each slot's chosen positions; slots that ended on the previous step start anew."""
+        self._check(actions)
+        info = self.batch.verify(np.asarray(actions, dtype=np.int64))
+        restart = self.prev_done
+        if restart.any():
+            self.batch.start(self.np_random, restart)
+            for values in info.values():
+                values[restart] = 0
+        self.batch.draft(self.np_random)
+        self.prev_done = info.pop("done")
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        return self.batch.observations(), -info["seconds"], self.prev_done.copy(), truncated, info
+
+
+def _spaces() -> tuple[spaces.Discrete, spaces.Box]:
+    """A SpecLength step's action and observation spaces."""
+    low, high = length_bounds()
+    return spaces.Discrete(LENGTH_CAP + 1), spaces.Box(low, high, dtype=np.float64)
