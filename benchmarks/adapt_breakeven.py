@@ -51,10 +51,12 @@ from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_text
 from core.models import TOY
 from core.paths import PAPER_PROFILE, RESULTS, repo_relative
-from experiments.adapt_live import MAX_PROMPT
-from experiments.adapt_plan import DEFAULT_PLAN
+from experiments.adapt.live import MAX_PROMPT
+from experiments.adapt.plan import DEFAULT_PLAN
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag
+from experiments.report_format import table as md_table
 from policies.base import make_policy
 from real_engine.adapt import AdaptConfig
 from simulator.acceptance import AcceptanceModel
@@ -487,12 +489,6 @@ def markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A markdown table; cells written with ``str``."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
-
-
 @click.command(NAME)
 @click.option("--quick", is_flag=True, help="A small grid, two seeds: a smoke run of well under a minute.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -529,3 +525,43 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
     report = write_text(out / f"{name}.md", markdown(result, config))
     plot(maps, factors, lengths, out / f"{name}.png")
     finish(as_json, result, saved, report, out / f"{name}.png")
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _breakeven_command(name: str, config: Record) -> str:
+    return (f"{benchmark('adapt_breakeven')}{' --quick' if config['quick'] else ''}"
+            f"{flag('--profile', config['profile'])}")
+
+
+def _breakeven_factor(edge: Record, seconds: Record) -> str:
+    if edge["factor"] is None:
+        return {"below": "never pays on the grid", "above": "pays on the whole grid"}[edge["status"]]
+    return (f"{edge['factor']:.3g}x (head {edge['factor'] * seconds['head']:.3g} s, full "
+            f"{edge['factor'] * seconds['full']:.3g} s)")
+
+
+def _breakeven_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = [f"AdaptStream, {config['seeds']} streams per point (common random numbers): the cost-aware "
+             "bandit's tokens/s over never's against the profile's update seconds scaled by a factor; "
+             "break-even: the factor where the mean gain falls through 1 (head and full seconds on a full "
+             "buffer there); shown up to: every 95% interval above 1 up to that factor."]
+    for m in record["results"]["maps"]:
+        lines += ["", f"{m['label']}:", "", *md_table(
+            ["stream length", "break-even factor", "shown up to"],
+            [[e["length"], _breakeven_factor(e, m["update_seconds"]),
+              "-" if e["shown_up_to"] is None else f"{e['shown_up_to']:.3g}x"] for e in m["break_even"]])]
+        live = [f"- live `{r['name']}`: {r['stream_length']} queries at {r['factor']:.2f}x the profile's "
+                f"update cost: measured gain {r['measured_gain']:.3f}, map {r['map_gain']:.3f}"
+                for r in m.get("live", []) if r["placed"]]
+        lines += ["", *live] if live else []
+    return lines
+
+
+RENDERERS: dict[str, Renderer] = {
+    "adapt_breakeven": Renderer("When does adaptation pay? Break-even in simulation", _breakeven_command,
+                                _breakeven_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -38,6 +38,9 @@ from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag
+from experiments.report_format import interval as md_interval
+from experiments.report_format import table as md_table
 from real_engine.batch import BatchEngine, Request, Result
 from real_engine.decode import make_drafter
 from real_engine.model import Transformer, load_model
@@ -185,3 +188,33 @@ def command(batches: str, drafters: str, alone: bool, prompts: int, tokens: int,
     md = out / "batch_throughput.md"
     write_text(md, markdown(rows, command_line, len(held), tokens))
     finish(as_json, rows, saved, md)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _batch_throughput_command(name: str, config: Record) -> str:
+    batches = ",".join(map(str, config["batches"]))
+    return (f"{benchmark('batch_throughput')}{flag('--batches', batches, '1,2,4,8')}"
+            f"{flag('--drafters', ','.join(config['drafters']), 'none,specblock')}"
+            f"{' --alone' if config.get('alone') else ''}"
+            f"{flag('--prompts', config['prompts_per_domain'], 4)}{flag('--tokens', config['tokens'], 32)}"
+            f"{flag('--rounds', config['rounds'], 5)}")
+
+
+def _batch_throughput_body(record: Record) -> Lines:
+    rows = [[r["batch"], r["drafter"], md_interval(r["tokens_per_second"], r["tokens_per_second_ci"], ".1f"),
+             md_interval(r["speedup"], r["speedup_ci"], ".2f") if "speedup" in r else "1",
+             f"{r['tpot_ms']:.2f}", f"{r['ttft_ms']:.1f}", f"{r['tau']:.2f}"]
+            for r in record["results"]["settings"]]
+    return ["The batched engine (continuous batching), every prompt submitted at once; speedup over vanilla "
+            "at the same batch cap, paired by round [95% CI over the rounds]. A drafter's chains draft in "
+            "lockstep across requests; \"alone\": each request's drafter proposes by itself.", "",
+            *md_table(["batch cap", "drafter", "tokens/s", "speedup", "TPOT ms", "TTFT ms", "tau"], rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "batch_throughput": Renderer("Continuous batching: throughput by batch size", _batch_throughput_command,
+                                 _batch_throughput_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

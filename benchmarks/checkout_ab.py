@@ -34,6 +34,8 @@ from core.names import DOMAINS
 from core.paths import RESULTS, repo_relative
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag, listed
+from experiments.report_format import table as md_table
 
 DRAFTERS = "vanilla,ngram,draft-model,eagle,medusa,specblock"
 
@@ -122,3 +124,27 @@ def command(base: Path, candidate: Path, drafters: str, domains: str, prompts: i
               "drafters": names, "domains": chosen, "prompts": prompts, "max_new_tokens": max_new_tokens,
               "threads": 1}
     finish(as_json, rows, save_result(name, rows, config, checkout_worker.SEED, out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _checkout_ab_command(name: str, config: Record) -> str:
+    return (f"{benchmark('checkout_ab')} BASE --drafters {listed(config['drafters'])} --domains "
+            f"{listed(config['domains'])} --prompts {config['prompts']} --max-new-tokens "
+            f"{config['max_new_tokens']}{flag('--name', name, 'checkout_ab')}")
+
+
+def _checkout_ab_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = ["Two checkouts alternated prompt by prompt in two worker processes: base "
+             f"`{config['base_commit'][:12]}`, candidate `{config['candidate_commit'][:12]}`.", ""]
+    rows = [[r["drafter"], f"{r['base']['tokens_per_s']:.1f}", f"{r['candidate']['tokens_per_s']:.1f}",
+             f"{r['candidate_over_base']:.2f}x", f"{r['candidate']['tau']:.2f}"] for r in record["results"]]
+    return lines + md_table(["drafter", "base tok/s", "candidate tok/s", "candidate / base", "tau"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "checkout_ab": Renderer("Checkout A/B", _checkout_ab_command, _checkout_ab_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -29,6 +29,8 @@ from core.models import TOY
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark
+from experiments.report_format import table as md_table
 from real_engine.model import load_model
 from real_engine.packed import Linear, use_half
 
@@ -94,3 +96,22 @@ def command(repeats: int, threads: int, out: Path, as_json: bool) -> None:
              f"FBGEMM fp16 {r['fbgemm_fp16_us']:7.1f} us ({r['fbgemm_ratio']:.2f}x)")
     finish(as_json, rows, save_result("cpu_linear", rows, {"repeats": repeats, "threads": threads,
                                                            "rows": list(ROWS), "shapes": shapes}, SEED, out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _cpu_linear_command(name: str, config: Record) -> str:
+    return f"{benchmark('cpu_linear')} --repeats {config['repeats']} --threads {config['threads']}"
+
+
+def _cpu_linear_body(record: Record) -> Lines:
+    rows = [[r["weight"], "x".join(map(str, r["shape"])), r["rows"], f"{r['linear_us']:.0f}",
+             f"{r['fbgemm_fp16_us']:.0f}", f"{r['fbgemm_ratio']:.2f}x"] for r in record["results"]]
+    return md_table(["weight", "shape", "rows", "fp32 linear us", "packed fp16 us", "faster by"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "cpu_linear": Renderer("Packed half-precision linears on CPU", _cpu_linear_command, _cpu_linear_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

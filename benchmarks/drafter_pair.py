@@ -54,10 +54,13 @@ from core.files import MAX_RECORD_BYTES, read_json, write_text
 from core.models import TOY
 from core.names import DOMAINS
 from core.paths import PAIR_MODELS, PAPER_PROFILE, RESULTS, repo_relative
-from experiments.bench import Recorder, alpha
 from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag
+from experiments.report_format import interval as md_interval
+from experiments.report_format import table as md_table
+from experiments.specbench.run import Recorder, alpha
 from real_engine.decode import generate, make_drafter
 from real_engine.drafters.eagle import EagleDrafter, TreeShape, load_eagle
 from real_engine.drafters.rank import CHILDREN
@@ -402,3 +405,43 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
     md = out / "drafter_pair.md"
     write_text(md, markdown(results, command_line, len(held), tokens))
     finish(as_json, results, saved, md)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _drafter_pair_command(name: str, config: Record) -> str:
+    return (f"{benchmark('drafter_pair')}{flag('--prompts', config['prompts_per_domain'], 16)}"
+            f"{flag('--tokens', config['tokens'], 64)}"
+            f"{flag('--drafters-dir', config['drafters_dir'], 'data/models/fair')}")
+
+
+def _drafter_pair_body(record: Record) -> Lines:
+    results = record["results"]
+    rows = [[f"{p['temperature']:g}", p["vocab"], p["shape"],
+             md_interval(p["speedup_ratio"], p["speedup_ratio_ci"]),
+             md_interval(p["draft_time_ratio"], p["draft_time_ratio_ci"]),
+             md_interval(p["a100_speedup_ratio"], p["a100_speedup_ratio_ci"])] for p in results["relative"]]
+    speed = {(r["drafter"], r["temperature"], r["vocab"], r["shape"]): r for r in results["settings"]}
+    own = [[f"{t:g}", v, s, *(md_interval(speed[(d, t, v, s)]["speedup"], speed[(d, t, v, s)]["speedup_ci"])
+                              for d in ("specblock", "eagle"))]
+           for (d0, t, v, s) in speed if d0 == "specblock"]
+    paper = results["paper"]
+    low, high = paper["ratios"]["speedup_ratio"]
+    d_low, d_high = paper["ratios"]["draft_time_ratio"]
+    return ["SpecBlock and EAGLE-style trained alike, at equal vocabulary, depth and node budget; [95% CI] "
+            "over the prompts. A100: simulated, this run's acceptance on the paper-derived profile; the "
+            f"paper reports a speedup ratio of {low:g} to {high:g} at {d_low:g} to {d_high:g} of EAGLE-3's "
+            "drafting time, while its own taus and shares on that profile give SpecBlock "
+            f"{paper['on_profile']['specblock']:.2f}x against EAGLE-3 {paper['on_profile']['eagle']:.2f}x.",
+            "",
+            *md_table(["T", "vocabulary", "shape", "speedup ratio", "drafting time ratio",
+                    "A100 speedup ratio (simulated)"], rows), "",
+            *md_table(["T", "vocabulary", "shape", "SpecBlock speedup", "EAGLE-style speedup"], own)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "drafter_pair": Renderer("SpecBlock against EAGLE-style on equal terms", _drafter_pair_command,
+                             _drafter_pair_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

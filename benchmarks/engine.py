@@ -23,6 +23,8 @@ from core.errors import InputError
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag, pairs
+from experiments.report_format import table as md_table
 from real_engine.decode import generate, make_drafter, prefill
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
 from real_engine.tree import DraftTree
@@ -210,3 +212,37 @@ def command(quick: bool, threads: int, out: Path, as_json: bool) -> None:
               "threads": threads, "quick": quick,
               "target_parameters": sum(p.numel() for p in random_model(TARGET, 0).parameters())}
     finish(as_json, rows, save_result("engine", rows, config, seed=0, directory=out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _engine_command(name: str, config: Record) -> str:
+    quick = " --quick" if config["quick"] else ""
+    return f"{benchmark('engine')}{quick}{flag('--threads', config['threads'], 1)}"
+
+
+def _engine_body(record: Record) -> Lines:
+    config, rows = record["config"], record["results"]
+    of = {kind: [r for r in rows if r["benchmark"] == kind]
+          for kind in ("decode_step", "tree_verify", "overhead")}
+    lines = [f"A random-weight target of {config['target_parameters']:,} parameters; decode: "
+             f"{config['new_tokens']} new tokens.", ""]
+    lines += md_table(
+        ["dtype", "ours ms", "transformers loop ms", "transformers generate ms", "greedy match"],
+        [[r["dtype"], f"{r['ours_ms']:.1f}", f"{r['transformers_loop_ms']:.1f}",
+          f"{r['transformers_generate_ms']:.1f}", "yes" if r["greedy_tokens_match"] else "no"]
+         for r in of["decode_step"]])
+    lines += ["", *md_table(["tree nodes", "verify forward ms", "over one node"],
+                            [[r["nodes"], f"{r['forward_ms']:.1f}", f"{r['relative_to_one_node']:.2f}"]
+                             for r in of["tree_verify"]])]
+    return [*lines, "", *md_table(
+        ["drafter", "shape", "verifier", "T", "loop overhead share", "draft share"],
+        [[r["drafter"], pairs(r["shape"]) or "-", r["verifier"], f"{r['temperature']:g}",
+          f"{r['overhead_share']:.3f}", f"{r['draft_share']:.3f}"] for r in of["overhead"]])]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "engine": Renderer("Engine against transformers", _engine_command, _engine_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

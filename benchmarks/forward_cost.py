@@ -33,6 +33,8 @@ from core.models import TOY
 from core.paths import RESULTS, repo_relative
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag, listed
+from experiments.report_format import table as md_table
 from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Transformer, load_model
 from real_engine.packed import Linear, cut_rows
@@ -149,3 +151,33 @@ def command(repeats: int, target: Path, draft: Path, tag: str, alpha: str, draft
     config = {"repeats": repeats, "alpha": alphas, "context": CONTEXT, "threads": 1,
               "draft_vocab": draft_vocab, "target": repo_relative(target), "draft": repo_relative(draft)}
     finish(as_json, results, save_result(tag, results, config, SEED, out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _forward_cost_command(name: str, config: Record) -> str:
+    return (f"{benchmark('forward_cost')} --repeats {config['repeats']} --target {config['target']}"
+            f" --draft {config['draft']} --alpha {listed(config['alpha'])}"
+            f"{flag('--tag', name, 'forward_cost')}")
+
+
+def _forward_cost_body(record: Record) -> Lines:
+    result = record["results"]
+    ms, share = result["median_ms"], result["products_share"]
+    lines = [f"Median milliseconds per forward (context {record['config']['context']}): "
+             + ", ".join(f"{key} {value:.3f}" for key, value in ms.items())
+             + f". Matrix products' share of a step: target {share['target']:.2f}, "
+             f"draft {share['draft']:.2f}.",
+             "", "Speedup bound of a draft chain (c: a draft forward over a target step; v: a verify over a "
+             "step):", ""]
+    rows = [[drafter, b["depth"], f"{b['expected_tokens']:.3f}", f"{b['c']:.3f}", f"{b['v']:.3f}",
+             f"{b['speedup_bound']:.3f}"] for drafter, bounds in result["bounds"].items() for b in bounds]
+    return lines + md_table(["draft forward", "depth", "expected tokens", "c", "v", "speedup bound"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "forward_cost": Renderer("Forward cost and the draft chain's speedup bound", _forward_cost_command,
+                             _forward_cost_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

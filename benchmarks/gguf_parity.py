@@ -22,6 +22,7 @@ from core.models import resolve_model
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, table
 from real_engine.gguf_parity import compare_with_transformers
 from real_engine.prompts import read_prompt_set, select_part
 from real_engine.tokenizer import Tokenizer
@@ -62,3 +63,26 @@ def command(model_name: str, new_tokens: int, out: Path, as_json: bool) -> None:
             click.echo(f"{row['prompt']}: ids equal {row['ids_equal']}, max |logit diff| "
                        f"{row['max_logit_diff']:.2e}, greedy {row['greedy_agree']}/{new_tokens} equal")
     finish(as_json, results, saved)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _parity_command(name: str, config: Record) -> str:
+    return f"specblock benchmark gguf_parity --model {config['model']}"
+
+
+def _parity_body(record: Record) -> Lines:
+    results = record["results"]
+    rows = [[r["prompt"], r["prompt_tokens"], "yes" if r["ids_equal"] else "no", f"{r['max_logit_diff']:.2e}",
+             f"{r['greedy_agree']}/{results['new_tokens']}"] for r in results["prompts"]]
+    return [f"transformers {record['versions'].get('transformers')} loading the GGUF itself against this "
+            "engine on the converted folder, float32.", "",
+            *table(["prompt", "tokens", "ids equal", "max |logit difference|", "greedy tokens equal"], rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "gguf_parity": Renderer("The real model: parity with transformers' GGUF loader", _parity_command,
+                            _parity_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

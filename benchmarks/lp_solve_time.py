@@ -22,6 +22,8 @@ from core.errors import InputError
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag
+from experiments.report_format import table as md_table
 from simulator.instances import random_instance
 from simulator.lp import MAX_VARIABLES, SOLVERS, LPSolveError, lp_size, solve_lp
 
@@ -83,3 +85,29 @@ def command(instances: int, time_budget: float, out: Path, as_json: bool) -> Non
     config = {"vocabs": VOCABS, "lengths": LENGTHS, "drafts": DRAFTS, "instances": instances,
               "time_budget_s": time_budget, "max_variables": MAX_VARIABLES, "drafter": "indep"}
     finish(as_json, rows, save_result("lp_solve_time", rows, config, SEED, out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _lp_solve_time_command(name: str, config: Record) -> str:
+    return (f"{benchmark('lp_solve_time')}{flag('--instances', config['instances'], 2)}"
+            f"{flag('--time-budget', config['time_budget_s'], 60.0)}")
+
+
+def _lp_solve_time_body(record: Record) -> Lines:
+    solvers = sorted({r["solver"] for r in record["results"]})
+    cells: dict[tuple[int, int, int], Record] = {}
+    for r in record["results"]:
+        entry = cells.setdefault((r["vocab"], r["length"], r["drafts"]), {"variables": r["variables"]})
+        entry[r["solver"]] = "skipped" if r.get("skipped") else f"{r['seconds_mean']:.3f}"
+    lines = ["Mean seconds per solve of the verification LP by vocabulary V, draft length L, drafts K.", ""]
+    rows = [[*key, f"{entry['variables']:,}", *(entry.get(s, "-") for s in solvers)]
+            for key, entry in sorted(cells.items())]
+    return lines + md_table(["V", "L", "K", "variables", *solvers], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "lp_solve_time": Renderer("LP solve time", _lp_solve_time_command, _lp_solve_time_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -39,6 +39,9 @@ from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER, model_option
 from experiments.intervals import interval
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, flag, listed
+from experiments.report_format import interval as md_interval
+from experiments.report_format import table as md_table
 from real_engine.decode import generate
 from real_engine.model import Transformer, load_model
 from real_engine.packed import Linear
@@ -294,3 +297,45 @@ def command(model: ModelSpec, dtypes: str, contexts: str, new_tokens: int, round
     saved = save_result("model_speed", results, config, seed=0, directory=out)
     report = write_text(out / "model_speed.md", markdown(results, config))
     finish(as_json, results["rows"], saved, report)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _model_speed_command(name: str, config: Record) -> str:
+    return (f"specblock benchmark model_speed --model {config['model']} --dtypes {listed(config['dtypes'])} "
+            f"--contexts {listed(config['contexts'])}{flag('--new-tokens', config['new_tokens'], 32)}"
+            f"{flag('--rounds', config['rounds'], 5)}{flag('--threads', config['threads'], 2)}")
+
+
+def _ci(summary: Record, fmt: str) -> str:
+    return md_interval(summary["mean"], summary["ci"], fmt)
+
+
+def _model_speed_body(record: Record) -> Lines:
+    results = record["results"]
+    bw = results["bandwidth"]
+    copy, read = (md_interval(bw[k]["mean"] / 1e9, [c / 1e9 for c in bw[k]["ci"]], ".1f")
+                  for k in ("copy", "read"))
+    lines = [f"Vanilla greedy decoding; bandwidth measured in the same rounds: a 1 GiB copy {copy} GB/s "
+             f"(bytes copied over time), a 1 GiB read-only sum {read} GB/s. The fraction "
+             "is the bytes a step must read (weights as its kernels read them, and the KV cache) over its "
+             "time, over each.", ""]
+    rows = []
+    for r in results["rows"]:
+        hf = r.get("hf_tokens_per_second")
+        rows.append([r["dtype"], r["context"], _ci(r["ours_tokens_per_second"], ".1f"),
+                     _ci(hf, ".1f") if hf else "-", _ci(r["speedup_over_hf"], ".2f") if hf else "-",
+                     f"{r['bytes_per_token']['total'] / 1e6:.0f}", _ci(r["bandwidth_fraction_copy"], ".2f"),
+                     _ci(r["bandwidth_fraction_read"], ".2f"), _ci(r["verify_over_step"]["16"], ".2f")])
+    return [*lines, *md_table(["dtype", "context", "ours tok/s", "transformers tok/s", "ours / transformers",
+                            "MB per token", "of copy bandwidth", "of read bandwidth",
+                            "16-node verify / step"],
+                           rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "model_speed": Renderer("The real model: engine speed and memory bandwidth", _model_speed_command,
+                            _model_speed_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

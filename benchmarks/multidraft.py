@@ -50,6 +50,8 @@ from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.lp_table import STUDY, evaluate_verifiers
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark
+from experiments.report_format import table as md_table
 from real_engine.decode import generate, prefill
 from real_engine.model import Transformer, load_model
 from real_engine.tokenizer import Tokenizer
@@ -325,3 +327,39 @@ def command(quick: bool, out: Path, workers: int | None, as_json: bool) -> None:
     write_text(md, markdown(result, command_line))
     plot(result, png)
     finish(as_json, result, saved, md, png)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _multidraft_command(name: str, config: Record) -> str:
+    return f"{benchmark('multidraft')}{' --quick' if config['quick'] else ''}"
+
+
+def _multidraft_body(record: Record) -> Lines:
+    result = record["results"]
+
+    def mean(row: Record, column: str) -> str:
+        return f"{row['value'][column]['mean']:.3f}"
+
+    lines = ["Expected accepted draft tokens, mean over instances. LP: the bound for K i.i.d. paths, which "
+             "token, BV, RRS, SeqBV and GBV draw; RRS without replacement and GDS (greedy draft) draw other "
+             "drafts, so each is shown with the LP bound of its own draft law. GBV < BV: instances where GBV "
+             "accepts less than single-path BV.", ""]
+    rows = [[r["source"], r["vocab"], r["length"], r["drafts"], r["instances"], mean(r, "lp"),
+             *(mean(r, c) for c in ("token", "block", "rrs", "seqbv", "gbv")),
+             f"{mean(r, 'rrs_wor')} ({mean(r, 'lp_wor')})", f"{mean(r, 'gds')} ({mean(r, 'lp_gds')})",
+             r["gbv_below_bv"]["count"]] for r in result["cells"]]
+    lines += md_table(["source", "V", "L", "K", "n", "LP", "token", "BV", "RRS", "SeqBV", "GBV",
+                    "RRS w/o repl. (its LP)", "GDS (its LP)", "GBV < BV"], rows)
+    lines += ["", *(f"- {source}, K >= 2: GBV below BV on {s['gbv_below_bv']} of {s['instances']} "
+                    f"instance-cells; GDS above the i.i.d. LP on {s['gds_over_lp']}, at its own bound on "
+                    f"{s['gds_at_own_bound']}." for source, s in result["overall"].items())]
+    return lines
+
+
+RENDERERS: dict[str, Renderer] = {
+    "multidraft": Renderer("Multi-draft verification against the LP bound", _multidraft_command,
+                           _multidraft_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

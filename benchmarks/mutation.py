@@ -37,6 +37,8 @@ from core.files import MAX_RECORD_BYTES, read_json, write_text
 from core.paths import REPO, RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag
+from experiments.report_format import table as md_table
 
 NAME = "mutation"
 SCRATCH = Path("/tmp/specblock-mutation")
@@ -388,3 +390,23 @@ def command(budget_minutes: float, only: tuple[str, ...], functions: tuple[str, 
     save_result(NAME, {"modules": ordered}, config, seed=None, directory=out)
     per_module = {m: {c: row[c] for c in ("mutants", *COLUMNS)} for m, row in ordered.items()}
     finish(as_json, per_module, saved, write_text(report, render(saved_results(saved))))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _mutation_command(name: str, config: Record) -> str:
+    return f"{benchmark('mutation')}{flag('--budget-minutes', config['budget_minutes'], 40.0)}"
+
+
+def _mutation_body(record: Record) -> Lines:
+    keys = ("mutants", "killed", "survived", "timeout", "no tests", "not run")
+    rows = [[f"`{module}`", *(m[k] for k in keys)] for module, m in record["results"]["modules"].items()]
+    return [f"mutmut {record['config']['mutmut']}; each module against its own tests.", "",
+            *md_table(["module", *keys], rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "mutation": Renderer("Mutation testing", _mutation_command, _mutation_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -40,6 +40,9 @@ from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.intervals import REPLICATES, interval
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, flag
+from experiments.report_format import interval as md_interval
+from experiments.report_format import table as md_table
 from real_engine.decode import generate, make_drafter
 from real_engine.model import load_model
 from real_engine.tokenizer import Tokenizer
@@ -249,3 +252,34 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
     saved = save_result("peers", results, config, seed=seed, directory=out)
     report = write_text(out / "peers.md", markdown(results, config))
     finish(as_json, results["rows"], saved, report)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _peers_command(name: str, config: Record) -> str:
+    return (f"specblock benchmark peers --model {config['model']}{flag('--prompts', config['prompts'], 16)}"
+            f"{flag('--new-tokens', config['new_tokens'], 128)}{flag('--threads', config['threads'], 2)}")
+
+
+def _peers_body(record: Record) -> Lines:
+    results = record["results"]
+    rows = [[r["engine"], r["prompts"], md_interval(r["tokens_per_second"], r["tokens_per_second_ci"], ".1f"),
+             md_interval(r["over_vanilla"], r["over_vanilla_ci"], ".2f"), f"{r['new_tokens']:.0f}",
+             f"{r['same_tokens_as_vanilla']:.0%}"] for r in results["rows"] if r["category"] == "pooled"]
+    notes = [f"Note: {note}" for note in results["notes"]]
+    config = record["config"]
+    return [f"Greedy, at most {config['new_tokens']} new tokens, {config['threads']} threads, engines "
+            "interleaved prompt by prompt; tokens/s over each whole call (prefill included). Pooled over "
+            "the categories (per category in the details). \"Same tokens\" is the share of prompts on which "
+            "an engine emitted exactly our vanilla decoding's tokens: different kernels round differently, "
+            "and a 16-bit model's rounding differs between a one-token step and a many-token verify, so "
+            "greedy outputs part at near-ties.", *notes, "",
+            *md_table(["engine", "prompts", "tokens/s", "over our vanilla", "mean new tokens",
+                    "same tokens as our vanilla"], rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "peers": Renderer("The real model: the peers a CPU user would pick", _peers_command, _peers_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

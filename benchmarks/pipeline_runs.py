@@ -24,6 +24,7 @@ from core.files import write_text
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag, interval, table
 
 
 def run_once(out: Path, full: bool) -> dict[str, Any]:
@@ -101,3 +102,45 @@ def command(runs: int, full: bool, tag: str | None, out: Path, as_json: bool) ->
     if not as_json:
         click.echo(markdown(rows, invocation))
     finish(as_json, rows, saved, table)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _pipeline_command(name: str, config: Record) -> str:
+    full = config["command"] == "specblock pipeline"
+    default = "pipeline_full" if full else "pipeline_quick"
+    return (f"{benchmark('pipeline_runs')} --runs {config['runs']}{' --full' if full else ''}"
+            f"{flag('--tag', name, default)}")
+
+
+def _pipeline_body(record: Record) -> Lines:
+    runs = record["results"]
+    count = f"{len(runs)} {'run' if len(runs) == 1 else 'runs'}"
+    lines = [f"{count} of `{record['config']['command']}` in a row. Fidelity error: the median over "
+             "policies of |predicted / measured - 1| tokens/s; Kendall's tau between the predicted and "
+             "measured ranking of the policies.", ""]
+    rows = []
+    for i, run in enumerate(runs, 1):
+        agree = run["rank_agreement"]
+        rows.append([i, interval(run["fidelity_error"], run["fidelity_error_ci"], ".1%"),
+                     f"{run['worst_policy']} {run['worst_error']:+.1%}", f"{agree['kendall_tau']:.2f}",
+                     f"{agree['predicted_best']} / {agree['measured_best']}",
+                     "yes" if agree["predicted_best_within_interval"] else "no", f"{run['seconds']:.0f}"])
+    lines += table(["run", "fidelity error [95% CI]", "worst policy", "Kendall's tau",
+                    "predicted / measured best", "predicted best within interval", "seconds"], rows)
+    policies = sorted({p for run in runs for p in run["against_best_fixed"]["policies"]})
+    lines += ["", "Measured tokens/s of each adaptive policy over the run's best fixed length [95% CI]:", ""]
+    header = ["policy", *(f"run {i} (vs {run['against_best_fixed']['best_fixed']})"
+                          for i, run in enumerate(runs, 1))]
+    rows = []
+    for policy in policies:
+        cells = [run["against_best_fixed"]["policies"].get(policy) for run in runs]
+        rows.append([policy, *(interval(c["ratio"], c["ratio_ci"]) if c else "-" for c in cells)])
+    return lines + table(header, rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "pipeline": Renderer("The main job's fidelity, run after run", _pipeline_command, _pipeline_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

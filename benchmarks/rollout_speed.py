@@ -30,6 +30,8 @@ from core.errors import InputError
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark, flag
+from experiments.report_format import table as md_table
 from policies.base import Policy, make_policy
 from policies.features import ADAPT_INDEX, LENGTH_SLICES
 from simulator.acceptance import AcceptanceModel
@@ -154,3 +156,25 @@ def command(seconds: float, out: Path, as_json: bool) -> None:
               "load_average_after": os.getloadavg(), "num_envs": SLOTS, "tokens_per_query": 512,
               "replay": "synthetic traces of default_acceptance(), 400 queries x 50 iterations"}
     finish(as_json, rows, save_result("rollout_speed", rows, config, SEED, out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _rollout_speed_command(name: str, config: Record) -> str:
+    return f"{benchmark('rollout_speed')}{flag('--seconds', config['seconds_per_measurement'], 3.0)}"
+
+
+def _rollout_speed_body(record: Record) -> Lines:
+    rows = [[r["env"], r["acceptance"], r["policy"], r["path"], f"{r['num_envs']:,}",
+             f"{r['per_second']:,.0f} {r['unit']}",
+             f"{r['vs_single_env']:.0f}x" if "vs_single_env" in r else "-"] for r in record["results"]]
+    return ["Simulator steps per second; vs one env: over a single Gymnasium environment's rate.", "",
+            *md_table(["environment", "acceptance", "policy", "path", "envs", "per second", "vs one env"],
+                      rows)]
+
+
+RENDERERS: dict[str, Renderer] = {
+    "rollout_speed": Renderer("Simulator rollout speed", _rollout_speed_command, _rollout_speed_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

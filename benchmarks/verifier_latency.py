@@ -26,6 +26,8 @@ from core.errors import InputError
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER, resolve_device
 from experiments.provenance import save_result
+from experiments.report_format import Lines, Record, Renderer, benchmark
+from experiments.report_format import table as md_table
 from real_engine.tree import DraftTree
 from real_engine.verify import VERIFIERS, TorchSampler
 
@@ -122,3 +124,23 @@ def command(repeats: int, warmup: int, device: str, threads: int, out: Path, as_
               "warmup": warmup, "device": device, "threads": threads, "dtype": "float32",
               "rows": "softmax(3 z + z_p), softmax(3 z + z_q), z standard normal"}
     finish(as_json, rows, save_result("verifier_latency", rows, config, SEED, out))
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _verifier_latency_command(name: str, config: Record) -> str:
+    return (f"{benchmark('verifier_latency')} --repeats {config['repeats']} --warmup {config['warmup']}"
+            f" --device {config['device']} --threads {config['threads']}")
+
+
+def _verifier_latency_body(record: Record) -> Lines:
+    rows = [[r["verifier"], r["shape"], r["nodes"], f"{r['vocab']:,}", f"{r['median_ms']:.3f}",
+             f"{r['p10_ms']:.3f} to {r['p90_ms']:.3f}"] for r in record["results"]]
+    return md_table(["verifier", "shape", "nodes", "vocabulary", "median ms", "p10 to p90 ms"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "verifier_latency": Renderer("Verifier latency", _verifier_latency_command, _verifier_latency_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

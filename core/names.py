@@ -89,7 +89,7 @@ class DrafterSpec:
     profile: str = ""  # a ``real_engine.drafter_profiles.Profiler``: its model and its timed series
     recipe: str = ""  # f(target_dir, out, run_dir, request: TrainRequest) -> its training record
     shapes: str = ""  # the shapes `specblock shapes` tries: a tuple of option dicts
-    fidelity: str = ""  # f(tree) -> its ``experiments.fidelity.Config``s (trees of ``tree`` nodes)
+    fidelity: str = ""  # f(tree) -> its ``experiments.pipeline.fidelity.Config``s (trees of ``tree`` nodes)
     folder: str = ""  # its folder under a model's drafters folder (default: its name)
 
     def load(self, field: str = "entry_point") -> Any:
@@ -197,7 +197,7 @@ for _option in (
 register_drafter("ngram", "real_engine.drafters.ngram:build_ngram", options=("depth", "max_ngram"),
                  summary="n-gram prompt lookup, no model",
                  profile="real_engine.drafter_profiles:NGRAM",
-                 fidelity="experiments.fidelity:ngram_configs")
+                 fidelity="experiments.pipeline.fidelity:ngram_configs")
 register_drafter("draft-model", "real_engine.drafters.draft_model:build_draft_model",
                  options=("depth", "width", "budget", "paths", "min_confidence", "vocab", "staged", "lookup"),
                  shape_options=("depth", "width", "budget", "min_confidence", "vocab", "staged", "lookup"),
@@ -205,8 +205,8 @@ register_drafter("draft-model", "real_engine.drafters.draft_model:build_draft_mo
                  cost_keys=("tokens",), tree_keys=("depth", "width"), chain="token", folder="draft",
                  profile="real_engine.drafter_profiles:DRAFT_MODEL",
                  recipe="real_engine.training.recipes:draft_model_recipe",
-                 shapes="experiments.shapes:DRAFT_MODEL_SHAPES",
-                 fidelity="experiments.fidelity:draft_model_configs")
+                 shapes="experiments.specbench.shapes:DRAFT_MODEL_SHAPES",
+                 fidelity="experiments.pipeline.fidelity:draft_model_configs")
 register_drafter("specblock", "real_engine.drafters.specblock:build_specblock",
                  options=("blocks", "budget", "width", "vocab"),
                  shape_options=("blocks", "budget", "width", "vocab"),
@@ -214,17 +214,19 @@ register_drafter("specblock", "real_engine.drafters.specblock:build_specblock",
                  cost_keys=("starts", "blocks"), chain="block",
                  profile="real_engine.drafter_profiles:SPECBLOCK",
                  recipe="real_engine.training.recipes:specblock_recipe",
-                 shapes="experiments.shapes:SPECBLOCK_SHAPES",
-                 fidelity="experiments.fidelity:specblock_configs")
+                 shapes="experiments.specbench.shapes:SPECBLOCK_SHAPES",
+                 fidelity="experiments.pipeline.fidelity:specblock_configs")
 register_drafter("eagle", "real_engine.drafters.eagle:build_eagle",
                  options=("depth", "width", "budget", "vocab"),
                  shape_options=("depth", "width", "budget", "vocab"), trained=True,
                  summary="EAGLE-style feature drafter, dynamic top-k tree",
                  cost_keys=("depth",), chain="depth", profile="real_engine.drafter_profiles:EAGLE",
                  recipe="real_engine.training.recipes:eagle_recipe",
-                 shapes="experiments.shapes:EAGLE_SHAPES", fidelity="experiments.fidelity:eagle_configs")
+                 shapes="experiments.specbench.shapes:EAGLE_SHAPES",
+                 fidelity="experiments.pipeline.fidelity:eagle_configs")
 register_drafter("medusa", "real_engine.drafters.medusa:build_medusa", options=("depth", "budget"),
                  shape_options=("depth", "budget"), trained=True,
                  summary="Medusa-style heads, static tree", profile="real_engine.drafter_profiles:MEDUSA",
                  recipe="real_engine.training.recipes:medusa_recipe",
-                 shapes="experiments.shapes:MEDUSA_SHAPES", fidelity="experiments.fidelity:medusa_configs")
+                 shapes="experiments.specbench.shapes:MEDUSA_SHAPES",
+                 fidelity="experiments.pipeline.fidelity:medusa_configs")

@@ -1,6 +1,6 @@
 """What a simulation uses when not told: the cost profile, the traces that go with it, and the drafter.
 
-One home for the defaults that ``specblock simulate`` and the tuning studies (``experiments.tune``)
+One home for the defaults that ``specblock simulate`` and the tuning studies (``experiments.tuning.tune``)
 resolve alike. Light on purpose (no numpy or pandas at import): the ``simulate`` command imports it
 before it parses its options.
 """

@@ -1,7 +1,7 @@
 """The verification LP bound beside every verifier: one row per instance, in expected accepted draft tokens.
 
 Used by ``specblock lp``, the multi-draft benchmark (``benchmarks/multidraft.py``) and the pipeline's report
-(``experiments.pipeline_report``). The verifiers' exact evaluation runs the torch verifiers
+(``experiments.pipeline.report``). The verifiers' exact evaluation runs the torch verifiers
 (``real_engine.exact``), so this module sits in ``experiments``, above both the simulator's LP and the
 engine.
 """

@@ -63,3 +63,8 @@ def recorded(record: Record) -> str:
     parts = [f"commit `{commit[:12]}`" if commit else "commit not recorded",
              created or "date not recorded", where or "machine not recorded"]
     return ", ".join(parts + ([f"torch {torch}"] if torch else []))
+
+
+def benchmark(module: str) -> str:
+    """``specblock benchmark NAME`` for the script ``benchmarks/<module>.py``."""
+    return f"specblock benchmark {module}"

@@ -92,7 +92,7 @@ class Params:
     """Base of each kind's frozen parameters, checked against ``RANGES`` when constructed.
 
     ``RANGES`` maps each field to ``(low, high, integer)`` or to a tuple of allowed strings. ``SEARCH`` and
-    ``ORDERED`` tell a tune study (``experiments.tune``) how to search them.
+    ``ORDERED`` tell a tune study (``experiments.tuning.tune``) how to search them.
     """
 
     RANGES: ClassVar[Mapping[str, tuple]] = {}

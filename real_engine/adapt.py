@@ -51,7 +51,7 @@ class AdaptConfig:
     wall seconds (for a shared CPU machine, with one torch thread; the caller then times queries on the
     process's or the decoding thread's CPU clock).
     ``trainer_core`` pins the training thread to one core (the CPU counterpart of the paper's second
-    device; the decoding thread is pinned by its caller to the others: ``experiments.adapt_live``). With
+    device; the decoding thread is pinned by its caller to the others: ``experiments.adapt.live``). With
     one torch thread each thread runs its own ops, so the two work side by side.
     """
 

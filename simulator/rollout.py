@@ -85,7 +85,7 @@ def sequential_drafts(choose: Callable[[np.ndarray, np.ndarray], np.ndarray], ob
 def run_length(policy: Policy, env: SpecLengthVectorEnv, seed: int, decision_seconds: float = 0.0) -> Outcome:
     """Serve one query per slot of ``env`` with copies of a length ``policy``, each of its decisions
     costing ``decision_seconds`` more than the profile's ``steering`` series charges (measured with a
-    fixed length, whose decision is free: ``experiments.deploy.decision_cost``).
+    fixed length, whose decision is free: ``experiments.pipeline.deploy.decision_cost``).
 
     Drives a copy of the env's batch core after ``reset`` and drops each query once it is done, so no
     work goes to finished slots; the env itself needs a ``reset`` before it is stepped again. As the

@@ -119,7 +119,7 @@ def ray_session() -> Iterator[None]:
     """One quiet local Ray (2 CPUs, no dashboard) shared by every test that runs Ray Tune."""
     import ray
 
-    from experiments.ray_session import start_ray  # sets Ray's quiet environment before ray starts
+    from experiments.tuning.ray_session import start_ray  # sets Ray's quiet environment before ray starts
 
     started = start_ray()
     yield

@@ -372,7 +372,7 @@ def test_overlapped_updates_train_on_their_own_core_beside_decoding(target: Tran
 
 
 def test_training_is_true_while_an_update_runs(target: Transformer, monkeypatch) -> None:
-    """What ``experiments.adapt_serve`` waits on to re-time decoding: no update training beside it."""
+    """What ``experiments.adapt.serve`` waits on to re-time decoding: no update training beside it."""
     import real_engine.adapter as adapter_module
 
     release = threading.Event()

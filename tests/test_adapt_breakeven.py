@@ -14,7 +14,7 @@ from benchmarks.adapt_breakeven import FACTORS, LENGTHS, break_even, cell, live_
 from core.errors import InputError
 from core.paths import CPU_PROFILE, PAPER_PROFILE, RESULTS
 from experiments.cli import main
-from experiments.results_doc import family, render
+from experiments.results.doc import family, render
 from policies.adaptation import BanditParams
 from simulator.adaptation import AdaptationDynamics
 from simulator.parametric import paper_acceptance, synthetic_traces

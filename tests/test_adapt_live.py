@@ -12,10 +12,10 @@ from core.cost_profile import load_profile
 from core.errors import InputError
 from core.names import DOMAINS
 from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, TARGET
-from experiments.adapt_live import build_stream, phase_counts
-from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan
-from experiments.adapt_predict import add_draft_ratios, mean_shape, record_of, summary, tree_nodes
-from experiments.adapt_report import update_text
+from experiments.adapt.live import build_stream, phase_counts
+from experiments.adapt.plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan
+from experiments.adapt.predict import add_draft_ratios, mean_shape, record_of, summary, tree_nodes
+from experiments.adapt.report import update_text
 from policies.adaptation import FULL, HEAD, SKIP
 from real_engine.adapt import usable_cores
 from simulator.adaptation import (
@@ -197,8 +197,8 @@ def test_each_query_gets_the_tree_cost_ratio_of_its_own_shapes_and_trees() -> No
 
 
 def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None:
-    from experiments.adapt_report import retime_text
-    from experiments.adapt_serve import retime, with_samples
+    from experiments.adapt.report import retime_text
+    from experiments.adapt.serve import retime, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
@@ -232,8 +232,8 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
 
 
 def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) -> None:
-    from experiments.adapt_report import bracket_ms, decode_ms
-    from experiments.adapt_serve import pooled, retime, stream_samples, with_samples
+    from experiments.adapt.report import bracket_ms, decode_ms
+    from experiments.adapt.serve import pooled, retime, stream_samples, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
@@ -265,7 +265,7 @@ def test_a_stream_bracketed_by_two_timings_costs_their_pooled_median(llama_dir) 
 
 
 def test_machine_speed_is_each_retimings_cost_over_the_pooled_one(llama_dir) -> None:
-    from experiments.adapt_serve import machine_speed, retime, stream_samples, with_samples
+    from experiments.adapt.serve import machine_speed, retime, stream_samples, with_samples
     from real_engine.drafters.specblock import SpecBlock
     from real_engine.model import load_model
 
@@ -292,7 +292,7 @@ def test_machine_speed_is_each_retimings_cost_over_the_pooled_one(llama_dir) -> 
 
 
 def test_simulated_queries_run_at_the_machine_speed_between_retimings() -> None:
-    from experiments.adapt_predict import at_machine_speed
+    from experiments.adapt.predict import at_machine_speed
 
     simulated = {"tau": [2.0] * 4, "tokens_per_second": [100.0] * 4}
     out = at_machine_speed(simulated, {"at": [0, 4], "factor": [1.0, 2.0]})
@@ -311,7 +311,7 @@ FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "updat
 def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool) -> None:
     """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries,
     updates waited for or trained beside decoding on their own core."""
-    from experiments.adapt_live import POLICIES, run
+    from experiments.adapt.live import POLICIES, run
 
     if overlap and len(usable_cores()) < 2:
         pytest.skip("training beside decoding needs two cores")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from core.models import TOY
-from experiments.bench import alpha
 from experiments.cli import main
+from experiments.specbench.run import alpha
 
 KEYS = {"drafter", "shape", "verifier", "temperature", "domain", "prompts", "new_tokens", "tau",
         "tokens_per_second", "speedup", "speedup_ci", "draft_share", "draft_ms", "accepted", "draft_calls",
@@ -60,7 +60,7 @@ def test_alpha_conditions_on_the_previous_position_and_the_draft_depth() -> None
 
 
 def test_text_acceptance_of_the_target_as_its_own_draft_model_is_total(llama_dir: Path) -> None:
-    from experiments.bench import TEXT_EVERY, Config, Engine, Settings, text_acceptance
+    from experiments.specbench.run import TEXT_EVERY, Config, Engine, Settings, text_acceptance
     from real_engine.model import load_model
 
     target = load_model(llama_dir)
@@ -81,7 +81,7 @@ def test_text_acceptance_of_the_target_as_its_own_draft_model_is_total(llama_dir
 def test_the_deployed_chain_drafts_its_stop_and_vocabulary(llama_dir: Path, tmp_path: Path) -> None:
     """``Settings.chain`` (the deployed shape) reaches the draft model's chain: its depth, its early stop
     and its reduced vocabulary, read from the draft model's folder."""
-    from experiments.bench import Config, Engine, Settings
+    from experiments.specbench.run import Config, Engine, Settings
     from real_engine.model import load_model
 
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
@@ -224,12 +224,12 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, llama_dir
 def test_missing_peer_or_draft_model_is_skipped_with_a_note(
         llama_dir: Path, draft_dir: Path, prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import experiments.hf_peer
+    import experiments.specbench.hf_peer
 
     base = ["--model", str(llama_dir), "--prompts-dir", str(prompts_dir), "--domains", "prose",
             "--prompts", "1", "--max-new-tokens", "4", "--temperatures", "0", "--out", str(tmp_path),
             "--json"]
-    monkeypatch.setattr(experiments.hf_peer, "transformers_available", lambda: False)
+    monkeypatch.setattr(experiments.specbench.hf_peer, "transformers_available", lambda: False)
     code, stdout, err = run([*base, "--draft-model", str(draft_dir), "--drafters", "none"], capsys)
     assert code == 0, err
     result = json.loads(stdout)
@@ -244,7 +244,7 @@ def test_missing_peer_or_draft_model_is_skipped_with_a_note(
 
 
 def test_the_report_sets_specblock_against_eagle() -> None:
-    from experiments.bench_report import markdown
+    from experiments.specbench.report import markdown
 
     def row(drafter: str, speedup: float, draft_ms: float, domain: str = "all", shape: str = "tree") -> dict:
         return {"drafter": drafter, "shape": shape, "verifier": "greedy", "policy": None, "temperature": 0.0,
@@ -264,7 +264,7 @@ def test_the_report_sets_specblock_against_eagle() -> None:
 
 
 def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperature_one() -> None:
-    from experiments.bench import Settings, plan
+    from experiments.specbench.run import Settings, plan
 
     settings = Settings(domains={"code": ["x"]}, drafters=("none", "specblock", "eagle", "medusa"))
     configs, _ = plan(settings, ["specblock", "eagle", "medusa"], hf=False, chains=["specblock"])
@@ -277,7 +277,7 @@ def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperatu
 
 
 def test_trained_shapes_add_the_training_shape_beside_the_deployed_one() -> None:
-    from experiments.bench import Settings, plan
+    from experiments.specbench.run import Settings, plan
 
     settings = Settings(domains={"code": ["x"]}, drafters=("none", "ngram", "specblock", "eagle"),
                         trained_shapes=True)

@@ -112,7 +112,7 @@ def test_a_benchmark_prints_one_json_object_and_writes_its_result(tmp_path: Path
 
 def test_study_runs_the_named_study_and_prints_its_tables_or_one_object(cli, monkeypatch,
                                                                        tmp_path: Path) -> None:
-    from experiments import studies
+    from experiments.tuning import studies
 
     def run_study(name: str, directory: Path) -> dict:
         (directory / f"study_{name}.md").write_text(f"# {name} table\n")
@@ -121,6 +121,6 @@ def test_study_runs_the_named_study_and_prints_its_tables_or_one_object(cli, mon
     monkeypatch.setattr(studies, "run_study", run_study)
     code, out, err = cli(["study", "length", "--out", str(tmp_path)])
     assert code == 0 and out.startswith("# length table") and "study_length.json" in err
-    code, out, _ = cli(["study", "adapt", "--out", str(tmp_path), "--json"])
+    code, out, _ = cli(["study", "adapt", "--out", str(tmp_path), "--json"])  # the role's older name
     shown = json.loads(out)
-    assert code == 0 and shown["results"] == str(tmp_path / "study_adapt.json") and shown["rows"] == []
+    assert code == 0 and shown["results"] == str(tmp_path / "study_adaptation.json") and shown["rows"] == []

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.deploy import Forecast, Live, compare, decision_cost
 from experiments.intervals import interval, ratio_of_sums, resample_queries, resamples
+from experiments.pipeline.deploy import Forecast, Live, compare, decision_cost
 from policies import make_policy
 from policies.calibration import Calibration
 

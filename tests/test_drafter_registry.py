@@ -65,7 +65,7 @@ def test_a_registered_drafter_is_offered_and_decodes_as_vanilla(repeat: DrafterS
 
 def test_the_bench_harness_runs_a_registered_drafter(repeat: DrafterSpec, target: Transformer,
                                                      tmp_path: Path) -> None:
-    from experiments.bench import Config, Engine, Settings, plan, run_bench
+    from experiments.specbench.run import Config, Engine, Settings, plan, run_bench
 
     settings = Settings(domains={}, drafters=("none", "repeat"), temperatures=(0.0,), max_new_tokens=8,
                         depth=2)
@@ -154,9 +154,9 @@ def test_the_registration_brings_its_profile_series_and_costs(repeat: DrafterSpe
 def test_the_registration_brings_its_shapes_fidelity_and_training(repeat: DrafterSpec, target: Transformer,
                                                                   llama_dir: Path, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from experiments import fidelity
     from experiments.commands.train import kinds
-    from experiments.shapes import shape_grids, sweep
+    from experiments.pipeline import fidelity
+    from experiments.specbench.shapes import shape_grids, sweep
 
     assert shape_grids()["repeat"] == toy_drafter.SHAPES
     result = sweep(target, [PROMPT], {"repeat": tmp_path}, max_new_tokens=6, progress=False)

@@ -11,8 +11,8 @@ import pytest
 from core.cost_profile import profile_from_json
 from core.errors import InputError
 from core.paths import DATA, TRACES
-from experiments import fidelity
 from experiments.cli import main
+from experiments.pipeline import fidelity
 from real_engine.prompts import Prompt
 
 TRACE_TOKENS = 128  # new tokens per prompt of the shipped traces (acceptance grows along a generation)

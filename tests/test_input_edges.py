@@ -20,9 +20,9 @@ from core import files
 from core.cost_profile import load_profile
 from core.errors import InputError
 from core.paths import PAPER_PROFILE, PROMPTS, REPO, TOKENIZER
-from experiments import bench
 from experiments.cli import MAX_SEED, main, resolve_device
-from experiments.tune import load_calibration
+from experiments.specbench import run as bench
+from experiments.tuning.tune import load_calibration
 from policies.base import load_policy
 from real_engine import trace
 from real_engine.decode import generate, make_drafter

@@ -13,7 +13,7 @@ import pytest
 from time_limits import limit
 
 from core.paths import REPO
-from experiments.pipeline import STEPS
+from experiments.pipeline.run import STEPS
 
 pytestmark = pytest.mark.slow
 

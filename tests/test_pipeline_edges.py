@@ -16,9 +16,9 @@ from time_limits import limit
 
 from core.errors import InputError
 from core.paths import REPO
-from experiments import pipeline
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, hold
-from experiments.pipeline import QUICK, STEPS, run_pipeline
+from experiments.pipeline import run as pipeline
+from experiments.pipeline.run import QUICK, STEPS, run_pipeline
 
 DEPLOY = {"policies": {}, "fidelity_error": 0.1, "fidelity_error_ci": [0.05, 0.2], "worst_error": 0.3,
           "rank_agreement": {}, "against_best_fixed": {}}

@@ -14,8 +14,8 @@ import pytest
 
 from core.names import ROLES
 from core.paths import PAPER_PROFILE
-from experiments.pipeline import length_kinds
-from experiments.tune import Traffic, check_kinds, configurations, evaluate, make_setting
+from experiments.pipeline.run import length_kinds
+from experiments.tuning.tune import Traffic, check_kinds, configurations, evaluate, make_setting
 from policies import (
     POLICY_FILE_VERSION,
     POLICY_KINDS,

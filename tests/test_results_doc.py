@@ -13,7 +13,7 @@ from time_limits import limit
 
 from core.paths import REPO, RESULTS
 from experiments.provenance import provenance
-from experiments.results_doc import PAGE, family, render
+from experiments.results.doc import PAGE, family, render
 
 PIPELINE_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 ADAPT_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"

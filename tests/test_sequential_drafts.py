@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from test_fidelity import PROMPTS, chain_traces, flat_profile
 
-from experiments import fidelity
+from experiments.pipeline import fidelity
 from policies.base import make_policy
 from policies.features import LENGTH_CAP, LENGTH_SLICES, length_features
 from real_engine.speculate import LengthControlled

@@ -12,7 +12,7 @@ import pytest
 from core.cost_profile import resolve_profile
 from core.names import VANILLA
 from core.paths import CPU_PROFILE
-from experiments.serve_bench import (
+from experiments.serving.bench import (
     default_settings,
     draw_arrivals,
     steering_fit,

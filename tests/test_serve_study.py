@@ -1,5 +1,5 @@
 """The serving study's parts: each case's capacity, one simulated point, and the tables and plot drawn
-from a result (the whole study runs for minutes: `specblock study serve`)."""
+from a result (the whole study runs for minutes: `specblock study serving`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from core.paths import PAPER_PROFILE
-from experiments.serve_report import study_body
-from experiments.serve_study import CASES, capacity, serve_markdown, serve_plot, serve_point
-from experiments.tune import Traffic, make_setting
+from experiments.serving.report import study_body
+from experiments.tuning.serving_study import CASES, capacity, serve_markdown, serve_plot, serve_point
+from experiments.tuning.tune import Traffic, make_setting
 from policies.serving import NEVER
 from simulator.spec_serve import ServeTraffic
 

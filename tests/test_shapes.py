@@ -11,7 +11,7 @@ import torch
 
 from core.errors import InputError
 from experiments.cli import main
-from experiments.shapes import markdown, sweep
+from experiments.specbench.shapes import markdown, sweep
 from real_engine.decode import make_drafter
 from real_engine.drafters.specblock import SpecBlock, save_specblock
 from real_engine.drafters.trained import deployed_shape, write_shape

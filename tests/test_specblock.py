@@ -475,7 +475,7 @@ def test_smaller_drafter_and_bad_settings(target: Transformer, tmp_path) -> None
 
 
 def test_rank_confusion_counts_labels_by_row_and_predictions_by_column(target: Transformer) -> None:
-    from experiments.bench import rank_confusion
+    from experiments.specbench.run import rank_confusion
 
     net = branching(target, bias=(0.0, 0.0, 0.0, 20.0))  # the rank head always predicts bucket 3
     out = rank_confusion(target, net, [sequence(16, 3).tolist(), sequence(12, 4).tolist()], seed=0)

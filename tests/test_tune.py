@@ -13,7 +13,7 @@ import pytest
 from core.errors import InputError
 from core.paths import PAPER_PROFILE, SERVE_PROFILE, TRACES
 from experiments.cli import main
-from experiments.tune import (
+from experiments.tuning.tune import (
     Traffic,
     TuneResult,
     best_rows,

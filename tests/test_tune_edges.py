@@ -22,7 +22,7 @@ from time_limits import limit
 from core.errors import InputError
 from core.paths import PAPER_PROFILE, REPO
 from experiments.folders import LOCK, hold
-from experiments.tune import MAX_SAMPLES, TRIALS, Traffic, make_setting, tune_policies
+from experiments.tuning.tune import MAX_SAMPLES, TRIALS, Traffic, make_setting, tune_policies
 
 SETTING = make_setting("length", PAPER_PROFILE, queries=16, chunks=2, traffic=Traffic())
 KINDS = ("threshold", "fixed")
@@ -81,7 +81,7 @@ def test_a_port_that_is_not_ray_fails_fast(tmp_path: Path) -> None:
 
 def test_a_grpc_server_that_is_not_ray_is_refused_within_the_join_limit(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from experiments import ray_session
+    from experiments.tuning import ray_session
 
     monkeypatch.setattr(ray_session, "CONNECT_SECONDS", 3)
     with socket.socket() as server:  # answers the HTTP/2 preface with a SETTINGS frame, then says nothing

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from core.files import read_json, write_json
 from core.names import DrafterSpec, DraftOption, register_drafter
-from experiments.fidelity import Config, make_config
+from experiments.pipeline.fidelity import Config, make_config
 from real_engine.drafter_profiles import DraftSeries, DraftTimer, Profiler
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree

@@ -3,7 +3,7 @@
 The engine serves the stream (2,000 queries, equal shares of the four domains, the mix shifting halfway,
 48 to 64 new tokens each; ``--quick``: 16) once per adaptation policy (never, always with head updates,
 always with full updates, epsilon-greedy, the cost-aware bandit); the simulator, fitted to those streams,
-predicts each (``experiments.adapt_live`` describes the experiment). Writes ``<out>/<name>.json``,
+predicts each (``experiments.adapt.live`` describes the experiment). Writes ``<out>/<name>.json``,
 ``.md`` and ``.png``; ``--json`` prints one object: ``policies`` -> name -> ``tokens_per_second``,
 ``tokens_per_second_ci`` (95%), ``tau``, ``updates`` (by kind), ``update_seconds``,
 ``simulated_tokens_per_second``, ``simulated_error`` and more, and ``fidelity_error``. ``--overlap`` trains
@@ -21,7 +21,7 @@ import click
 from core.models import ModelSpec
 from core.names import DOMAINS
 from core.paths import RESULTS
-from experiments.adapt_plan import DEFAULT_PLAN, QUICK_PLAN
+from experiments.adapt.plan import DEFAULT_PLAN, QUICK_PLAN
 from experiments.cli import OUT_FOLDER, SEED, drafter_folder, model_option, model_profile, model_prompts
 
 
@@ -49,7 +49,7 @@ def command(model: ModelSpec, drafter_dir: Path | None, profile_path: Path | Non
     model_dir = model.require().target
     drafter_dir = drafter_folder(model, "specblock", drafter_dir)
     profile_path = model_profile(model, profile_path)
-    from experiments.adapt_live import run  # torch, the simulator: not for --help
+    from experiments.adapt.live import run  # torch, the simulator: not for --help
 
     name = name or ("adapt_live_quick" if quick else "adapt_live") + ("_overlap" if overlap else "")
     result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name,

@@ -14,7 +14,6 @@ from core.models import ModelSpec
 from core.names import DTYPES, drafter_choices, registry, trained_drafters
 from core.paths import RESULTS, repo_relative
 from core.verifiers import DRAFT_SHAPES, verifier_names
-from experiments.bench_report import markdown, write_report
 from experiments.cli import (
     OUT_FOLDER,
     SEED,
@@ -25,6 +24,7 @@ from experiments.cli import (
     resolve_device,
 )
 from experiments.provenance import save_result
+from experiments.specbench.report import markdown, write_report
 from real_engine.drafters.trained import deployed_shape, trained_available
 
 
@@ -139,11 +139,12 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
             dtype: str | None, tag: str | None, out: Path, policy_files: tuple[Path, ...],
             profile_path: Path | None,
             as_json: bool) -> None:
-    """Benchmark vanilla and speculative decoding per domain, drafter, verifier and temperature.
+    """Decode the prompt sets with vanilla and each drafter and verifier (Spec-Bench style, per domain and
+    temperature; not `specblock benchmark NAME`, which runs one of the project's benchmarks).
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
     """
-    from experiments.bench import Settings, load_prompts  # torch and the engine: not for --help
+    from experiments.specbench.run import Settings, load_prompts  # torch and the engine: not for --help
     from real_engine.prompts import read_prompt_file
 
     names = _names(drafters, "--drafters", drafter_choices(), "; the transformers peer is --hf")
@@ -214,7 +215,8 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.bench import (
+    from experiments.specbench.hf_peer import HFPeer, transformers_available
+    from experiments.specbench.run import (
         Engine,
         agreement,
         plan,
@@ -222,7 +224,6 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         run_bench,
         text_acceptance,
     )
-    from experiments.hf_peer import HFPeer, transformers_available
     from real_engine.model import load_model
     from real_engine.prompts import encode_row
     from real_engine.tokenizer import Tokenizer

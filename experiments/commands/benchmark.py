@@ -37,5 +37,5 @@ class BenchmarkGroup(LazyGroup):
 
 @click.group("benchmark", cls=BenchmarkGroup)
 def command() -> None:
-    """Run one benchmark of benchmarks/ (engine, kernels, LP, simulator, verifiers, checkouts, pipeline,
-    mutation testing)."""
+    """Run one of the project's benchmarks (a module of benchmarks/: engine, kernels, LP, simulator,
+    verifiers, checkouts, pipeline, mutation testing); `specblock bench` is the decoding benchmark."""

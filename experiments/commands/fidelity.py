@@ -1,8 +1,8 @@
 """`specblock fidelity`: the simulator's predicted tokens/s against the live engine's, per configuration.
 
-Records calibration traces, runs every configuration of ``experiments.fidelity.configs()`` in the engine on
-the evaluation prompts and in the simulator from its trace, and writes ``<out>/<name>.json`` (with
-provenance) and ``<name>.md`` (``experiments.fidelity`` describes the method).
+Records calibration traces, runs every configuration of ``experiments.pipeline.fidelity.configs()`` in the
+engine on the evaluation prompts and in the simulator from its trace, and writes ``<out>/<name>.json`` (with
+provenance) and ``<name>.md`` (``experiments.pipeline.fidelity`` describes the method).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None,
     import torch  # torch, the engine and the simulator load here, not for --help
 
     from core.cost_profile import load_profile, profile_measurement
-    from experiments.fidelity import Engine, calibrate, configs, given_traces, markdown, run_fidelity
+    from experiments.pipeline.fidelity import Engine, calibrate, configs, given_traces, markdown, run_fidelity
     from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer

@@ -92,7 +92,7 @@ def command(
     from rich.console import Console  # rich, torch and Ray: not for --help
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.pipeline import FULL, QUICK, SMOKE, STEPS, run_pipeline
+    from experiments.pipeline.run import FULL, QUICK, SMOKE, STEPS, run_pipeline
 
     if out is None:
         out = _latest() if resume else PIPELINE_RUNS / time.strftime("%Y%m%d-%H%M%S")

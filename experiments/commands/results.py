@@ -1,6 +1,6 @@
 """`specblock results`: write docs/results.md from the results files, or check that it is up to date.
 
-The page is generated (``experiments.results_doc``), never edited by hand: ``--check`` exits 1 when the
+The page is generated (``experiments.results.doc``), never edited by hand: ``--check`` exits 1 when the
 committed page differs from what the files give, which is how CI catches a hand edit or a results file
 committed without its page.
 """
@@ -14,7 +14,7 @@ import click
 
 from core.files import MAX_RECORD_BYTES, read_text, write_text
 from core.paths import RESULTS
-from experiments.results_doc import PAGE, render
+from experiments.results.doc import PAGE, render
 
 
 @click.command("results")

@@ -1,5 +1,5 @@
 """`specblock serve-bench`: serving policies live in the batched engine under Poisson arrivals, beside the
-serving simulator's prediction of the same requests (``experiments.serve_bench``)."""
+serving simulator's prediction of the same requests (``experiments.serving.bench``)."""
 
 from __future__ import annotations
 
@@ -120,14 +120,14 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
 
     from core.cost_profile import load_profile, profile_from_json
     from experiments.provenance import save_result
-    from experiments.serve_bench import (
+    from experiments.serving.bench import (
         CONTEXT_TOKENS,
         ServeBench,
         default_settings,
         measure_profile,
         record_acceptance,
     )
-    from experiments.serve_report import bench_body
+    from experiments.serving.report import bench_body
     from real_engine import profile as prof
     from real_engine.model import load_model
     from real_engine.timing import frozen_heap

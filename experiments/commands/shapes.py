@@ -1,11 +1,11 @@
-"""`specblock shapes`: tune each drafter's shape on this machine (``experiments.shapes``).
+"""`specblock shapes`: tune each drafter's shape on this machine (``experiments.specbench.shapes``).
 
-Greedy tokens/s of every shape of each drafter's registered ``shapes`` (``experiments.shapes.shape_grids``)
-over vanilla, round-robin on the calibration prompts; writes ``<out>/<tag>.json`` and ``.md``;
-``--apply`` saves each drafter's fastest shape as its folder's ``drafting.json``, which ``generate`` (and
-for the trained drafters ``bench`` and ``trace``) then use; the draft model's lies in
-``<drafters-dir>/draft``. ``--model`` chooses the model: its target, its drafters folder (default
-``--drafters-dir``) and its prompt sets.
+Greedy tokens/s of every shape of each drafter's registered ``shapes``
+(``experiments.specbench.shapes.shape_grids``) over vanilla, round-robin on the calibration prompts; writes
+``<out>/<tag>.json`` and ``.md``; ``--apply`` saves each drafter's fastest shape as its folder's
+``drafting.json``, which ``generate`` (and for the trained drafters ``bench`` and ``trace``) then use; the
+draft model's lies in ``<drafters-dir>/draft``. ``--model`` chooses the model: its target, its drafters folder
+(default ``--drafters-dir``) and its prompt sets.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def command(drafters: str, domains: str | None, count: int, rounds: int, max_new
     """Measure every shape of each drafter against vanilla; optionally deploy the fastest."""
     import torch  # torch and the engine: not for --help
 
-    from experiments.shapes import label, run
+    from experiments.specbench.shapes import label, run
 
     for flag, value in (("--prompts", count), ("--rounds", rounds), ("--max-new-tokens", max_new_tokens),
                         ("--threads", threads)):

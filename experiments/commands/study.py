@@ -1,4 +1,4 @@
-"""`specblock study length|adapt|serve`: one of the policy studies (``experiments.studies``).
+"""`specblock study length|adaptation|serving`: one of the policy studies (``experiments.tuning.studies``).
 
 Tunes the policies with Ray Tune on tuning seeds, evaluates every policy on held-out seeds with common
 random numbers, and writes ``<out>/study_<name>.json``, ``.md`` and ``.png``.
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from core.names import ROLE_ALIASES
 from core.paths import RESULTS
 from experiments.cli import OUT_FOLDER
 
@@ -24,10 +25,11 @@ from experiments.cli import OUT_FOLDER
                                                       "tables.")
 def command(name: str, out: Path, as_json: bool) -> None:
     """Run a policy study on local Ray: STUDY is length (speculation-length policies per cost profile,
-    drafter and traffic), adapt (adaptation policies on shifted streams) or serve (serving policies under
-    load, across arrival rates)."""
-    from experiments.studies import run_study  # Ray and the simulator: not for --help
+    drafter and traffic), adaptation (adaptation policies on shifted streams) or serving (serving policies
+    under load, across arrival rates); adapt and serve name them too."""
+    from experiments.tuning.studies import run_study  # Ray and the simulator: not for --help
 
+    name = ROLE_ALIASES.get(name, name)
     result = run_study(name, out)
     files = {suffix: str(out / f"study_{name}.{suffix}") for suffix in ("json", "md", "png")}
     if as_json:

@@ -4,7 +4,7 @@ best.
 The task is the role of the policies it tunes: ``length`` tunes speculation-length policies on SpecLength
 queries, ``adaptation`` adaptation policies on AdaptStream streams with a domain shift, ``serving`` the
 lengths of a batch's requests on SpecServe episodes (``adapt`` and ``serve`` still name the last two;
-``experiments.tune`` describes the objective, the common random numbers and the out folder).
+``experiments.tuning.tune`` describes the objective, the common random numbers and the out folder).
 Local Ray on 2 CPUs by default; ``--address`` joins a running cluster (checked, and joined within 30 s,
 before any work). ``--resume`` continues an interrupted study in the same ``--out`` from its trial
 records; one process at a time may write a study folder.
@@ -109,7 +109,12 @@ def command(task: str, samples: int, kinds: tuple[str, ...], search: str, schedu
             address: str | None, out: Path | None, resume: bool, as_json: bool) -> None:
     """Tune speculation-length, adaptation or serving policies with Ray Tune; write the results and best
     policy."""
-    from experiments.tune import StudyError, check_kinds, make_setting, tune_policies  # Ray: not for --help
+    from experiments.tuning.tune import (  # Ray: not for --help
+        StudyError,
+        check_kinds,
+        make_setting,
+        tune_policies,
+    )
     from simulator.calibration import fit_calibration
     from simulator.spec_serve import ServeTraffic
     from simulator.traces import load_traces

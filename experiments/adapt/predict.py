@@ -1,4 +1,4 @@
-"""The simulated half of ``experiments.adapt_live``: engine streams as ``AdaptRecord``s, ``AdaptStream``'s
+"""The simulated half of ``experiments.adapt.live``: engine streams as ``AdaptRecord``s, ``AdaptStream``'s
 prediction of each policy's stream, and the figures both are compared by."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from simulator.predict import make_env
 from simulator.rollout import serve_query
 
 if TYPE_CHECKING:
-    from experiments.adapt_plan import StreamPlan
+    from experiments.adapt.plan import StreamPlan
 
 
 def record_of(rows: Sequence[Mapping[str, Any]], domains: Sequence[str]) -> Any:

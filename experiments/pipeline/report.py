@@ -15,6 +15,7 @@ import numpy as np
 
 from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, atomic_write, read_json, write_json, write_text
 from experiments.lp_table import evaluate_verifiers
+from experiments.report_format import Lines, Record, Renderer, flag, table
 from simulator.instances import random_instance
 
 
@@ -157,3 +158,32 @@ def _plot(rows: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _fidelity_command(name: str, config: Record) -> str:
+    return f"specblock fidelity{flag('--name', name, 'fidelity')}"
+
+
+def _fidelity_body(record: Record) -> Lines:
+    config, result = record["config"], record["results"]
+    lines = [f"{config['calibration']} calibration and {config['evaluation']} evaluation prompts, "
+             f"{config['max_new_tokens']} new tokens, greedy, profile `{Path(config['profile']).name}` "
+             f"({result['clock']} clock). Tokens/s error: median {result['median_abs_error']:.1%}, worst "
+             f"{result['worst_abs_error']:.1%}; speedup error: median "
+             f"{result['median_abs_speedup_error']:.1%}, worst {result['worst_abs_speedup_error']:.1%}.", ""]
+    rows = [[c["name"], f"{c['measured'][result['clock']]['tokens_per_second']:.1f}",
+             f"{c['predicted']['tokens_per_second']:.1f}", f"{c['error']:+.1%}",
+             f"{c['measured_speedup']:.3f}", f"{c['predicted_speedup']:.3f}",
+             f"{c['measured']['tau']:.2f}", f"{c['predicted']['tau']:.2f}"] for c in result["configs"]]
+    return lines + table(["configuration", "measured tok/s", "predicted tok/s", "error", "measured speedup",
+                          "predicted speedup", "measured tau", "predicted tau"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "fidelity": Renderer("Simulator fidelity: predicted against measured throughput", _fidelity_command,
+                         _fidelity_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -9,7 +9,7 @@ steady-state tokens and seconds on the profile's clock (after the first step, wh
 drafter's cache: prefill is outside the simulator's scope). The interval resamples prompts within
 each domain (``experiments.intervals``).
 
-Predicted: ``experiments.fidelity.simulate`` from the cost profile and the calibration traces, on
+Predicted: ``experiments.pipeline.fidelity.simulate`` from the cost profile and the calibration traces, on
 queries shaped like the held-out prompts; its interval resamples the recorded calibration queries
 within each domain, the uncertainty of a forecast built from a handful of queries.
 
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from experiments.fidelity import Config, StepClock, simulate
 from experiments.intervals import REPLICATES, interval, ratio_of_sums, resample_queries, resamples
+from experiments.pipeline.fidelity import Config, StepClock, simulate
 from policies import length_features, make_policy
 from policies.features import LENGTH_CAP
 from real_engine.decode import generate

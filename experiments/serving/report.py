@@ -1,5 +1,5 @@
 """How `specblock serve-bench` and the serving study read: their tables, for the command's own ``.md``
-and for docs/results.md (``SERVE_RENDERERS``)."""
+and for docs/results.md (``RENDERERS``)."""
 
 from __future__ import annotations
 
@@ -78,9 +78,9 @@ def study_body(record: Record) -> Lines:
     return lines[:-1]
 
 
-SERVE_RENDERERS = {
+RENDERERS: dict[str, Renderer] = {
     "serve_bench": Renderer("Serving under load: policies live against the serving simulator", bench_command,
                             bench_body),
-    "study_serve": Renderer("Study: speculation under load in simulation",
+    "study_serving": Renderer("Study: speculation under load in simulation",
                             lambda name, config: f"specblock study {config['study']}", study_body),
 }

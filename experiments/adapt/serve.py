@@ -1,4 +1,4 @@
-"""The live half of ``experiments.adapt_live``: each policy's engine stream, and the cost profile's samples
+"""The live half of ``experiments.adapt.live``: each policy's engine stream, and the cost profile's samples
 re-timed right before, during and after it (this shared machine's speed drifts within minutes)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from real_engine.trace import iteration_row
 from real_engine.update_profile import specblock_update_samples
 
 if TYPE_CHECKING:
-    from experiments.adapt_plan import StreamPlan
+    from experiments.adapt.plan import StreamPlan
 
 DRAFT = {"blocks": 2, "starts": 4, "budget": 16}  # the deployed tree; budget = the simulator's positions
 RETIME = {"nodes": (1, 2, 3, 4, 5, 6, 8, 12, 17), "contexts": (64, 128, 256), "specblock_starts": (1, 2, 4),

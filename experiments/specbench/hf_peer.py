@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from experiments.bench import Config, Measurement
+from experiments.specbench.run import Config, Measurement
 
 
 def transformers_available() -> bool:

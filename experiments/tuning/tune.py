@@ -52,7 +52,10 @@ from core.names import ROLE_ALIASES, ROLES
 from core.paths import TUNE_RUNS
 from experiments.defaults import default_drafter, default_profile, shipped_traces
 from experiments.folders import check_writable, hold
-from experiments.ray_session import check_address, start_ray  # quiets Ray: ray is imported later, locally
+from experiments.tuning.ray_session import (  # quiets Ray: ray is imported later, locally
+    check_address,
+    start_ray,
+)
 from policies import check_role, tune_kinds
 from policies.base import POLICY_KINDS, Policy, canonical_kind, make_policy, policy_to_dict, save_policy
 from policies.calibration import Calibration
@@ -230,7 +233,7 @@ def evaluate(setting: Setting, kind: str, params: Mapping[str, Any] | None = Non
 
 def _domain(kind: str, name: str) -> Any:
     """Ray Tune's sampling domain of one parameter: its ``RANGES`` entry, narrowed by its ``SEARCH`` one."""
-    from ray import tune  # after experiments.ray_session has set Ray's environment
+    from ray import tune  # after experiments.tuning.ray_session has set Ray's environment
 
     params_type = POLICY_KINDS[kind].params_type
     spec = params_type.RANGES[name]
@@ -302,7 +305,7 @@ def default_params(kind: str) -> dict[str, Any]:
 
 def _trial(config: dict[str, Any], setting: Setting) -> None:
     """One Ray Tune trial: simulate chunk by chunk, reporting cumulative tokens/s after each."""
-    from ray import tune  # after experiments.ray_session has set Ray's environment
+    from ray import tune  # after experiments.tuning.ray_session has set Ray's environment
 
     policy = config["policy"]
     done: list[Outcome] = []
@@ -352,7 +355,7 @@ class TuneResult:
 
 def _recorder(folder: Path) -> Any:
     """A Ray Tune callback (run in this process) that writes each trial's record as the trial ends."""
-    from ray.tune import Callback  # after experiments.ray_session has set Ray's environment
+    from ray.tune import Callback  # after experiments.tuning.ray_session has set Ray's environment
 
     class Recorder(Callback):
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -415,7 +418,7 @@ def _read_record(path: Path, policies: Sequence[Mapping[str, Any]]) -> dict[str,
 
 def _tuner(setting: Setting, policies: list[dict[str, Any]], scheduler: str, out: Path) -> Any:
     """A fresh Ray Tune experiment over ``policies`` whose trials record themselves in ``out/trials``."""
-    from ray import tune  # after experiments.ray_session has set Ray's environment
+    from ray import tune  # after experiments.tuning.ray_session has set Ray's environment
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
@@ -505,7 +508,7 @@ def tune_policies(setting: Setting, kinds: Sequence[str] = (), samples: int = 16
             tune_seconds = _run(setting, pending, scheduler, out, config)
         finally:
             if started:
-                import ray  # after experiments.ray_session has set Ray's environment
+                import ray  # after experiments.tuning.ray_session has set Ray's environment
 
                 ray.shutdown()
         return _finish(setting, config, policies, out, start, tune_seconds, len(pending))

@@ -1,4 +1,4 @@
-"""The report of ``experiments.adapt_live``: the markdown tables (with how the simulator charged drafting,
+"""The report of ``experiments.adapt.live``: the markdown tables (with how the simulator charged drafting,
 updates and the re-timed decoding) and the per-query plot."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from core.files import atomic_write
-from experiments.adapt_predict import mean_shape
-from experiments.adapt_serve import pooled, with_samples
+from experiments.adapt.plan import QUICK_SIZES
+from experiments.adapt.predict import mean_shape
+from experiments.adapt.serve import pooled, with_samples
+from experiments.report_format import Lines, Record, Renderer, flag, interval, table
 from simulator.adaptation import ADAPT_FITTED
 
 
@@ -218,3 +220,71 @@ def plot(result: Mapping[str, Any], path: Path, shift: int) -> None:
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _adapt_live_command(name: str, config: Record) -> str:
+    plan = config["plan"]  # files written before the paper's stream plan no query count
+    quick = plan["queries"] in QUICK_SIZES if "queries" in plan else name.endswith("_quick")
+    overlap = str(config.get("clock", "")).startswith("wall clock")  # trained beside decoding
+    default = f"adapt_live{'_quick' if quick else ''}{'_overlap' if overlap else ''}"
+    return f"specblock adapt-live{' --quick' if quick else ''}{' --overlap' if overlap else ''}" \
+           f"{flag('--name', name, default)}"
+
+
+def _adapt_live_body(record: Record) -> Lines:
+    plan, figures = record["config"]["plan"], record["results"].get("figures")
+    if figures is not None:
+        return _adapt_stream_body(plan, record["results"], figures)
+    # written before the paper's stream: code queries first, then the domains in turn
+    lines = [f"Stream: {plan['first']} code queries, then {plan['mixed']} mixed, {plan['max_new_tokens']} "
+             "new tokens each; measured live against the simulator's AdaptStream (sim). Shifted tau: the "
+             "non-code queries of the first against the second half of the mixed phase.", ""]
+    rows = []
+    for policy, entry in record["results"]["policies"].items():
+        m, s = entry["measured"], entry["simulated_summary"]
+        rows.append([policy, f"{m['tokens_per_second']:.1f}", f"{s['tokens_per_second']:.1f}",
+                     f"{m['tau']:.3f}", f"{s['tau']:.3f}",
+                     f"{m['shifted_tau_early']:.3f} -> {m['shifted_tau_late']:.3f}",
+                     f"{entry['updates']['head']}/{entry['updates']['full']}"])
+    return lines + table(["policy", "tokens/s", "sim", "tau", "sim", "shifted tau early -> late",
+                          "updates (head/full)"], rows)
+
+
+def _adapt_stream_body(plan: Record, results: Record, figures: Record) -> Lines:
+    mix = results["mix"]
+    prompts = ", ".join(f"{d} {n}" for d, n in results["prompts"].items())
+    lines = [f"Stream: {plan['queries']} queries, equal shares of the domains, the mix shifting after query "
+             f"{plan['shift']} (toward {', '.join(mix['shifted'])}), {plan['min_new_tokens']} to "
+             f"{plan['max_new_tokens']} new tokens each; distinct held-out prompts per domain: {prompts} "
+             "(reused in order when the stream needs more). Measured live, tokens/s with update seconds "
+             "charged [95% CI: bootstrap over the queries within each domain], against the simulator's "
+             "AdaptStream (sim). Shifted tau: the shifted domains' queries in the first against the second "
+             f"half after the shift. Fidelity error (median |sim / measured - 1|): "
+             f"{figures['fidelity_error']:.1%}.", ""]
+    adjusted = all("tokens_per_second_at_never_speed" in f for f in figures["policies"].values())
+    if adjusted:
+        lines[0] += (" At never's speed: each query's seconds divided by the machine's slowness there over "
+                     "the never stream's, from the re-timings between queries (the policies serve in turn "
+                     "while the machine drifts): an adjustment, not a measurement.")
+    rows = []
+    for policy, f in figures["policies"].items():
+        rows.append([policy, interval(f["tokens_per_second"], f["tokens_per_second_ci"], ".1f"),
+                     *([interval(f["tokens_per_second_at_never_speed"],
+                                 f["tokens_per_second_at_never_speed_ci"], ".1f")] if adjusted else []),
+                     f"{f['simulated_tokens_per_second']:.1f}", f"{f['simulated_error']:+.1%}",
+                     f"{f['tau']:.3f}", f"{f['simulated_tau']:.3f}",
+                     f"{f['shifted_tau_early']:.3f} -> {f['shifted_tau_late']:.3f}",
+                     f"{f['updates']['head']}/{f['updates']['full']}", f"{f['update_seconds']:.1f}"])
+    return lines + table(["policy", "tokens/s [95% CI]", *(["at never's speed"] if adjusted else []), "sim",
+                          "sim error", "tau", "sim", "shifted tau early -> late", "updates (head/full)",
+                          "update s"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "adapt_live": Renderer("Live online adaptation against the simulator", _adapt_live_command,
+                           _adapt_live_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -2,7 +2,7 @@
 
 Every file under benchmarks/results/ was written by ``experiments.provenance.save_result`` and records
 its config, seed, package versions, machine and commit. A renderer per family (the registry
-``RENDERERS``) names the command that writes the file and turns its key figures into a compact table;
+``renderers()``) names the command that writes the file and turns its key figures into a compact table;
 a file no renderer reads gets a one-line entry, so a new results file never breaks the page. The output
 depends on the files only (sorted, no clock), so ``specblock results --check`` can compare it.
 """
@@ -16,7 +16,7 @@ from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, read_json
 from core.paths import REPO, repo_relative
 from experiments.report_format import Lines, Record, Renderer, recorded
-from experiments.results_renderers import RENDERERS
+from experiments.results.renderers import renderers
 
 GENERATOR = "specblock results"
 PAGE = REPO / "docs" / "results.md"  # the page this module writes
@@ -28,7 +28,7 @@ PAGE = REPO / "docs" / "results.md"  # the page this module writes
 def family(name: str) -> str | None:
     """The registry key that reads results file ``name``: the name itself or its longest prefix before
     an underscore (``bench_shipped`` -> ``bench``); None when no renderer knows it."""
-    matches = [key for key in RENDERERS if name == key or name.startswith(f"{key}_")]
+    matches = [key for key in renderers() if name == key or name.startswith(f"{key}_")]
     return max(matches, key=len) if matches else None
 
 
@@ -67,7 +67,7 @@ def render(folder: Path, link_base: str) -> str:
     if not paths:
         raise InputError(f"{folder}: no results files (*.json) there: give --results the folder the "
                          "benchmarks write, benchmarks/results")
-    groups: dict[str, Lines] = {key: [] for key in RENDERERS}
+    groups: dict[str, Lines] = {key: [] for key in renderers()}
     others: Lines = []
     for path in paths:
         name = path.stem
@@ -76,7 +76,7 @@ def render(folder: Path, link_base: str) -> str:
         key = family(name)
         lines = None
         if key is not None and isinstance(record, dict) and "results" in record:
-            lines = section(name, record, RENDERERS[key], folder, link_base)
+            lines = section(name, record, renderers()[key], folder, link_base)
         if lines is None:
             others.append(generic(name, record))
         else:
@@ -88,8 +88,8 @@ def render(folder: Path, link_base: str) -> str:
             "file records; the files hold every figure unrounded, with their config and seed.", ""]
     for key, lines in groups.items():
         if lines:
-            page += [f"## {RENDERERS[key].title}", "", *lines]
+            page += [f"## {renderers()[key].title}", "", *lines]
     if others:
-        page += ["## Other files", "", "Files no renderer in `experiments/results_doc.py` reads:", "",
+        page += ["## Other files", "", "Files no renderer in `experiments/results/doc.py` reads:", "",
                  *others, ""]
     return "\n".join(page).rstrip("\n") + "\n"

@@ -58,8 +58,8 @@
 Writes ``benchmarks/results/<name>.json`` (provenance, per-query rows, fitted dynamics, errors), ``.md``,
 ``.png`` and ``<name>_traces.parquet`` (the ``never`` stream's iterations: the acceptance the simulator
 replayed, which ``benchmarks/adapt_breakeven.py`` maps adaptation on). Modules: this one (plan, stream,
-the whole run), ``experiments.adapt_serve`` (the engine's streams and re-timing),
-``experiments.adapt_predict`` (the simulator's prediction) and ``experiments.adapt_report`` (tables and
+the whole run), ``experiments.adapt.serve`` (the engine's streams and re-timing),
+``experiments.adapt.predict`` (the simulator's prediction) and ``experiments.adapt.report`` (tables and
 plot). Run: ``specblock adapt-live`` (``--quick`` for the
 16-query stream).
 """
@@ -82,8 +82,8 @@ from core.files import write_text
 from core.models import TOY
 from core.names import DOMAINS
 from core.paths import RESULTS, repo_relative
-from experiments.adapt_plan import StreamPlan
-from experiments.adapt_predict import (
+from experiments.adapt.plan import StreamPlan
+from experiments.adapt.predict import (
     add_draft_ratios,
     at_machine_speed,
     errors,
@@ -94,8 +94,8 @@ from experiments.adapt_predict import (
     summary,
     tree_nodes,
 )
-from experiments.adapt_report import bracket_ms, decode_ms, markdown, plot
-from experiments.adapt_serve import (
+from experiments.adapt.report import bracket_ms, decode_ms, markdown, plot
+from experiments.adapt.serve import (
     DRAFT,
     machine_speed,
     overlap_slowdown,

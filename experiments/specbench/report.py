@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.files import atomic_write, write_text
+from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, pairs, table
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -164,3 +165,70 @@ def write_report(results: dict[str, Any], folder: Path, name: str) -> tuple[Path
     """Write ``<name>.md`` and ``<name>.png`` into ``folder``."""
     md = write_text(folder / f"{name}.md", markdown(results, f"specblock bench ({name})"))
     return md, plot(results["rows"], folder / f"{name}.png")
+
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _bench_command(name: str, config: Record) -> str:
+    counts = sorted(set(config["domains"].values()))
+    prompts = f" --prompts {counts[0]}" if len(counts) == 1 else ""
+    return (f"specblock bench --drafters {listed(config['drafters'])}"
+            f" --verifiers {listed(config['verifiers'])} --temperatures {listed(config['temperatures'])}"
+            f" --shapes {listed(config['shapes'])} --domains {listed(list(config['domains']))}{prompts}"
+            f" --max-new-tokens {config['max_new_tokens']}{flag('--threads', config.get('threads'))}"
+            f"{' --trained-shapes' if config['trained_shapes'] else ''}"
+            f"{' --no-hf' if config.get('hf_assisted') is None else ''}"
+            f"{flag('--tag', name.removeprefix('bench_'), 'bench')}")
+
+
+def _config_label(row: Record) -> str:
+    return "/".join(str(row[key]) for key in ("drafter", "shape", "verifier") if row[key]) + (
+        f" + {row['policy']}" if row.get("policy") else "")
+
+
+def _bench_body(record: Record) -> Lines:
+    rows = record["results"]["rows"]
+    domains = list(record["config"]["domains"])
+    speedups = {(_config_label(r), r["temperature"], r["domain"]): r["speedup"] for r in rows}
+    lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all domains pooled, then per "
+             "domain; tau: new tokens per target forward; draft ms: the drafter's time per iteration.", ""]
+    out = []
+    for r in (r for r in rows if r["domain"] == "all"):
+        label = _config_label(r)
+        per_domain = [speedups.get((label, r["temperature"], d)) for d in domains]
+        out.append([f"{r['temperature']:g}", label, f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
+                    f"{r['speedup']:.2f}x", *("-" if s is None else f"{s:.2f}x" for s in per_domain),
+                    f"{r['draft_ms']:.2f}", "yes" if r.get("greedy_identical") else "-"])
+    return lines + table(["T", "configuration", "tau", "tok/s", "speedup", *domains, "draft ms",
+                          "greedy identical"], out)
+
+
+def _shapes_command(name: str, config: Record) -> str:
+    return (f"specblock shapes --drafters {listed(config['drafters'])}"
+            f" --domains {listed(config['domains'])} --prompts {config['prompts']}"
+            f" --rounds {config['rounds']} --max-new-tokens {config['max_new_tokens']}"
+            f"{flag('--drafters-dir', config.get('drafters_dir', 'data/models'), 'data/models')}"
+            f"{flag('--threads', config['threads'], 1)}{flag('--tag', name, 'shapes')}"
+            f"{' --apply' if config.get('apply') else ''}")
+
+
+def _shapes_body(record: Record) -> Lines:
+    result = record["results"]
+    lines = [f"Greedy, round-robin with vanilla decoding ({result['vanilla_tokens_per_second']:.1f} "
+             "tokens/s). Speedup: median over prompts of vanilla's time over the shape's (quartiles beside "
+             "it). With `--apply` the command saves each fastest shape as the drafter's `drafting.json`.", ""]
+    rows = []
+    for drafter, shapes in sorted(result["drafters"].items()):
+        best = shapes[0]
+        rows.append([drafter, len(shapes), pairs(best["shape"]), f"{best['tokens_per_second']:.1f}",
+                     interval(best["speedup"], best["speedup_quartiles"], ".2f"), f"{best['tau']:.2f}"])
+    return lines + table(["drafter", "shapes measured", "fastest shape", "tokens/s", "speedup [quartiles]",
+                          "tau"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "bench": Renderer("Benchmark of the drafters and verifiers", _bench_command, _bench_body),
+    "shapes": Renderer("Drafter shapes (what `generate` and `bench` deploy)", _shapes_command, _shapes_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -1,4 +1,4 @@
-"""The plan of a live adaptation stream (``experiments.adapt_live``): its size, where its domain mix
+"""The plan of a live adaptation stream (``experiments.adapt.live``): its size, where its domain mix
 shifts, the range of each query's length and how often the engine is re-timed; the paper's 2,000-query
 plan, the quick one, and the pipelines' small ones."""
 

@@ -15,7 +15,7 @@ Seven steps, each writing into one run folder (``--resume`` skips the finished o
                 prediction for the same prompts -> ``deploy.json``; the adaptation policies (never,
                 always head, always full, epsilon-greedy, the cost-aware bandit, and the tuned ones)
                 serve a stream with a domain shift with online updates of the SpecBlock drafter
-                (``experiments.adapt_live``) -> ``adaptation.json``
+                (``experiments.adapt.live``) -> ``adaptation.json``
 7. ``report``   ``report.md`` and ``report.png``: predicted against measured tokens/s per policy, the
                 fidelity error (median absolute relative error), the tuned policies, the LP table
 
@@ -41,14 +41,14 @@ from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
 from core.models import TOY, ModelSpec
 from core.names import DOMAINS
 from core.paths import repo_relative
-from experiments import adapt_live
-from experiments.adapt_plan import PIPELINE_PLAN, QUICK_PLAN, SMOKE_PLAN, StreamPlan
+from experiments.adapt import live as adapt_live
+from experiments.adapt.plan import PIPELINE_PLAN, QUICK_PLAN, SMOKE_PLAN, StreamPlan
 from experiments.cli import drafter_folder, model_arg, model_domains, model_profile, model_prompts
-from experiments.deploy import LiveRun, compare, decision_cost, forecast
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hold, measurement_age
-from experiments.pipeline_report import write_report
-from experiments.ray_session import check_address
-from experiments.tune import load_calibration, make_setting, tune_policies
+from experiments.pipeline.deploy import LiveRun, compare, decision_cost, forecast
+from experiments.pipeline.report import write_report
+from experiments.tuning.ray_session import check_address
+from experiments.tuning.tune import load_calibration, make_setting, tune_policies
 from policies import (
     POLICY_KINDS,
     canonical_kind,
@@ -262,7 +262,7 @@ def _predict(run: Run, policy: Any, profile: Any = None, replicates: int = 0, ob
     """The simulator's forecast for ``policy`` (None: vanilla) on prompts like the evaluation set, from a
     cost ``profile`` (default: the run's ``cost_profile.json``) and the calibration traces, the policy
     shown ``observed``'s step times when given and its decisions timed here
-    (``experiments.deploy.Forecast``)."""
+    (``experiments.pipeline.deploy.Forecast``)."""
     plan = run.plan
     profile = load_profile(run.path("cost_profile.json")) if profile is None else profile
     traces = load_traces(run.path("traces.parquet"))
@@ -350,10 +350,10 @@ def _policies(run: Run) -> dict[str, Any]:
 
 
 def step_deploy(run: Run) -> dict[str, Any]:
-    """Measure every policy in the live engine beside the simulator's prediction (``experiments.deploy``).
-    The prediction's costs come from a profile measured in this process with its rounds interleaved with
-    the live prompts, so both see the machine alike; policies see the step times of the profile they
-    were tuned with, in the engine and in the simulator."""
+    """Measure every policy in the live engine beside the simulator's prediction
+    (``experiments.pipeline.deploy``). The prediction's costs come from a profile measured in this process
+    with its rounds interleaved with the live prompts, so both see the machine alike; policies see the step
+    times of the profile they were tuned with, in the engine and in the simulator."""
     m, plan = run.models(), run.plan
     tuned = load_profile(run.path("cost_profile.json"))
     policies = _policies(run)

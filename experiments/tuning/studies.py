@@ -1,8 +1,8 @@
 """The policy studies: speculation length, cost-aware online adaptation, and serving under
-load (``experiments.serve_study``).
+load (``experiments.tuning.serving_study``).
 
-Run ``specblock study length|adapt|serve``. Each study tunes policies with Ray Tune on
-tuning seeds (``experiments.tune``), then evaluates every policy on held-out seeds with the same
+Run ``specblock study length|adaptation|serving``. Each study tunes policies with Ray Tune on
+tuning seeds (``experiments.tuning.tune``), then evaluates every policy on held-out seeds with the same
 simulated work for all of them (common random numbers), and writes ``benchmarks/results/
 study_<name>.json`` (``save_result``), ``.md`` (tables) and ``.png`` (plots).
 
@@ -35,9 +35,10 @@ from core.paths import CPU_PROFILE, PAPER_PROFILE, RESULTS, STUDY_RUNS, repo_rel
 from experiments.defaults import HELD_OUT_SEED, TUNE_SEED
 from experiments.folders import fresh
 from experiments.provenance import save_result
-from experiments.ray_session import start_ray
-from experiments.serve_study import serve_markdown, serve_plot, serve_study
-from experiments.tune import Setting, Traffic, evaluate, make_setting, tune_policies
+from experiments.report_format import Lines, Record, Renderer, table
+from experiments.tuning.ray_session import start_ray
+from experiments.tuning.serving_study import serve_markdown, serve_plot, serve_study
+from experiments.tuning.tune import Setting, Traffic, evaluate, make_setting, tune_policies
 from policies import role_kinds
 from policies.features import LENGTH_CAP
 from simulator.rollout import Outcome
@@ -52,7 +53,7 @@ LENGTH_TRAFFICS: dict[str, Traffic] = {
 
 def _run_all(jobs: Sequence[tuple[Setting, str, dict[str, Any]]]) -> list[Outcome]:
     """Evaluate each (setting, kind, params) as a Ray task: the jobs spread over the cluster's CPUs."""
-    import ray  # after experiments.ray_session has set Ray's environment
+    import ray  # after experiments.tuning.ray_session has set Ray's environment
 
     remote = ray.remote(num_cpus=1)(evaluate)
     return ray.get([remote.remote(setting, kind, params) for setting, kind, params in jobs])
@@ -179,7 +180,7 @@ def adapt_study(samples: int = 32, queries: int = 2000, tune_streams: int = 4, h
     compare every policy on held-out streams."""
     tuning = make_setting("adaptation", PAPER_PROFILE, queries=queries, chunks=tune_streams, seed=TUNE_SEED,
                           traffic=Traffic(), drafter="specblock")
-    tuned = {kind: tune_policies(tuning, (kind,), samples, fresh(STUDY_RUNS / "adapt" / kind),
+    tuned = {kind: tune_policies(tuning, (kind,), samples, fresh(STUDY_RUNS / "adaptation" / kind),
                                  scheduler=scheduler)
              for kind in role_kinds("adaptation", tuned=True)}  # apart: ASHA compares within a kind
     named = [*ADAPT_POLICIES, *((_tuned_name(kind), kind, t.best["params"]) for kind, t in tuned.items())]
@@ -250,11 +251,11 @@ def adapt_plot(result: dict[str, Any], path: Path) -> None:
 
 
 STUDIES = {
-    "serve": (serve_study, serve_markdown, serve_plot,
+    "serving": (serve_study, serve_markdown, serve_plot,
               {"samples": 32, "requests": 64, "tune_episodes": 2, "episodes": 4}),
     "length": (length_study, length_markdown, length_plot,
                {"samples": 12, "tune_queries": 192, "held_queries": 384}),
-    "adapt": (adapt_study, adapt_markdown, adapt_plot,
+    "adaptation": (adapt_study, adapt_markdown, adapt_plot,
               {"samples": 32, "queries": 2000, "tune_streams": 4, "held_streams": 8, "scheduler": "asha"}),
 }
 
@@ -273,3 +274,41 @@ def run_study(name: str, directory: Path = RESULTS) -> dict[str, Any]:
     plot(result, directory / f"study_{name}.png")
     return result
 
+
+# --- its section of docs/results.md ----------------------------------------------------------------
+
+
+def _study_command(name: str, config: Record) -> str:
+    return f"specblock study {config['study']}"
+
+
+STUDY_LENGTH_POLICIES = ("libraspec", "threshold (tuned)", "heuristic (tuned)")
+
+
+def _study_length_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = [f"Simulated tokens/s on {config['held_queries']} held-out queries, policies tuned with Ray Tune "
+             f"({config['samples']} configurations per kind on {config['tune_queries']} other queries); the "
+             "policies' cells are ratios to the best fixed length, chosen with hindsight.", ""]
+    rows = [[r["case"], r["traffic"], f"{r['vanilla']:.2f}",
+             f"{r['best_fixed']:.2f} ({r['best_fixed_length']})",
+             *(f"{r['tokens_per_second'][p] / r['best_fixed']:.3f}" for p in STUDY_LENGTH_POLICIES)]
+            for r in record["results"]["rows"]]
+    return lines + table(["case", "traffic", "vanilla", "best fixed (n)", *STUDY_LENGTH_POLICIES], rows)
+
+
+def _study_adapt_body(record: Record) -> Lines:
+    config = record["config"]
+    lines = [f"AdaptStream: {config['held_streams']} held-out streams of {config['queries']} queries; ratio: "
+             "mean over streams of tokens/s over `never`'s on the same stream (+- standard error).", ""]
+    rows = [[r["policy"], f"{r['tokens_per_second']:.2f}", f"{r['tau']:.3f}",
+             f"{r['ratio_to_never']:.4f} +- {r['ratio_stderr']:.4f}"] for r in record["results"]["rows"]]
+    return lines + table(["policy", "tokens/s", "tau", "ratio to never"], rows)
+
+
+RENDERERS: dict[str, Renderer] = {
+    "study_length": Renderer("Study: length policies in simulation", _study_command, _study_length_body),
+    "study_adaptation": Renderer("Study: adaptation policies in simulation", _study_command,
+                                 _study_adapt_body),
+}
+"""How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

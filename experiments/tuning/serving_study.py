@@ -1,4 +1,4 @@
-"""The serving study (`specblock study serve`): speculation under load, in simulation.
+"""The serving study (`specblock study serving`): speculation under load, in simulation.
 
 Per case (the CPU's measured serving costs with the draft model's recorded chains, and the A100
 paper-derived profile with EAGLE-3 chains and the paper's acceptance, both labelled simulated), the
@@ -8,7 +8,7 @@ arrival rates from a tenth of capacity to beyond it, each with the same arrivals
 (common random numbers). Reported per rate: throughput (tokens over the time from the first arrival to
 the last completion), time per output token (median and p99) and time to first token (median), and each
 policy's throughput over vanilla's; the tuned table's lengths by batch size say where speculation
-switches off. Writes ``study_serve.json``, ``.md`` and ``.png`` (throughput against p99 TPOT).
+switches off. Writes ``study_serving.json``, ``.md`` and ``.png`` (throughput against p99 TPOT).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from core.paths import PAPER_PROFILE, SERVE_PROFILE, STUDY_RUNS, TRACES, repo_re
 from core.serve_costs import batch_verify_seconds
 from experiments.defaults import HELD_OUT_SEED, TUNE_SEED
 from experiments.folders import fresh
-from experiments.tune import Setting, Traffic, make_setting, make_tuned, tune_policies, world
+from experiments.tuning.tune import Setting, Traffic, make_setting, make_tuned, tune_policies, world
 from policies import role_kinds
 from policies.serving import NEVER
 from simulator.calibration import fit_calibration
@@ -99,12 +99,12 @@ def _calibration(case: ServeCase, folder: Path) -> Path | None:
 def serve_study(samples: int = 32, requests: int = 64, tune_episodes: int = 2, episodes: int = 4
                 ) -> dict[str, Any]:
     """Tune the serving policies per case, then serve every rate with each (module doc)."""
-    import ray  # after experiments.ray_session has set Ray's environment
+    import ray  # after experiments.tuning.ray_session has set Ray's environment
 
     remote = ray.remote(num_cpus=1)(serve_point)
     rows = []
     for case in CASES:
-        folder = fresh(STUDY_RUNS / "serve" / case.profile.stem)
+        folder = fresh(STUDY_RUNS / "serving" / case.profile.stem)
         rate = capacity(case)
         tuning = make_setting("serving", case.profile, case.traces, requests, tune_episodes, TUNE_SEED,
                               traffic=None if case.traces else Traffic(), drafter=case.drafter,
