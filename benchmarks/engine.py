@@ -193,7 +193,7 @@ def overhead(prompts: int, new_tokens: int, show: Callable[[str], None]) -> list
 
 
 @click.command("engine")
-@click.option("--quick", is_flag=True, help="Fewer rounds and tokens (a smoke run).")
+@click.option("--quick", is_flag=True, help="Fewer rounds and tokens: a smoke run of well under a minute.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for engine.json.")
