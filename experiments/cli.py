@@ -29,6 +29,7 @@ COMMANDS = {
     "generate": "generate",
     "bench": "bench",
     "train": "train",
+    "responses": "responses",
     "profile": "profile",
     "trace": "trace",
     "simulate": "simulate",

@@ -1,0 +1,98 @@
+"""Self-distillation responses (``real_engine.training.responses``, `specblock responses`): greedy rows are
+the target's own greedy decoding, the sampled share is the seeded one, a run killed mid-batch resumes to
+exactly the rows of an uninterrupted run, and folders of another plan or state are refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from core.errors import InputError
+from real_engine.decode import generate
+from real_engine.model import Transformer
+from real_engine.prompts import PromptRow
+from real_engine.training.responses import RESPONSES, STATE, ResponsePlan, respond, sampled_rows
+
+PROMPTS = [PromptRow(f"p{i}", "chat", "abcdefgh"[i:] + "ab" * i) for i in range(5)]
+PLAN = ResponsePlan(max_new_tokens=6, sampled=0.4, batch=2, seed=3)
+
+
+def encode(row: PromptRow) -> list[int]:
+    return [3 + ord(c) % 50 for c in row.text]
+
+
+def rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / RESPONSES).read_text().splitlines()]
+
+
+class Killed(Exception):
+    """Raised by the log after the first batch: a run killed once its state was written."""
+
+
+def test_greedy_rows_are_the_targets_own_decoding(target: Transformer, tmp_path: Path) -> None:
+    state = respond(target, PROMPTS, encode, tmp_path, PLAN)
+    written = rows(tmp_path)
+    assert state["done"] == len(PROMPTS) and [r["id"] for r in written] == [p.name for p in PROMPTS]
+    assert [r["sampled"] for r in written] == sampled_rows(len(PROMPTS), PLAN)
+    assert 0 < sum(r["sampled"] for r in written) < len(PROMPTS)  # both kinds at this seed
+    for row, prompt in zip(written, PROMPTS, strict=True):
+        assert row["prompt"] == encode(prompt) and len(row["response"]) == PLAN.max_new_tokens
+        if not row["sampled"]:
+            assert row["response"] == list(generate(target, encode(prompt), max_new_tokens=6).tokens)
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_rows(target: Transformer, tmp_path: Path) -> None:
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    respond(target, PROMPTS, encode, whole, PLAN)
+
+    def kill(_: str) -> None:
+        raise Killed
+
+    with pytest.raises(Killed):
+        respond(target, PROMPTS, encode, cut, PLAN, log=kill)
+    assert json.loads((cut / STATE).read_text())["done"] == PLAN.batch
+    with (cut / RESPONSES).open("a") as file:
+        file.write('{"id": "p2", "resp')  # a batch cut short mid-line
+    with pytest.raises(InputError, match="add --resume"):
+        respond(target, PROMPTS, encode, cut, PLAN)
+    respond(target, PROMPTS, encode, cut, PLAN, resume=True)
+    assert rows(cut) == rows(whole)
+    again = respond(target, PROMPTS, encode, cut, PLAN, resume=True)  # finished: nothing more to do
+    assert again["done"] == len(PROMPTS) and rows(cut) == rows(whole)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda folder: None, "another plan"),
+    (lambda folder: (folder / STATE).unlink(), "without state.json"),
+    (lambda folder: (folder / STATE).write_text('{"format": 1}'), "another plan"),
+])
+def test_a_folder_of_another_plan_or_state_is_refused(target: Transformer, tmp_path: Path,
+                                                      change: Callable[[Path], None], match: str) -> None:
+    respond(target, PROMPTS[:2], encode, tmp_path, PLAN)
+    change(tmp_path)
+    with pytest.raises(InputError, match=match):
+        respond(target, PROMPTS[:2], encode, tmp_path, ResponsePlan(max_new_tokens=5, batch=2))
+    with pytest.raises(InputError, match="no responses run to resume"):
+        respond(target, PROMPTS[:2], encode, tmp_path / "new", PLAN, resume=True)
+    with pytest.raises(InputError, match="sampled share"):
+        ResponsePlan(sampled=1.5)
+
+
+def test_the_command_answers_a_models_training_prompts(llama_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, cli, refused) -> None:
+    monkeypatch.setenv("SPECBLOCK_HOME", str(tmp_path / "home"))
+    err = refused(["responses", "--model", str(llama_dir), "--out", str(tmp_path / "none")])
+    assert "no training prompts" in err
+    training = tmp_path / "home" / "prompts" / "training"
+    training.mkdir(parents=True)
+    (training / "chat.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": f"the cat {i}"}) + "\n"
+                                                 for i in range(3)))
+    out = tmp_path / "out"
+    code, shown, err = cli(["responses", "--model", str(llama_dir), "--out", str(out), "--prompts", "2",
+                            "--max-new-tokens", "4", "--batch", "2", "--threads", "1", "--json"])
+    assert code == 0, err
+    summary = json.loads(shown)
+    assert (summary["done"], summary["prompts"]) == (2, 2) and [r["id"] for r in rows(out)] == ["t0", "t1"]
