@@ -1,6 +1,7 @@
 """Self-distillation responses (``real_engine.training.responses``, `specblock responses`): greedy rows are
 the target's own greedy decoding, the sampled share is the seeded one, a run killed mid-batch resumes to
-exactly the rows of an uninterrupted run, and folders of another plan or state are refused."""
+exactly the rows of an uninterrupted run, folders of another plan or state are refused, and the feature
+drafters train on windows packed from them (`specblock train KIND --responses DIR`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from core.errors import InputError
 from real_engine.decode import generate
 from real_engine.model import Transformer
 from real_engine.prompts import PromptRow
-from real_engine.training.responses import RESPONSES, STATE, ResponsePlan, respond, sampled_rows
+from real_engine.training.responses import (
+    RESPONSES,
+    STATE,
+    ResponsePlan,
+    respond,
+    response_windows,
+    sampled_rows,
+)
 
 PROMPTS = [PromptRow(f"p{i}", "chat", "abcdefgh"[i:] + "ab" * i) for i in range(5)]
 PLAN = ResponsePlan(max_new_tokens=6, sampled=0.4, batch=2, seed=3)
@@ -96,3 +104,42 @@ def test_the_command_answers_a_models_training_prompts(llama_dir: Path, tmp_path
     assert code == 0, err
     summary = json.loads(shown)
     assert (summary["done"], summary["prompts"]) == (2, 2) and [r["id"] for r in rows(out)] == ["t0", "t1"]
+
+
+def test_windows_pack_the_complete_rows_end_to_end(target: Transformer, tmp_path: Path) -> None:
+    respond(target, PROMPTS, encode, tmp_path, PLAN)
+    stream = [t for r in rows(tmp_path) for t in r["prompt"] + r["response"]]
+    vocab = target.args.vocab_size
+    windows = response_windows(tmp_path, 8, 3, vocab, skip=1)
+    assert windows.tolist() == [stream[8 * i:8 * i + 8] for i in (1, 2, 3)]
+    with pytest.raises(InputError, match="fewer than the"):
+        response_windows(tmp_path, 8, len(stream), vocab)
+    with pytest.raises(InputError, match="beyond the target's vocabulary"):
+        response_windows(tmp_path, 8, 3, 40)
+    (tmp_path / RESPONSES).write_text('{"prompt": [1]}\n' * len(PROMPTS))
+    with pytest.raises(InputError, match="line 1: not a responses row"):
+        response_windows(tmp_path, 8, 1, vocab)
+    with pytest.raises(InputError, match="no `specblock responses` run"):
+        (tmp_path / STATE).write_text("{}")
+        response_windows(tmp_path, 8, 1, vocab)
+
+
+def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, cli, refused) -> None:
+    from real_engine.training import recipes
+
+    answers = tmp_path / "answers"
+    respond(target, PROMPTS, encode, answers, PLAN)
+    monkeypatch.setattr(recipes.TrainRequest, "data",
+                        lambda self: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8, heldout=1))
+    out = tmp_path / "eagle"
+    code, shown, err = cli(["train", "eagle", "--model", str(llama_dir), "--responses", str(answers),
+                            "--steps", "1", "--out", str(out), "--run-dir", str(tmp_path / "run"),
+                            "--data-dir", str(tmp_path / "data"), "--threads", "1", "--json"])
+    assert code == 0, err
+    assert json.loads(shown)["out"] == str(out) and (out / "config.json").is_file()
+    cached = [p.name for p in (tmp_path / "data").iterdir()]
+    assert len(cached) == 1 and "-responses-" in cached[0]  # the target's rows for the response windows
+    assert "drop it for draft-model" in refused(["train", "draft-model", "--responses", str(answers)])
+    assert "drop it with --responses" in refused(["train", "eagle", "--responses", str(answers),
+                                                  "--on-policy", "0.5"])

@@ -48,6 +48,23 @@ def default_run_dir(kind: str, model: ModelSpec) -> Path:
     return RUNS / kind if model == TOY else RUNS / f"{kind}-{model.name}"
 
 
+def _responses(kind: str, model: ModelSpec, given: Path | None, on_policy: float | None) -> Path | None:
+    """The responses a feature drafter trains on: ``given``, else the model's own
+    (``runs/responses-<model>``) where they exist, else None: the toy family's corpus, whose ids only the
+    toy family's tokenizer reads (a real model's drafters need its responses). InputError for responses
+    given to another kind or beside --on-policy."""
+    if given is not None and kind not in trained_drafters():
+        raise InputError(f"--responses feeds the feature drafters ({', '.join(trained_drafters())}): drop it "
+                         f"for {kind}")
+    if given is not None and on_policy is not None:
+        raise InputError("--on-policy mixes the target's continuations into the corpus windows: drop it "
+                         "with --responses, whose answers are all the target's own")
+    own = RUNS / f"responses-{model.name}"
+    if given is None and kind in trained_drafters() and model != TOY and (own / "state.json").is_file():
+        return own
+    return given
+
+
 @click.command("train")
 @click.argument("kind", type=LiveChoice(kinds))
 @click.option("--out", type=OUT_FOLDER, default=None,
@@ -71,6 +88,10 @@ def default_run_dir(kind: str, model: ModelSpec) -> Path:
               help="Start from this model's weights, with a fresh optimiser and schedule: continue a target "
                    "or draft model of the recipe's shape, or warm-start a drafter of the kind (e.g. the one "
                    "trained for an earlier version of the target).")
+@click.option("--responses", "responses_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              show_default="runs/responses-<model> where it exists, for a model other than the toy family",
+              help="A drafter's data: the target's own answers (`specblock responses`) instead of the toy "
+                   "family's corpus.")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default: the recipe's).")
 @click.option("--batch-size", type=int, default=None, help="Windows per step (default: the recipe's).")
 @click.option("--on-policy", type=float, default=None,
@@ -84,8 +105,8 @@ def default_run_dir(kind: str, model: ModelSpec) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, minutes: float | None,
             steps: int | None, model: ModelSpec, sequences: int | None, data_dir: Path, init_dir: Path | None,
-            lr: float | None, batch_size: int | None, on_policy: float | None, size: str | None, threads: int,
-            as_json: bool) -> None:
+            responses_dir: Path | None, lr: float | None, batch_size: int | None, on_policy: float | None,
+            size: str | None, threads: int, as_json: bool) -> None:
     """Build the tokenizer data, or train the target, the draft model or a feature drafter."""
     if minutes is not None and minutes <= 0:
         raise InputError(f"--minutes must be positive, got {minutes}: give a budget such as 60")
@@ -112,6 +133,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"`specblock train {kind}` builds the shipped toy family ({TOY.name}), not a target "
                          f"for model {model.name!r}: drop --model, or train a drafter "
                          f"({', '.join(trainable_drafters())}) for it")
+    responses_dir = _responses(kind, model, responses_dir, on_policy)
     target_dir = model.target
     if kind not in TOY_ONLY and not (target_dir / "config.json").exists():
         if model != TOY:
@@ -135,7 +157,7 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
     else:
         request = recipes.TrainRequest(steps=steps, lr=lr, batch_size=batch_size, sequences=sequences,
                                        on_policy=on_policy, minutes=minutes, data_dir=data_dir, resume=resume,
-                                       init=init_dir)
+                                       init=init_dir, responses=responses_dir)
         log = recipes.train_drafter(kind, target_dir, out, run_dir, request)
         result = {**{k: v for k, v in log.items() if k not in CURVES}, "out": str(out)}
     if as_json:

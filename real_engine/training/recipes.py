@@ -2,7 +2,8 @@
 
 Each registered drafter names its recipe (``DrafterSpec.recipe``): a function of the target folder, the
 output and checkpoint folders and a ``TrainRequest``. The draft model is distilled from the target; the
-feature drafters learn as follows.
+feature drafters learn as follows (or, given the target's own answers, ``TrainRequest.responses``, from
+windows packed from them: ``prepare_data``).
 
 From a target folder: ``sequences`` windows of ``seq_len`` tokens drawn (seeded) from the training
 split of the corpus domains the target learnt, the target's rows for them cached under
@@ -15,6 +16,7 @@ replaces any optimization field (``steps``, ``lr``, ``batch_size`` ...).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,8 @@ from real_engine.training.drafter_data import (
     training_windows,
 )
 from real_engine.training.rank_calibration import calibrate_specblock
-from real_engine.training.specblock import SpecBlockTrainConfig, train_from_corpus
+from real_engine.training.responses import response_windows
+from real_engine.training.specblock import SpecBlockTrainConfig, train_from_corpus, train_specblock
 from real_engine.training.windows import heldout_windows
 
 # SpecBlock and EAGLE-style train alike: the same windows, steps, batches, schedule and warm
@@ -66,9 +69,18 @@ class DataRecipe:
 
 
 def prepare_data(target: Transformer, recipe: DataRecipe, data_dir: Path, split: str = "train", seed: int = 0,
-                 progress: bool = True) -> DrafterData:
+                 progress: bool = True, responses: Path | None = None) -> DrafterData:
     """The target's rows for the recipe's training windows (``split="train"``, drawn with ``seed``) or
-    its held-out ones, cached under ``data_dir`` (the folder ``train_from_corpus`` uses)."""
+    its held-out ones, cached under ``data_dir`` (the folder ``train_from_corpus`` uses). With
+    ``responses`` (a `specblock responses` folder) the windows are the target's own answers: the first
+    ``sequences`` windows for training, the ``heldout`` after them held out."""
+    if responses is not None:
+        train = split == "train"
+        windows = response_windows(responses, recipe.seq_len, recipe.sequences if train else recipe.heldout,
+                                   target.args.vocab_size, skip=0 if train else recipe.sequences)
+        digest = hashlib.sha256(windows.numpy().tobytes()).hexdigest()[:12]
+        folder = Path(data_dir) / f"{target_fingerprint(target)[:12]}-responses-{digest}"
+        return prepare_drafter_data(target, windows, folder, top_k=recipe.top_k, progress=progress)
     if split == "train":
         windows, folder = training_windows(target, DOMAINS, recipe.seq_len, recipe.sequences, seed,
                                            recipe.on_policy, data_dir)
@@ -98,6 +110,7 @@ class TrainRequest:
     resume: bool = False
     init: Path | None = None
     progress: bool = True
+    responses: Path | None = None  # a `specblock responses` folder: train on it instead of the toy corpus
 
     def overrides(self) -> dict[str, Any]:
         """The optimization fields it sets."""
@@ -132,16 +145,24 @@ def _feature_start(kind: str, base: Any, target_dir: Path, request: TrainRequest
 
 
 def specblock_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequest) -> dict[str, Any]:
-    """SpecBlock: trained on the corpus windows, then its rank head calibrated on held-out ones."""
+    """SpecBlock: trained on the corpus windows (or the request's responses), then its rank head
+    calibrated on held-out ones."""
     target, config = _feature_start("specblock", SPECBLOCK, target_dir, request)
     recipe = request.data()
-    record = train_from_corpus(target, out, run_dir, request.data_dir, sequences=recipe.sequences,
-                               seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
-                               resume=request.resume, minutes=request.minutes, progress=request.progress,
-                               init=request.init, on_policy=recipe.on_policy)
+    if request.responses is None:
+        record = train_from_corpus(target, out, run_dir, request.data_dir, sequences=recipe.sequences,
+                                   seq_len=recipe.seq_len, domains=DOMAINS, top_k=recipe.top_k, config=config,
+                                   resume=request.resume, minutes=request.minutes, progress=request.progress,
+                                   init=request.init, on_policy=recipe.on_policy)
+    else:
+        data = prepare_data(target, recipe, Path(request.data_dir), seed=config.seed,
+                            progress=request.progress, responses=request.responses)
+        record = train_specblock(target, data, out, run_dir, config=config, resume=request.resume,
+                                 minutes=request.minutes, progress=request.progress, init=request.init)
     if record["steps_done"] < config.steps:  # stopped by ``minutes``: calibrate once it is done
         return record
-    heldout = prepare_data(target, recipe, Path(request.data_dir), "heldout", progress=request.progress)
+    heldout = prepare_data(target, recipe, Path(request.data_dir), "heldout", progress=request.progress,
+                           responses=request.responses)
     record["rank_calibration"] = calibrate_specblock(target, out, heldout, seed=config.seed)
     write_json(Path(out) / "training.json", record)
     return record
@@ -151,7 +172,7 @@ def eagle_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainReque
     """EAGLE-style: its training-time test unrolled over ``EAGLE_TREE``, on the reduced vocabulary."""
     target, config = _feature_start("eagle", EAGLE, target_dir, request)
     data = prepare_data(target, request.data(), Path(request.data_dir), seed=config.seed,
-                        progress=request.progress)
+                        progress=request.progress, responses=request.responses)
     return train_eagle(target, data, out, config=config, tree=EAGLE_TREE, checkpoint=run_dir,
                        resume=request.resume, minutes=request.minutes, progress=request.progress,
                        init=request.init, draft_vocab=DRAFT_VOCAB)
@@ -161,8 +182,10 @@ def medusa_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequ
     """Medusa-style heads, their static tree chosen on held-out windows."""
     target, config = _feature_start("medusa", MEDUSA, target_dir, request)
     recipe = request.data()
-    data = prepare_data(target, recipe, Path(request.data_dir), seed=config.seed, progress=request.progress)
-    heldout = prepare_data(target, recipe, Path(request.data_dir), "heldout", progress=request.progress)
+    data = prepare_data(target, recipe, Path(request.data_dir), seed=config.seed, progress=request.progress,
+                        responses=request.responses)
+    heldout = prepare_data(target, recipe, Path(request.data_dir), "heldout", progress=request.progress,
+                           responses=request.responses)
     return train_medusa(target, data, heldout, out, config=config, heads=MEDUSA_HEADS, own_heads=False,
                         tree_budget=MEDUSA_TREE, checkpoint=run_dir, resume=request.resume,
                         minutes=request.minutes, progress=request.progress, init=request.init)

@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.errors import InputError
-from core.files import MAX_RECORD_BYTES, read_json, write_json
+from core.files import MAX_RECORD_BYTES, read_json, read_text, write_json
 from real_engine.batch import BatchEngine, Request
 from real_engine.model import Transformer
 from real_engine.prompts import PromptRow
@@ -31,6 +33,7 @@ from real_engine.warp import Sampling
 
 RESPONSES, STATE = "responses.jsonl", "state.json"
 FORMAT = "specblock-responses-v1"
+MAX_RESPONSES_BYTES = 1 << 30  # every ShareGPT training prompt with a 256-token answer: about 30 MiB
 
 
 @dataclass(frozen=True)
@@ -127,3 +130,38 @@ def respond(target: Transformer, prompts: Sequence[PromptRow], encode: Callable[
         write_json(out / STATE, state)
         log(f"{done}/{len(prompts)} prompts answered")
     return {**state, "seconds": time.perf_counter() - start}
+
+
+def response_windows(folder: str | Path, seq_len: int, count: int, vocab: int, skip: int = 0) -> torch.Tensor:
+    """``count`` windows of ``seq_len`` tokens ([count, seq_len]) after the first ``skip``, cut from the
+    complete rows of the responses in ``folder``: each prompt and its response, in file order, packed end
+    to end (as corpus windows run across documents). InputError when the folder holds no responses run,
+    too few tokens, or ids outside the target's ``vocab``."""
+    folder = Path(folder)
+    fix = f"answer more prompts (`specblock responses --resume --out {folder}`) or ask for fewer sequences"
+    state = read_json(folder / STATE, MAX_RECORD_BYTES, "responses state",
+                      "give a `specblock responses` folder")
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("done"), int):
+        raise InputError(f"{folder} holds no `specblock responses` run: give the folder one wrote")
+    lines = read_text(folder / RESPONSES, MAX_RESPONSES_BYTES, "responses", "give the folder of a responses "
+                      "run").splitlines()[:state["done"]]
+    stream: list[int] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+            tokens = [*row["prompt"], *row["response"]]
+        except (ValueError, TypeError, KeyError):
+            raise InputError(f"{folder / RESPONSES}, line {number}: not a responses row: give the folder of "
+                             "a `specblock responses` run") from None
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+            raise InputError(f"{folder / RESPONSES}, line {number}: token ids must be non-negative integers")
+        stream += tokens
+    need = (skip + count) * seq_len
+    if len(stream) < need:
+        raise InputError(f"{folder} holds {len(stream)} tokens, fewer than the {need} of {skip + count} "
+                         f"windows of {seq_len}: {fix}")
+    windows = torch.tensor(stream[skip * seq_len:need], dtype=torch.long).view(count, seq_len)
+    if int(windows.max()) >= vocab:
+        raise InputError(f"{folder} holds token ids beyond the target's vocabulary of {vocab}: give the "
+                         "responses of this target's model")
+    return windows
