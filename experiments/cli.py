@@ -49,6 +49,18 @@ MAX_SEED = 2**32 - 1  # seeds numpy, gymnasium and torch all take (torch's and n
 SEED = click.IntRange(0, MAX_SEED)  # the type of every --seed option
 
 
+def csv_names(value: str, flag: str, allowed: Sequence[str] | None = None, hint: str = "") -> tuple[str, ...]:
+    """The distinct names of a comma-separated option value, in order; InputError when it is empty or names
+    one outside ``allowed`` (when given; ``hint`` follows the choices)."""
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    if not names:
+        raise InputError(f"{flag} is empty: give a comma-separated list")
+    for name in names:
+        if allowed is not None and name not in allowed:
+            raise InputError(f"{flag}: unknown {name!r}: use some of {', '.join(allowed)}{hint}")
+    return names
+
+
 class OutFolder(click.Path):
     """``--out DIR``: the folder a command writes its files into, the same in every command. A missing
     folder is no error: the command creates it, with its parents, when it writes (``core.files`` writers

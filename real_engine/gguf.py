@@ -32,11 +32,12 @@ from safetensors.torch import save_file
 
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, check_size, file_sha256, read_json, write_json
-from core.models import MANIFEST
+from core.models import INDEX, MANIFEST
 from core.names import DTYPES
 from real_engine.gguf_header import CORRUPT, MAX_GGUF_BYTES, Entry, field, read, scan
 from real_engine.gguf_tokenizer import build_tokenizer, folder_vocab, tokenizer_config
-from real_engine.model import INDEX, SHARD_BYTES, ModelArgs, load_model
+from real_engine.model import SHARD_BYTES, ModelArgs, load_model
+from real_engine.tokenizer import TOKENIZER_FILE
 
 ARCHITECTURES = ("llama", "qwen3")
 EXPORT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")  # what gguf.quants quantizes to
@@ -277,7 +278,7 @@ def import_gguf(path: Path, dest: Path, *, name: str, dtype: str = "float32", so
         if arch == "llama":
             config["mlp_bias"] = False
         write_json(tmp / "config.json", config)
-        tokenizer.save(str(tmp / "tokenizer.json"))
+        tokenizer.save(str(tmp / TOKENIZER_FILE))
         write_json(tmp / "tokenizer_config.json", tokenizer_config(
             tokens, extra["ids"], add_bos=add_bos, max_length=args.max_position_embeddings,
             chat_template=template))

@@ -27,6 +27,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES, read_text
+from real_engine.tokenizer import TOKENIZER_FILE
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # llama.cpp's token types
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -166,7 +167,7 @@ def folder_vocab(folder: Path, vocab_size: int, config: dict[str, Any]) -> dict[
     Ids the tokenizer leaves unused up to ``vocab_size`` are filled with ``[PAD<i>]`` tokens of type
     unused, as llama.cpp's converter does."""
     fix = "export a model whose tokenizer.json is a byte-level BPE (GPT-2, SmolLM2, Llama 3 or Qwen2 style)"
-    path = folder / "tokenizer.json"
+    path = folder / TOKENIZER_FILE
     try:
         spec = json.loads(read_text(path, MAX_TOKENIZER_BYTES, "tokenizer", fix))
     except ValueError as err:

@@ -22,14 +22,15 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
+from core.models import INDEX
 from real_engine.kv_cache import KVCache
 from real_engine.packed import Fused, Linear, use_half
+from real_engine.shared_embeddings import EMBEDDINGS_FROM, shared_tensors
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SHARD_BYTES = 20 * 2**20  # the largest weights file save_model writes: every shipped file stays under 30 MiB
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
          "num_key_value_heads", "head_dim")  # a config's sizes: positive integers
-INDEX = "model.safetensors.index.json"  # a sharded checkpoint's weight map, as transformers writes it
 
 
 def _check_sizes(sizes: dict[str, Any]) -> None:
@@ -359,6 +360,8 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
         raise InputError(f"{config_path} is not a JSON object: give a Llama or Qwen3 config.json")
     args = ModelArgs.from_hf(config)
     state = _load_state_dict(folder)
+    if EMBEDDINGS_FROM in config:  # a draft cut from its target reads these from the target's checkpoint
+        state.update(shared_tensors(folder, config[EMBEDDINGS_FROM]))
     with torch.device("meta"):
         model = Transformer(args)
     if args.tie_word_embeddings:
@@ -382,14 +385,17 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
 
 
 def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
-               max_shard_bytes: int = SHARD_BYTES) -> Path:
+               max_shard_bytes: int = SHARD_BYTES, shared: dict[str, Any] | None = None) -> Path:
     """Save in Hugging Face layout: ``config.json`` and ``model.safetensors``, or, past
     ``max_shard_bytes``, shards ``model-0000i-of-0000n.safetensors`` with the index ``transformers``
-    writes (``max_shard_size``), so that no weights file outgrows what a repository should hold."""
+    writes (``max_shard_size``), so that no weights file outgrows what a repository should hold. With
+    ``shared`` (``shared_embeddings.share_entry``) the tensors it names are left to the target's
+    checkpoint, and the config says where they are."""
     folder = Path(folder)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
+             if shared is None or k not in shared["sha256"]}
     if model.args.tie_word_embeddings:
-        state.pop("lm_head.weight")
+        state.pop("lm_head.weight", None)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in state.items():  # in module order; a tensor larger than a shard gets its own
@@ -412,5 +418,8 @@ def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torc
     stale += [p for p in folder.glob("model-*-of-*.safetensors") if p.name not in names]
     for path in stale:  # a previous save's files would shadow these (transformers reads a single file first)
         path.unlink(missing_ok=True)
-    write_json(folder / "config.json", model.args.to_hf())
+    config = model.args.to_hf()
+    if shared is not None:
+        config[EMBEDDINGS_FROM] = shared
+    write_json(folder / "config.json", config)
     return folder

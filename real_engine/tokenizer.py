@@ -34,6 +34,7 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
                        "mask_token")
 """The named special tokens ``transformers`` hands a chat template (its ``special_tokens_map``)."""
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_FILE = "tokenizer.json"  # a model folder's tokenizer, as Hugging Face names it
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
@@ -57,7 +58,7 @@ class Tokenizer:
              fallback: Path = TOKENIZER) -> Tokenizer:
         """The folder's ``tokenizer.json`` (else ``fallback``), checked to fit a ``vocab_size`` model, with
         the folder's chat template and named special tokens where it has them."""
-        path = Path(folder) / "tokenizer.json"
+        path = Path(folder) / TOKENIZER_FILE
         if not path.exists():
             path = fallback
         if not path.exists():

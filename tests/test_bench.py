@@ -14,7 +14,7 @@ from core.models import TOY
 from experiments.cli import main
 from experiments.specbench.run import alpha
 
-KEYS = {"drafter", "shape", "verifier", "temperature", "domain", "prompts", "new_tokens", "tau",
+KEYS = {"drafter", "shape", "verifier", "temperature", "category", "prompts", "new_tokens", "tau",
         "tokens_per_second", "speedup", "speedup_ci", "draft_share", "draft_ms", "accepted", "draft_calls",
         "alpha", "greedy_identical"}
 PROMPTS = {"code": ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a,",
@@ -36,8 +36,8 @@ def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def prompts_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "prompts"
     folder.mkdir()
-    for domain, texts in PROMPTS.items():
-        (folder / f"{domain}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    for category, texts in PROMPTS.items():
+        (folder / f"{category}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return folder
 
 
@@ -64,7 +64,7 @@ def test_text_acceptance_of_the_target_as_its_own_draft_model_is_total(llama_dir
     from real_engine.model import load_model
 
     target = load_model(llama_dir)
-    settings = Settings(domains={}, depth=3)
+    settings = Settings(categories={}, depth=3)
     engine = Engine(target, target, llama_dir, settings, None)
     ids = torch.randint(1, target.args.vocab_size, (3 * TEXT_EVERY + 5,),
                         generator=torch.Generator().manual_seed(0)).tolist()
@@ -86,7 +86,7 @@ def test_the_deployed_chain_drafts_its_stop_and_vocabulary(llama_dir: Path, tmp_
 
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
     target = load_model(llama_dir)
-    settings = Settings(domains={}, chain={"depth": 3, "min_confidence": 0.2, "vocab": 8})
+    settings = Settings(categories={}, chain={"depth": 3, "min_confidence": 0.2, "vocab": 8})
     engine = Engine(target, target, llama_dir, settings, None, tmp_path)
     chain, tree = Config("draft-model", "chain", "greedy", 0.0), Config("draft-model", "tree", "greedy", 0.0)
     for config in (chain, tree):
@@ -108,8 +108,8 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
     result = json.loads(stdout)
     rows = result["rows"]
     assert all(row.keys() >= KEYS for row in rows)
-    assert {r["domain"] for r in rows} == {"code", "prose", "all"}
-    assert {r["prompts"] for r in rows if r["domain"] == "code"} == {2}
+    assert {r["category"] for r in rows} == {"code", "prose", "all"}
+    assert {r["prompts"] for r in rows if r["category"] == "code"} == {2}
     vanilla = [r for r in rows if r["drafter"] == "none"]
     assert len(vanilla) == 6 and all(r["speedup"] == 1.0 and r["tau"] == 1.0 for r in vanilla)
     greedy = [r for r in rows if r["temperature"] == 0]
@@ -146,6 +146,8 @@ def test_bench_rows_report_and_files(llama_dir: Path, draft_dir: Path, prompts_d
         assert all(r["greedy_identical"] for r in hf if r["temperature"] == 0)
     saved = json.loads((out / "bench_tiny.json").read_text())
     assert saved["results"]["rows"] == rows and saved["config"]["max_new_tokens"] == 8
+    assert saved["config"]["categories"] == {"code": 2, "prose": 1}
+    assert {p["category"] for p in saved["results"]["per_prompt"]} == {"code", "prose"}
     assert {"versions", "machine", "seed"} <= saved.keys()
     report = (out / "bench_tiny.md").read_text()
     assert "| all | none |" in report and "## Acceptance on real held-out text" in report
@@ -158,13 +160,13 @@ def test_a_length_policy_adds_steered_rows(llama_dir: Path, draft_dir: Path, pro
 
     policy = save_policy(make_policy("fixed", {"length": 1}), tmp_path / "one.json")
     code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir",
-                             str(prompts_dir), "--domains", "code", "--prompts", "1", "--max-new-tokens", "8",
-                             "--drafters", "none,draft-model", "--shapes", "chain", "--verifiers", "block",
-                             "--no-hf", "--policy", str(policy),
+                             str(prompts_dir), "--categories", "code", "--prompts", "1", "--max-new-tokens",
+                             "8", "--drafters", "none,draft-model", "--shapes", "chain", "--verifiers",
+                             "block", "--no-hf", "--policy", str(policy),
                              "--profile", str(TOY.profile),  # a checkpoint folder has none of its own
                              "--out", str(tmp_path), "--json"], capsys)
     assert code == 0, err
-    rows = [r for r in json.loads(stdout)["rows"] if r["domain"] == "code"]
+    rows = [r for r in json.loads(stdout)["rows"] if r["category"] == "code"]
     steered = {r["temperature"]: r for r in rows if r["policy"] == "one"}
     assert set(steered) == {0.0, 1.0}
     assert all(len(r["alpha"]) == 1 for r in steered.values())  # drafts of depth 1 only
@@ -184,12 +186,12 @@ def test_the_draft_models_chain_drafts_its_deployed_depth(llama_dir: Path, draft
     write_shape("draft-model", draft, deployed, {})
     (draft / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
     base = ["--model", str(llama_dir), "--draft-model", str(draft), "--prompts-dir", str(prompts_dir),
-            "--domains", "code", "--prompts", "1", "--max-new-tokens", "8", "--drafters",
+            "--categories", "code", "--prompts", "1", "--max-new-tokens", "8", "--drafters",
             "none,ngram,draft-model", "--temperatures", "0", "--no-hf", "--out", str(tmp_path), "--json"]
     for extra, chain_depth in (([], 2), (["--draft-length", "3"], 3)):
         code, stdout, err = run([*base, *extra], capsys)
         assert code == 0, err
-        rows = {(r["drafter"], r["shape"]): r for r in json.loads(stdout)["rows"] if r["domain"] == "code"}
+        rows = {(r["drafter"], r["shape"]): r for r in json.loads(stdout)["rows"] if r["category"] == "code"}
         assert len(rows["draft-model", "chain"]["alpha"]) == chain_depth  # 1/32 >= 0.01: no early stop
         assert rows["draft-model", "chain"]["greedy_identical"] is True
         assert len(rows["ngram", "chain"]["alpha"] or []) <= (3 if extra else 4)
@@ -201,7 +203,7 @@ def test_the_draft_models_chain_drafts_its_deployed_depth(llama_dir: Path, draft
     (["--drafters", "none,lookahead"], "lookahead"),
     (["--policy", "ADAPT"], "drafter updates"),
     (["--verifiers", "greedy,magic"], "magic"),
-    (["--domains", "poetry"], "poetry"),
+    (["--categories", "poetry"], "poetry"),
     (["--prompts", "0"], "--prompts"),
     (["--temperatures", "hot"], "--temperatures"),
     (["--model", "MISSING"], "no config.json"),
@@ -226,7 +228,7 @@ def test_missing_peer_or_draft_model_is_skipped_with_a_note(
         capsys: pytest.CaptureFixture[str]) -> None:
     import experiments.specbench.hf_peer
 
-    base = ["--model", str(llama_dir), "--prompts-dir", str(prompts_dir), "--domains", "prose",
+    base = ["--model", str(llama_dir), "--prompts-dir", str(prompts_dir), "--categories", "prose",
             "--prompts", "1", "--max-new-tokens", "4", "--temperatures", "0", "--out", str(tmp_path),
             "--json"]
     monkeypatch.setattr(experiments.specbench.hf_peer, "transformers_available", lambda: False)
@@ -246,9 +248,10 @@ def test_missing_peer_or_draft_model_is_skipped_with_a_note(
 def test_the_report_sets_specblock_against_eagle() -> None:
     from experiments.specbench.report import markdown
 
-    def row(drafter: str, speedup: float, draft_ms: float, domain: str = "all", shape: str = "tree") -> dict:
+    def row(drafter: str, speedup: float, draft_ms: float, category: str = "all",
+            shape: str = "tree") -> dict:
         return {"drafter": drafter, "shape": shape, "verifier": "greedy", "policy": None, "temperature": 0.0,
-                "domain": domain, "tau": 2.0, "tokens_per_second": 100.0, "speedup": speedup,
+                "category": category, "tau": 2.0, "tokens_per_second": 100.0, "speedup": speedup,
                 "draft_share": 0.2, "draft_ms": draft_ms, "draft_calls": 1.0, "alpha": [],
                 "greedy_identical": True}
 
@@ -266,7 +269,7 @@ def test_the_report_sets_specblock_against_eagle() -> None:
 def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperature_one() -> None:
     from experiments.specbench.run import Settings, plan
 
-    settings = Settings(domains={"code": ["x"]}, drafters=("none", "specblock", "eagle", "medusa"))
+    settings = Settings(categories={"code": ["x"]}, drafters=("none", "specblock", "eagle", "medusa"))
     configs, _ = plan(settings, ["specblock", "eagle", "medusa"], hf=False, chains=["specblock"])
     sampled = {(c.drafter, c.shape, c.verifier) for c in configs if c.temperature == 1}
     assert {("specblock", "chain", "block"), ("specblock", "chain", "rrs"), ("eagle", "tree", "rrs"),
@@ -279,9 +282,27 @@ def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperatu
 def test_trained_shapes_add_the_training_shape_beside_the_deployed_one() -> None:
     from experiments.specbench.run import Settings, plan
 
-    settings = Settings(domains={"code": ["x"]}, drafters=("none", "ngram", "specblock", "eagle"),
+    settings = Settings(categories={"code": ["x"]}, drafters=("none", "ngram", "specblock", "eagle"),
                         trained_shapes=True)
     configs, _ = plan(settings, ["ngram", "specblock", "eagle"], hf=False, chains=["specblock"])
     trained = {(c.drafter, c.verifier, c.temperature) for c in configs if c.shape == "trained"}
     assert trained == {(d, v, t) for d in ("specblock", "eagle") for v, t in (("greedy", 0.0), ("rrs", 1.0))}
     assert ("specblock", "chain", "greedy") in {(c.drafter, c.shape, c.verifier) for c in configs}
+
+
+def test_every_verifier_at_temperature_zero_reproduces_vanilla(llama_dir: Path, draft_dir: Path,
+                                                               prompts_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`--every-verifier`: at T=0 each listed verifier that fits a shape runs, and each emits exactly
+    vanilla's tokens (the losslessness check a real model's bench makes)."""
+    verifiers = "greedy,token,block,rrs"
+    code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompts-dir",
+                             str(prompts_dir), "--prompts", "1", "--max-new-tokens", "8", "--drafters",
+                             "none,ngram,draft-model", "--shapes", "chain,tree,paths", "--verifiers",
+                             verifiers, "--temperatures", "0", "--every-verifier", "--no-hf",
+                             "--out", str(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    rows = [r for r in json.loads(stdout)["rows"] if r["drafter"] == "draft-model" and r["category"] == "all"]
+    ran = {(r["shape"], r["verifier"]) for r in rows}
+    assert {("chain", "greedy"), ("chain", "token"), ("chain", "block"), ("paths", "rrs")} <= ran
+    assert all(r["greedy_identical"] is True for r in rows)

@@ -67,7 +67,7 @@ def test_the_bench_harness_runs_a_registered_drafter(repeat: DrafterSpec, target
                                                      tmp_path: Path) -> None:
     from experiments.specbench.run import Config, Engine, Settings, plan, run_bench
 
-    settings = Settings(domains={}, drafters=("none", "repeat"), temperatures=(0.0,), max_new_tokens=8,
+    settings = Settings(categories={}, drafters=("none", "repeat"), temperatures=(0.0,), max_new_tokens=8,
                         depth=2)
     configs, notes = plan(settings, ["repeat"], hf=False)
     assert configs == [Config("none", None, None, 0.0), Config("repeat", "chain", "greedy", 0.0)]
@@ -75,7 +75,7 @@ def test_the_bench_harness_runs_a_registered_drafter(repeat: DrafterSpec, target
     engine = Engine(target, None, tmp_path, settings, None)
     rows = run_bench(settings, engine, {"code": [PROMPT, PROMPT[:3]]}, configs)["rows"]
     mine = [r for r in rows if r["drafter"] == "repeat"]
-    assert [r["domain"] for r in mine] == ["code", "all"]
+    assert [r["category"] for r in mine] == ["code", "all"]
     assert all(r["greedy_identical"] for r in mine)
     assert engine.recorders[configs[1]].inner.depth == 2  # the bench's draft depth reached it
 

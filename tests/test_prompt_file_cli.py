@@ -36,8 +36,8 @@ def test_bench_reports_an_mt_bench_file_by_category(llama_dir: Path, questions: 
                           "--no-hf", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0, err
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert saved["config"]["domains"] == {"writing": 2, "coding": 1}
-    assert {"writing", "coding"} <= {row["domain"] for row in saved["results"]["rows"]}
+    assert saved["config"]["categories"] == {"writing": 2, "coding": 1}
+    assert {"writing", "coding"} <= {row["category"] for row in saved["results"]["rows"]}
 
 
 def test_trace_takes_a_prompt_file_and_keeps_its_categories(llama_dir: Path, draft_dir: Path, questions: Path,
@@ -53,8 +53,8 @@ def test_trace_takes_a_prompt_file_and_keeps_its_categories(llama_dir: Path, dra
 
 def test_prompt_file_bad_input(llama_dir: Path, draft_dir: Path, questions: Path, tmp_path: Path,
                                refused) -> None:
-    assert "drop --domains" in refused(["bench", "--model", str(llama_dir), "--prompt-file", str(questions),
-                                        "--domains", "code", "--no-hf"])
+    assert "drop --categories" in refused(["bench", "--model", str(llama_dir), "--prompt-file",
+                                           str(questions), "--categories", "code", "--no-hf"])
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
     err = refused(["trace", "--model", str(llama_dir), "--draft-model", str(draft_dir), "--prompt-file",

@@ -6,14 +6,18 @@ drafters train on windows packed from them (`specblock train KIND --responses DI
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from safetensors import safe_open
 
 from core.errors import InputError
-from real_engine.decode import generate
-from real_engine.model import Transformer
+from real_engine.decode import generate, make_drafter
+from real_engine.model import Transformer, load_model, save_model
 from real_engine.prompts import PromptRow
 from real_engine.training.responses import (
     RESPONSES,
@@ -131,7 +135,8 @@ def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_di
     answers = tmp_path / "answers"
     respond(target, PROMPTS, encode, answers, PLAN)
     monkeypatch.setattr(recipes.TrainRequest, "data",
-                        lambda self: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8, heldout=1))
+                        lambda self: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8, heldout=1,
+                                                        code_share=0.0))
     out = tmp_path / "eagle"
     code, shown, err = cli(["train", "eagle", "--model", str(llama_dir), "--responses", str(answers),
                             "--steps", "1", "--out", str(out), "--run-dir", str(tmp_path / "run"),
@@ -140,6 +145,80 @@ def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_di
     assert json.loads(shown)["out"] == str(out) and (out / "config.json").is_file()
     cached = [p.name for p in (tmp_path / "data").iterdir()]
     assert len(cached) == 1 and "-responses-" in cached[0]  # the target's rows for the response windows
-    assert "drop it for draft-model" in refused(["train", "draft-model", "--responses", str(answers)])
+    assert "drop it for target" in refused(["train", "target", "--responses", str(answers)])
     assert "drop it with --responses" in refused(["train", "eagle", "--responses", str(answers),
                                                   "--on-policy", "0.5"])
+
+
+
+def _code(domain: str, split: str, tokenizer: Path) -> np.ndarray:
+    """A synthetic tokenized corpus: each split its own stream, ids that grow with the tokenizer's name."""
+    first = 1000 if split == "train" else 2000
+    return (np.arange(first, first + 64) % 40 + len(str(tokenizer))).astype(np.uint16)
+
+
+def test_code_from_the_corpus_is_a_second_domain(target: Transformer, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``code_share`` of the windows is the corpus's code tokenized with the target's tokenizer (its train
+    split drawn, its held-out split in order), and the held-out responses follow the trained ones."""
+    from real_engine.training.recipes import DataRecipe, response_data_windows
+
+    monkeypatch.setattr("real_engine.training.windows.token_stream", _code)
+    respond(target, PROMPTS, encode, tmp_path, PLAN)
+    vocab, recipe = target.args.vocab_size, DataRecipe(sequences=4, seq_len=8, heldout=2, code_share=0.5)
+    tok = Path("tok.json")
+    train = response_data_windows(tmp_path, recipe, vocab, tok, "train", seed=0)
+    heldout = response_data_windows(tmp_path, recipe, vocab, tok, "heldout", seed=0)
+    chat = response_windows(tmp_path, 8, 3, vocab)
+    assert torch.equal(train[:2], chat[:2]) and torch.equal(heldout[:1], chat[2:3])
+    code_train = torch.from_numpy(_code("code", "train", tok).astype(np.int64)).view(-1, 8)
+    assert all(any(torch.equal(row, w) for w in code_train) for row in train[2:])
+    assert heldout[1].tolist() == _code("code", "heldout", tok)[:8].tolist()
+    with pytest.raises(InputError, match="give the target's own tokenizer"):
+        response_data_windows(tmp_path, recipe, vocab, Path("a" * (vocab - 39)), "train", seed=0)
+
+
+def test_a_draft_model_cut_from_the_target_ships_its_layers_only(
+        target: Transformer, llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli, refused
+) -> None:
+    """`train draft-model --responses`: the target's first layers distilled on its rows; the shipped
+    folder holds no embeddings (it reads the target's, checked by SHA-256), drafts losslessly, and a target
+    whose embeddings differ is refused."""
+    from real_engine.training import recipes
+
+    answers = tmp_path / "answers"
+    respond(target, PROMPTS, encode, answers, PLAN)
+    monkeypatch.setattr(recipes.TrainRequest, "data",
+                        lambda self: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8, heldout=1,
+                                                        code_share=0.0))
+    monkeypatch.setattr(recipes, "CUT_LAYERS", 1)
+    monkeypatch.setattr(recipes, "DRAFT_VOCAB", 16)
+    copy = tmp_path / "target"
+    shutil.copytree(llama_dir, copy)
+    out = tmp_path / "draft"
+    code, shown, err = cli(["train", "draft-model", "--model", str(copy), "--responses", str(answers),
+                            "--steps", "2", "--out", str(out), "--run-dir", str(tmp_path / "run"),
+                            "--data-dir", str(tmp_path / "data"), "--threads", "1", "--json"])
+    assert code == 0, err
+    assert json.loads(shown)["steps_done"] == 2
+    with safe_open(str(out / "model.safetensors"), "pt") as saved:
+        names = set(saved.keys())
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)
+    assert any(n.startswith("model.layers.0.") for n in names)
+    draft = load_model(out)
+    assert draft.args.num_hidden_layers == 1
+    assert torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    assert torch.equal(draft.lm_head.weight, target.lm_head.weight)
+    prompt = encode(PROMPTS[1])
+    vanilla = generate(target, prompt, max_new_tokens=12).tokens
+    drafter = make_drafter("draft-model", target, draft, folder=out)  # its deployed 16-token vocabulary
+    assert drafter.vocab is not None and drafter.vocab.numel() == 16
+    assert generate(target, prompt, drafter=drafter, max_new_tokens=12).tokens == vanilla
+    moved = load_model(copy)
+    with torch.no_grad():
+        moved.model.embed_tokens.weight[3] += 1.0
+    save_model(moved, copy, dtype=torch.float32)
+    with pytest.raises(InputError, match="not the one the draft"):
+        load_model(out)
+    assert "starts from its layers" in refused(["train", "draft-model", "--model", str(copy), "--responses",
+                                                str(answers), "--init", str(out)])

@@ -170,7 +170,7 @@ def test_the_token_order_ranks_the_targets_top_tokens_then_corpus_counts(tmp_pat
     """``draft_vocab.json``: the target's top tokens over the windows by count, then the rest by count in
     the corpus, then by id; every id once, and the draft model's ``load_vocab`` reads its head."""
     stream = np.array([5] * 40 + [7] * 30 + [9] * 20 + list(range(VOCAB)), dtype=np.uint16)
-    monkeypatch.setattr(STREAM, lambda domain, split: stream)
+    monkeypatch.setattr(STREAM, lambda domain, split, tokenizer=None: stream)
     class Target:  # its top token is 3 wherever its input is 9, else 0
         args = TINY.model_args(VOCAB, 0)
 
@@ -193,7 +193,7 @@ def test_drafter_windows_with_an_on_policy_share(tokens, monkeypatch: pytest.Mon
     """At share 0.5 the odd windows become the target's continuations of their first 4 tokens (greedy,
     then sampled, alternately), the even ones stay corpus windows, and the rows are cached apart; the
     continuations are kept and read back for the same corpus windows, seed and prompt length only."""
-    monkeypatch.setattr(STREAM, lambda domain, split: tokens)
+    monkeypatch.setattr(STREAM, lambda domain, split, tokenizer=None: tokens)
     target = _model().eval()
     corpus = corpus_windows(["code"], 16, 8, seed=0)
     windows, folder = training_windows(target, ["code"], 16, 8, 0, 0.5, tmp_path, prefix=4)

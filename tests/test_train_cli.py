@@ -73,7 +73,8 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str, target_di
 def test_two_steps_train_a_drafter_that_decodes_losslessly(kind: str, target_dir: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    def stream(domain: str, split: str) -> np.ndarray:  # a synthetic corpus in place of the tokenized one
+    def stream(domain: str, split: str, tokenizer: object = None) -> np.ndarray:
+        """A synthetic corpus in place of the tokenized one."""
         rng = np.random.default_rng([len(domain), len(split)])
         return rng.integers(1, VOCAB, 4096).astype(np.uint16)
 
@@ -130,8 +131,8 @@ def test_on_policy_drafter_data_is_cached_apart(target_dir: Path, tmp_path: Path
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """`--on-policy 0.5` reaches the drafter's data recipe: its rows live in their own folder."""
-    monkeypatch.setattr(STREAM,
-                        lambda domain, split: np.random.default_rng(len(domain)).integers(1, VOCAB, 4096))
+    monkeypatch.setattr(STREAM, lambda domain, split, tokenizer=None:
+                        np.random.default_rng(len(domain)).integers(1, VOCAB, 4096))
     data = tmp_path / "data"
     code, stdout, err = run(["eagle", "--model", str(target_dir), "--out", str(tmp_path / "out"),
                              "--run-dir", str(tmp_path / "run"), "--data-dir", str(data), "--steps", "1",

@@ -17,6 +17,7 @@ from core.verifiers import DRAFT_SHAPES, verifier_names
 from experiments.cli import (
     OUT_FOLDER,
     SEED,
+    csv_names,
     model_arg,
     model_option,
     model_profile,
@@ -26,21 +27,6 @@ from experiments.cli import (
 from experiments.provenance import save_result
 from experiments.specbench.report import markdown, write_report
 from real_engine.drafters.trained import deployed_shape, trained_available
-
-
-def _split(value: str, flag: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
-    if not names:
-        raise InputError(f"{flag} is empty: give a comma-separated list")
-    return names
-
-
-def _names(value: str, flag: str, allowed: tuple[str, ...], hint: str = "") -> tuple[str, ...]:
-    names = _split(value, flag)
-    for name in names:
-        if name not in allowed:
-            raise InputError(f"{flag}: unknown {name!r}: use some of {', '.join(allowed)}{hint}")
-    return names
 
 
 def _temperatures(value: str) -> tuple[float, ...]:
@@ -85,15 +71,19 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--verifiers", default="greedy,block,rrs", show_default=True,
               help="Verifiers: T=0 uses greedy; T>0 each listed sampling verifier that fits a draft shape.")
 @click.option("--temperatures", default="0,1", show_default=True, help="Sampling temperatures.")
-@click.option("--domains", default=None,
-              help="Prompt domains (default: every <domain>.jsonl in --prompts-dir).")
-@click.option("--prompts", "count", type=int, default=8, show_default=True, help="Prompts per domain.")
+@click.option("--categories", default=None,
+              help="Prompt categories: the prompt sets <category>.jsonl in --prompts-dir to decode (default: "
+                   "all of them); a --prompt-file brings its own.")
+@click.option("--prompts", "count", type=int, default=8, show_default=True, help="Prompts per category.")
 @click.option("--shapes", default="chain,tree", show_default=True,
               help="Draft-model shapes: chain, tree (top-k), paths (K sampled paths).")
 @click.option("--trained-shapes", is_flag=True,
               help=f"Also run the trained drafters ({', '.join(trained_drafters())}) at the shape they were "
                    "trained with (SpecBlock's 2 blocks, EAGLE's saved tree, Medusa's static tree: the "
                    "papers' deep trees), beside the deployed one.")
+@click.option("--every-verifier", is_flag=True,
+              help="At T=0 run every --verifiers entry that fits a shape, not only greedy: each must "
+                   "reproduce vanilla's output (greedy_identical), the losslessness check.")
 @click.option("--hf/--no-hf", default=True, show_default=True,
               help="Also measure transformers' assisted generation (skipped with a note if unavailable).")
 @model_option()
@@ -103,11 +93,12 @@ def _model(path: Path, flag: str, train: str) -> Path:
               help=f"Folder holding the trained drafters ({', '.join(f'{n}/' for n in trained_drafters())}).")
 @click.option("--prompts-dir", type=click.Path(path_type=Path), default=None,
               show_default="the model's own",
-              help="Folder of <domain>.jsonl prompt sets (a \"text\" per line).")
+              help="Folder of <category>.jsonl prompt sets (a \"text\" per line).")
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None,
               help="Prompts of your own instead of the model's sets: JSON lines of {\"text\", \"domain\"?, "
                    "\"chat\"?} or MT-bench questions ({\"question_id\", \"category\", \"turns\"}: the first "
-                   "turn through the chat template); rows are reported by domain or category.")
+                   "turn through the chat template); rows are reported per category: a row's \"domain\" "
+                   "or a question's category.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Prompt j decodes with seed + j.")
 @click.option("--draft-length", type=int, default=None,
@@ -131,15 +122,15 @@ def _model(path: Path, flag: str, train: str) -> Path:
               default=None, show_default="the model's own",
               help="The cost profile the policies see (the one they were tuned on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows and file paths.")
-def command(drafters: str, verifiers: str, temperatures: str, domains: str | None, count: int, shapes: str,
-            trained_shapes: bool, hf: bool, model: ModelSpec, draft_dir: Path | None,
+def command(drafters: str, verifiers: str, temperatures: str, categories: str | None, count: int, shapes: str,
+            trained_shapes: bool, every_verifier: bool, hf: bool, model: ModelSpec, draft_dir: Path | None,
             drafters_dir: Path | None, prompts_dir: Path | None, prompt_file: Path | None,
             max_new_tokens: int, seed: int,
             draft_length: int, tree_width: int, tree_budget: int, threads: int | None, device: str | None,
             dtype: str | None, tag: str | None, out: Path, policy_files: tuple[Path, ...],
             profile_path: Path | None,
             as_json: bool) -> None:
-    """Decode the prompt sets with vanilla and each drafter and verifier (Spec-Bench style, per domain and
+    """Decode the prompt sets with vanilla and each drafter and verifier (Spec-Bench style, per category and
     temperature; not `specblock benchmark NAME`, which runs one of the project's benchmarks).
 
     Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
@@ -147,7 +138,7 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
     from experiments.specbench.run import Settings, load_prompts  # torch and the engine: not for --help
     from real_engine.prompts import read_prompt_file
 
-    names = _names(drafters, "--drafters", drafter_choices(), "; the transformers peer is --hf")
+    names = csv_names(drafters, "--drafters", drafter_choices(), "; the transformers peer is --hf")
     for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-length", draft_length),
                         ("--tree-width", tree_width), ("--tree-budget", tree_budget), ("--threads", threads)):
         if value is not None and value < 1:
@@ -158,9 +149,10 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
     model_dir = model.require().target
     draft_dir = model.draft_model if draft_dir is None else draft_dir
     drafters_dir = model.drafters if drafters_dir is None else drafters_dir
-    chosen = None if domains is None else _split(domains, "--domains")
-    if prompt_file is not None and (domains is not None or prompts_dir is not None):
-        raise InputError("--prompt-file replaces the model's prompt sets: drop --domains and --prompts-dir")
+    chosen = None if categories is None else csv_names(categories, "--categories")
+    if prompt_file is not None and (categories is not None or prompts_dir is not None):
+        raise InputError("--prompt-file replaces the model's prompt sets: drop --categories and "
+                         "--prompts-dir")
     prompts_dir = model_prompts(model, chosen) if prompts_dir is None else prompts_dir
     policies = _policies(policy_files)
     if policies:
@@ -175,13 +167,14 @@ def command(drafters: str, verifiers: str, temperatures: str, domains: str | Non
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
             chain = {k: v for k, v in deployed.items() if k in ("depth", "vocab", *CHAIN_OPTIONS)}
     settings = Settings(
-        domains=(load_prompts(prompts_dir, chosen, count) if prompt_file is None
-                 else read_prompt_file(prompt_file, count)),
-        drafters=names, verifiers=_names(verifiers, "--verifiers", verifier_names()),
-        temperatures=_temperatures(temperatures), shapes=_names(shapes, "--shapes", DRAFT_SHAPES),
+        categories=(load_prompts(prompts_dir, chosen, count) if prompt_file is None
+                    else read_prompt_file(prompt_file, count)),
+        drafters=names, verifiers=csv_names(verifiers, "--verifiers", verifier_names()),
+        temperatures=_temperatures(temperatures), shapes=csv_names(shapes, "--shapes", DRAFT_SHAPES),
         max_new_tokens=max_new_tokens, seed=seed, depth=draft_length or 4, width=tree_width,
         budget=tree_budget, chain=chain, policies=policies,
-        profile=None if profile_path is None else str(profile_path), trained_shapes=trained_shapes)
+        profile=None if profile_path is None else str(profile_path), trained_shapes=trained_shapes,
+        every_verifier=every_verifier)
     notes: list[str] = []
     has_draft = (draft_dir / "config.json").is_file()
     if any(registry[n].needs_draft_model for n in names if n in registry):
@@ -240,9 +233,9 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} leaves no room for a prompt in the "
                          f"models' context of {context}: lower it")
     chat = tokenizer.encode_chat if tokenizer.chat_template else None
-    prompts = {d: [ids[-limit:] for ids in (encode_row(row, tokenizer.encode, chat) for row in rows) if ids]
-               for d, rows in settings.domains.items()}
-    empty = [d for d, p in prompts.items() if not p]
+    prompts = {c: [ids[-limit:] for ids in (encode_row(row, tokenizer.encode, chat) for row in rows) if ids]
+               for c, rows in settings.categories.items()}
+    empty = [c for c, p in prompts.items() if not p]
     if empty:
         raise InputError(f"the {empty[0]} prompts encode to no tokens: give prompts with text")
     available = [n for n, spec in registry.items()  # what each needs: trained weights, the draft model
@@ -257,13 +250,13 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     notes.extend(plan_notes)
     peer = HFPeer(model_dir, draft_dir, device) if hf else None
     engine = Engine(target, draft, drafters_dir, settings, tokenizer.eos_id, draft_dir)
-    agree = {d: agreement(target, draft, p) for d, p in prompts.items()} if draft is not None else {}
+    agree = {c: agreement(target, draft, p) for c, p in prompts.items()} if draft is not None else {}
     confusion = {}
     if "specblock" in available and "specblock" in settings.drafters:  # its rank head's confusion
         from real_engine.drafters.specblock import load_specblock
 
         net = load_specblock(drafters_dir / "specblock", target)
-        confusion = {d: rank_confusion(target, net, p, settings.seed) for d, p in prompts.items()}
+        confusion = {c: rank_confusion(target, net, p, settings.seed) for c, p in prompts.items()}
     total = len(configs) * (1 + sum(map(len, prompts.values())))
     columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
@@ -274,10 +267,10 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         on_text = text_acceptance(engine, configs, prompts, settings.seed)
     results = {"rows": measured["rows"], "agreement": agree, "text_acceptance": on_text,
                "rank_confusion": confusion, "notes": notes, "per_prompt": measured["per_prompt"]}
-    config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "domains"}
+    config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "categories"}
     config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n) for n in trained_drafters()
                                    if n in available and n in settings.drafters})
-    config.update(domains={d: len(p) for d, p in prompts.items()}, prompt_token_limit=limit, device=device,
+    config.update(categories={c: len(p) for c, p in prompts.items()}, prompt_token_limit=limit, device=device,
                   dtype=dtype,
                   threads=torch.get_num_threads(),
                   configs=[f"{c.label} T={c.temperature:g}" for c in configs],

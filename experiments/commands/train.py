@@ -49,18 +49,18 @@ def default_run_dir(kind: str, model: ModelSpec) -> Path:
 
 
 def _responses(kind: str, model: ModelSpec, given: Path | None, on_policy: float | None) -> Path | None:
-    """The responses a feature drafter trains on: ``given``, else the model's own
-    (``runs/responses-<model>``) where they exist, else None: the toy family's corpus, whose ids only the
-    toy family's tokenizer reads (a real model's drafters need its responses). InputError for responses
-    given to another kind or beside --on-policy."""
-    if given is not None and kind not in trained_drafters():
-        raise InputError(f"--responses feeds the feature drafters ({', '.join(trained_drafters())}): drop it "
+    """The responses a drafter trains on: ``given``, else the model's own (``runs/responses-<model>``)
+    where they exist, else None: the toy family's corpus, whose ids only the toy family's tokenizer reads
+    (a real model's drafters need its responses). InputError for responses given to the toy family's
+    own builds or beside --on-policy."""
+    if given is not None and kind not in trainable_drafters():
+        raise InputError(f"--responses feeds the drafters ({', '.join(trainable_drafters())}): drop it "
                          f"for {kind}")
     if given is not None and on_policy is not None:
         raise InputError("--on-policy mixes the target's continuations into the corpus windows: drop it "
                          "with --responses, whose answers are all the target's own")
     own = RUNS / f"responses-{model.name}"
-    if given is None and kind in trained_drafters() and model != TOY and (own / "state.json").is_file():
+    if given is None and kind in trainable_drafters() and model != TOY and (own / "state.json").is_file():
         return own
     return given
 
@@ -126,14 +126,15 @@ def command(kind: str, out: Path | None, run_dir: Path | None, resume: bool, min
         raise InputError(f"no model in {init_dir}: give a folder with config.json and safetensors weights")
     if threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}: give 1 or 2")
-    if sequences is not None and (kind not in trained_drafters() or sequences < 1):
+    responses_dir = _responses(kind, model, responses_dir, on_policy)
+    corpus_only = kind not in trained_drafters() and responses_dir is None  # the toy draft model's data
+    if sequences is not None and (sequences < 1 or corpus_only):
         raise InputError(f"--sequences {sequences}: give a positive count, for "
-                         f"{', '.join(trained_drafters())}")
+                         f"{', '.join(trained_drafters())} or a drafter trained on --responses")
     if kind in TOY_ONLY and model != TOY:
         raise InputError(f"`specblock train {kind}` builds the shipped toy family ({TOY.name}), not a target "
                          f"for model {model.name!r}: drop --model, or train a drafter "
                          f"({', '.join(trainable_drafters())}) for it")
-    responses_dir = _responses(kind, model, responses_dir, on_policy)
     target_dir = model.target
     if kind not in TOY_ONLY and not (target_dir / "config.json").exists():
         if model != TOY:

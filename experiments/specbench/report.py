@@ -1,4 +1,4 @@
-"""The bench's readable outputs: a markdown report and a PNG (speedup per domain and drafter; acceptance
+"""The bench's readable outputs: a markdown report and a PNG (speedup per category and drafter; acceptance
 by chain position)."""
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ def _num(x: float | None, digits: int = 2) -> str:
 
 
 def _versus(rows: Sequence[dict[str, Any]], ours: str = "specblock", theirs: str = "eagle") -> list[str]:
-    """SpecBlock against EAGLE-style over all domains, per temperature and verifier, as the paper states
+    """SpecBlock against EAGLE-style over all categories, per temperature and verifier, as the paper states
     its claim: the ratio of their speedups and of their drafting times per iteration; at their deployed
     shapes, and at their training shapes (the papers' deep trees) where the bench ran those."""
     best = {}
     for r in rows:
-        if r["domain"] == "all" and not r.get("policy") and r["drafter"] in (ours, theirs):
+        if r["category"] == "all" and not r.get("policy") and r["drafter"] in (ours, theirs):
             shapes = "trained" if r["shape"] == "trained" else "deployed"
             best.setdefault((shapes, r["temperature"], r["verifier"], r["drafter"]), r)
     pairs = [(s, t, v) for (s, t, v, d) in best if d == ours and (s, t, v, theirs) in best]
     if not pairs:
         return []
-    lines = [f"## {ours} against {theirs} (all domains)", "",
+    lines = [f"## {ours} against {theirs} (all categories)", "",
              "The paper reports 1.08 to 1.13 times EAGLE-3's speedup at 0.44 to 0.52 of its drafting "
              "time.", "",
              "| shapes | T | verifier | speedup ratio | drafting time ratio (ms/iter) | tau "
@@ -59,13 +59,13 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines = [f"# {title}", ""]
     for t in sorted({r["temperature"] for r in rows}):
         lines += [f"## Temperature {t:g}", "",
-                  "| domain | config | tau | tok/s | speedup [95% CI] | HF ratio | draft share "
+                  "| category | config | tau | tok/s | speedup [95% CI] | HF ratio | draft share "
                   "| draft ms/iter | draft calls | alpha | greedy identical |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in rows if r["temperature"] == t):
             alpha = " ".join(_num(a) for a in r["alpha"]) if r["alpha"] else "-"
             same = "-" if r["greedy_identical"] is None else "yes" if r["greedy_identical"] else "**NO**"
-            lines.append(f"| {r['domain']} | {_label(r)} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
+            lines.append(f"| {r['category']} | {_label(r)} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
                          f"{r['speedup']:.2f}x{_ci(r.get('speedup_ci'))} | {_num(r.get('hf_speedup'))} | "
                          f"{r['draft_share']:.2f} | "
                          f"{_num(r.get('draft_ms'))} | {_num(r['draft_calls'])} | {alpha} | {same} |")
@@ -74,13 +74,13 @@ def markdown(results: dict[str, Any], title: str) -> str:
     agreement = results.get("agreement") or {}
     if agreement:
         lines += ["## Draft model: teacher-forced top-1 agreement with the target, beside tau", "",
-                  "| domain | tokens | top-1 agreement | tau draft-model/chain T=0 "
+                  "| category | tokens | top-1 agreement | tau draft-model/chain T=0 "
                   "| tau draft-model/tree T=0 |",
                   "|---|---|---|---|---|"]
-        for domain, a in agreement.items():
+        for category, a in agreement.items():
             taus = {r["shape"]: r["tau"] for r in rows
-                    if r["domain"] == domain and r["drafter"] == "draft-model" and r["temperature"] == 0}
-            lines.append(f"| {domain} | {a['tokens']} | {a['top1']:.3f} | {_num(taus.get('chain'))} | "
+                    if r["category"] == category and r["drafter"] == "draft-model" and r["temperature"] == 0}
+            lines.append(f"| {category} | {a['tokens']} | {a['top1']:.3f} | {_num(taus.get('chain'))} | "
                          f"{_num(taus.get('tree'))} |")
         lines.append("")
     on_text = results.get("text_acceptance") or {}
@@ -91,15 +91,15 @@ def markdown(results: dict[str, Any], title: str) -> str:
                   "Trained drafters draft at the shape they were trained with here (every position they "
                   "learnt), at their deployed shape when decoding. Decoding drafts after the target's own "
                   "output instead.", "",
-                  "| domain | config | drafts | tau on text | tau decoding | alpha on text |",
+                  "| category | config | drafts | tau on text | tau decoding | alpha on text |",
                   "|---|---|---|---|---|---|"]
-        decoding = {(r["domain"], _label(r)): r["tau"] for r in rows
+        decoding = {(r["category"], _label(r)): r["tau"] for r in rows
                     if r["temperature"] == 0 and r["verifier"] == "greedy" and not r.get("policy")}
         for label, per in on_text.items():
-            for domain, a in per.items():
+            for category, a in per.items():
                 alpha = " ".join(_num(x) for x in a["alpha"]) or "-"
-                lines.append(f"| {domain} | {label} | {a['drafts']} | {_num(a['tau'])} | "
-                             f"{_num(decoding.get((domain, label)))} | {alpha} |")
+                lines.append(f"| {category} | {label} | {a['drafts']} | {_num(a['tau'])} | "
+                             f"{_num(decoding.get((category, label)))} | {alpha} |")
         lines.append("")
     confusion = results.get("rank_confusion") or {}
     if confusion:
@@ -107,12 +107,12 @@ def markdown(results: dict[str, Any], title: str) -> str:
                   "Rows: the bucket of the target token's rank in the draft law (0: rank 1, 1: ranks 2-4, "
                   "2: ranks 5-10, 3: beyond); columns: the predicted bucket; counts over the valid-prefix "
                   "positions of two blocks started at every position.", "",
-                  "| domain | true bucket | pred 0 | pred 1 | pred 2 | pred 3 | accuracy |",
+                  "| category | true bucket | pred 0 | pred 1 | pred 2 | pred 3 | accuracy |",
                   "|---|---|---|---|---|---|---|"]
-        for domain, c in confusion.items():
+        for category, c in confusion.items():
             for bucket, counts in enumerate(c["confusion"]):
                 accuracy = f"{c['accuracy']:.3f}" if bucket == 0 else ""
-                lines.append(f"| {domain if bucket == 0 else ''} | {bucket} | "
+                lines.append(f"| {category if bucket == 0 else ''} | {bucket} | "
                              + " | ".join(str(n) for n in counts) + f" | {accuracy} |")
         lines.append("")
     if results.get("notes"):
@@ -121,7 +121,8 @@ def markdown(results: dict[str, Any], title: str) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Per temperature: grouped bars of speedup by domain and config, and alpha by position (all domains)."""
+    """Per temperature: grouped bars of speedup by category and config, and alpha by position (all
+    categories)."""
     import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
@@ -132,27 +133,27 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                              gridspec_kw={"width_ratios": [2, 1]})
     for (bars, lines), t in zip(axes, temps, strict=True):
         group = [r for r in rows if r["temperature"] == t]
-        domains = list(dict.fromkeys(r["domain"] for r in group))
+        categories = list(dict.fromkeys(r["category"] for r in group))
         labels = list(dict.fromkeys(_label(r) for r in group))
         width = 0.8 / len(labels)
         for i, label in enumerate(labels):
-            speed = {r["domain"]: r["speedup"] for r in group if _label(r) == label}
-            bars.bar([d + i * width for d in range(len(domains))], [speed.get(d, 0.0) for d in domains],
+            speed = {r["category"]: r["speedup"] for r in group if _label(r) == label}
+            bars.bar([c + i * width for c in range(len(categories))], [speed.get(c, 0.0) for c in categories],
                      width, label=label, color=f"C{i % 10}")
-            alpha = next((r["alpha"] for r in group if _label(r) == label and r["domain"] == "all"), None)
+            alpha = next((r["alpha"] for r in group if _label(r) == label and r["category"] == "all"), None)
             if alpha:
                 lines.plot(range(1, len(alpha) + 1), [float("nan") if a is None else a for a in alpha],
                            marker="o", label=label, color=f"C{i % 10}")
         bars.axhline(1.0, color="black", linewidth=0.8)
-        bars.set_xticks([d + 0.4 - width / 2 for d in range(len(domains))], domains)
+        bars.set_xticks([c + 0.4 - width / 2 for c in range(len(categories))], categories)
         bars.set_ylabel("speedup over vanilla")
-        bars.set_title(f"Speedup per domain, T={t:g}")
+        bars.set_title(f"Speedup per category, T={t:g}")
         bars.legend(fontsize=7, ncol=2)
         lines.set_xlabel("draft position i")
         lines.xaxis.get_major_locator().set_params(integer=True)
         lines.set_ylabel("P(accept i | accepted i-1)")
         lines.set_ylim(0, 1.05)
-        lines.set_title(f"Acceptance by position (all domains), T={t:g}")
+        lines.set_title(f"Acceptance by position (all categories), T={t:g}")
         if lines.get_legend_handles_labels()[0]:
             lines.legend(fontsize=7)
     fig.tight_layout()
@@ -171,11 +172,11 @@ def write_report(results: dict[str, Any], folder: Path, name: str) -> tuple[Path
 
 
 def _bench_command(name: str, config: Record) -> str:
-    counts = sorted(set(config["domains"].values()))
+    counts = sorted(set(config["categories"].values()))
     prompts = f" --prompts {counts[0]}" if len(counts) == 1 else ""
     return (f"specblock bench --drafters {listed(config['drafters'])}"
             f" --verifiers {listed(config['verifiers'])} --temperatures {listed(config['temperatures'])}"
-            f" --shapes {listed(config['shapes'])} --domains {listed(list(config['domains']))}{prompts}"
+            f" --shapes {listed(config['shapes'])} --categories {listed(list(config['categories']))}{prompts}"
             f" --max-new-tokens {config['max_new_tokens']}{flag('--threads', config.get('threads'))}"
             f"{' --trained-shapes' if config['trained_shapes'] else ''}"
             f"{' --no-hf' if config.get('hf_assisted') is None else ''}"
@@ -189,18 +190,18 @@ def _config_label(row: Record) -> str:
 
 def _bench_body(record: Record) -> Lines:
     rows = record["results"]["rows"]
-    domains = list(record["config"]["domains"])
-    speedups = {(_config_label(r), r["temperature"], r["domain"]): r["speedup"] for r in rows}
-    lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all domains pooled, then per "
-             "domain; tau: new tokens per target forward; draft ms: the drafter's time per iteration.", ""]
+    categories = list(record["config"]["categories"])
+    speedups = {(_config_label(r), r["temperature"], r["category"]): r["speedup"] for r in rows}
+    lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all categories pooled, then per "
+             "category; tau: new tokens per target forward; draft ms: the drafter's time per iteration.", ""]
     out = []
-    for r in (r for r in rows if r["domain"] == "all"):
+    for r in (r for r in rows if r["category"] == "all"):
         label = _config_label(r)
-        per_domain = [speedups.get((label, r["temperature"], d)) for d in domains]
+        per_category = [speedups.get((label, r["temperature"], c)) for c in categories]
         out.append([f"{r['temperature']:g}", label, f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
-                    f"{r['speedup']:.2f}x", *("-" if s is None else f"{s:.2f}x" for s in per_domain),
+                    f"{r['speedup']:.2f}x", *("-" if s is None else f"{s:.2f}x" for s in per_category),
                     f"{r['draft_ms']:.2f}", "yes" if r.get("greedy_identical") else "-"])
-    return lines + table(["T", "configuration", "tau", "tok/s", "speedup", *domains, "draft ms",
+    return lines + table(["T", "configuration", "tau", "tok/s", "speedup", *categories, "draft ms",
                           "greedy identical"], out)
 
 

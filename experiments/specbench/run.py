@@ -1,7 +1,7 @@
 """The benchmark harness behind `specblock bench`, measured the way Spec-Bench measures.
 
 Every configuration (drafter, draft shape, verifier, temperature) decodes the same prompts of each
-domain. Per prompt, vanilla decoding runs first and every configuration right after it, so machine
+category. Per prompt, vanilla decoding runs first and every configuration right after it, so machine
 noise hits all alike; one warm-up generation per configuration precedes the measurements. A row's
 ``speedup`` is the mean over prompts of (tokens/s / vanilla tokens/s on that prompt); ``tau``,
 ``accepted`` and ``alpha`` pool the iterations of all its prompts. At temperature 0 every output is
@@ -63,7 +63,8 @@ class Config:
 class Settings:
     """Everything a bench run needs besides the loaded models."""
 
-    domains: dict[str, list[PromptRow]]  # domain (a prompt file's category) -> its prompts, untokenized
+    # category (a prompt set's name, or a prompt file's category) -> its prompts, untokenized
+    categories: dict[str, list[PromptRow]]
     drafters: tuple[str, ...] = (VANILLA, "ngram", "draft-model")
     verifiers: tuple[str, ...] = ("greedy", "block", "rrs")
     temperatures: tuple[float, ...] = (0.0, 1.0)
@@ -81,6 +82,9 @@ class Settings:
     # also run the trained drafters at the shape they were trained with (shape "trained": SpecBlock's 2
     # blocks, EAGLE's saved tree, Medusa's static tree), the deep trees of the papers, beside the deployed one
     trained_shapes: bool = False
+    # at T = 0 run every listed verifier that fits a shape, not only the greedy one: each must reproduce
+    # vanilla's output (``greedy_identical``), the losslessness check on a real model
+    every_verifier: bool = False
 
 
 @dataclass
@@ -140,29 +144,29 @@ class Recorder:
         self.calls += self.counter[0] - before
 
 
-def load_prompts(folder: Path, domains: Sequence[str] | None, count: int) -> dict[str, list[PromptRow]]:
-    """The first ``count`` prompts of each domain's ``<folder>/<domain>.jsonl`` (all domains there when
-    ``domains`` is None): of its evaluation split where its rows carry splits (the real prompt sets), else
-    of the whole file."""
+def load_prompts(folder: Path, categories: Sequence[str] | None, count: int) -> dict[str, list[PromptRow]]:
+    """The first ``count`` prompts of each category's ``<folder>/<category>.jsonl`` (all categories there
+    when ``categories`` is None): of its evaluation split where its rows carry splits (the real prompt
+    sets), else of the whole file."""
     if count < 1:
-        raise InputError(f"--prompts is {count}: give at least 1 prompt per domain")
+        raise InputError(f"--prompts is {count}: give at least 1 prompt per category")
     present = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
     if not present:
-        raise InputError(f"no <domain>.jsonl prompt sets in {folder}: pass --prompts-dir DIR or run "
+        raise InputError(f"no <category>.jsonl prompt sets in {folder}: pass --prompts-dir DIR or run "
                          "`specblock train tokenizer`")
-    chosen = list(domains) if domains else present
-    unknown = [d for d in chosen if d not in present]
+    chosen = list(categories) if categories else present
+    unknown = [c for c in chosen if c not in present]
     if unknown:
-        raise InputError(f"unknown domain {unknown[0]!r}: use some of {', '.join(present)}")
+        raise InputError(f"unknown category {unknown[0]!r}: use some of {', '.join(present)}")
     prompts: dict[str, list[PromptRow]] = {}
-    for domain in chosen:
-        path = folder / f"{domain}.jsonl"
-        rows = read_prompt_set(path, domain)
+    for category in chosen:
+        path = folder / f"{category}.jsonl"
+        rows = read_prompt_set(path, category)
         if any(row.split is not None for row in rows):
             rows = select_part(rows, "evaluation", path)
         if not rows:
             raise InputError(f"{path} holds no prompts: add JSON lines with a \"text\" field")
-        prompts[domain] = rows[:count]
+        prompts[category] = rows[:count]
     return prompts
 
 
@@ -171,7 +175,8 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
     """The configurations to measure at each temperature (vanilla first) and notes on what was left out.
 
     ``available`` names the drafters that can run (trained weights present); at T = 0 every drafter
-    uses the greedy verifier, at T > 0 each sampling verifier of ``settings.verifiers`` that fits its
+    uses the greedy verifier (each listed one that fits, with ``settings.every_verifier``), at T > 0 each
+    sampling verifier of ``settings.verifiers`` that fits its
     draft shape (the draft model drafts ``settings.shapes``; the trained drafters (SpecBlock, EAGLE,
     Medusa) top-k trees, but those named in ``chains`` deploy a chain, which they sample at T > 0; with
     ``settings.trained_shapes`` they also run at their training shape, a top-k tree; the others, n-gram
@@ -193,8 +198,11 @@ def plan(settings: Settings, available: Sequence[str], hf: bool, chains: Collect
                 shapes = (*shapes, "trained")
             for shape in shapes:
                 drafted = "tree" if shape == "trained" else shape  # a trained drafter trains on a top-k tree
-                fit = ((default_verifier(t, drafted),) if t == 0
-                       else tuple(v for v in settings.verifiers if v in fits(drafted)))
+                if t == 0 and settings.every_verifier:
+                    fit = tuple(v for v in settings.verifiers if v in fits(drafted, True) + fits(drafted))
+                else:
+                    fit = ((default_verifier(t, drafted),) if t == 0
+                           else tuple(v for v in settings.verifiers if v in fits(drafted)))
                 configs.extend(Config(drafter, shape, v, t) for v in fit)
                 if shape != "paths":  # trimming K sampled paths by confidence would bias them
                     configs.extend(Config(drafter, shape, v, t, name)
@@ -303,7 +311,7 @@ def text_acceptance(engine: Engine, configs: Sequence[Config], prompts: dict[str
                     seed: int = 0, every: int = TEXT_EVERY) -> dict[str, dict[str, dict[str, Any]]]:
     """Each T = 0 greedy drafter's acceptance on real held-out text: a draft after every ``every``-th
     token of each prompt, the text before it as the context, verified against the target's top tokens
-    (at most ``TEXT_DEPTH`` deep). Per config label and domain (and ``all``): ``alpha`` by position,
+    (at most ``TEXT_DEPTH`` deep). Per config label and category (and ``all``): ``alpha`` by position,
     ``tau`` (one plus the mean accepted length) and ``drafts``. The decoding rows draft after the target's
     own output, which is easier to predict; this is the teacher-forced view of the same drafter. Trained
     drafters draft here at the shape they were trained with (``shape="trained"``: SpecBlock's 2 blocks,
@@ -315,15 +323,15 @@ def text_acceptance(engine: Engine, configs: Sequence[Config], prompts: dict[str
                 or config.shape == "trained"):  # the deployed shape's row already drafts at this one
             continue
         deep = replace(config, shape="trained") if drafter_spec(config.drafter).trained else config
-        firsts = {domain: [engine.run(deep, ids[:t], seed, TEXT_DEPTH + 1)
-                           for ids in items for t in range(every, len(ids), every)]
-                  for domain, items in prompts.items()}
+        firsts = {category: [engine.run(deep, ids[:t], seed, TEXT_DEPTH + 1)
+                             for ids in items for t in range(every, len(ids), every)]
+                  for category, items in prompts.items()}
         firsts["all"] = [m for runs in firsts.values() for m in runs]
         out[config.label] = {}
-        for domain, runs in firsts.items():
+        for category, runs in firsts.items():
             accepted, depths = [m.accepted[0] for m in runs], [m.depths[0] for m in runs]
-            out[config.label][domain] = {"alpha": alpha(accepted, depths), "drafts": len(runs),
-                                         "tau": 1 + fmean(accepted) if runs else None}
+            out[config.label][category] = {"alpha": alpha(accepted, depths), "drafts": len(runs),
+                                           "tau": 1 + fmean(accepted) if runs else None}
     return out
 
 
@@ -355,13 +363,13 @@ def rank_confusion(target: Transformer, net: Any, prompts: Sequence[list[int]], 
             "accuracy": float(total.diagonal().sum()) / max(positions, 1)}
 
 
-def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Sequence[Measurement],
-              hf_base: Sequence[Measurement] | None = None, domains: Sequence[str] | None = None
+def summarize(config: Config, category: str, runs: Sequence[Measurement], base: Sequence[Measurement],
+              hf_base: Sequence[Measurement] | None = None, categories: Sequence[str] | None = None
               ) -> dict[str, Any]:
     """One row from a config's measurements and vanilla's on the same prompts; for ``hf-assisted``,
     ``hf_base`` (HF's plain generate) is also the reference its greedy output must match. ``speedup_ci``
-    is the 95% bootstrap interval of the speedup over the prompts, resampled within each of ``domains``
-    (each run's domain; default all ``domain``)."""
+    is the 95% bootstrap interval of the speedup over the prompts, resampled within each of ``categories``
+    (each run's category; default all ``category``)."""
     new = sum(len(m.tokens) for m in runs)
     iters = sum(m.iterations for m in runs)
     engine = runs[0].accepted is not None
@@ -370,14 +378,15 @@ def summarize(config: Config, domain: str, runs: Sequence[Measurement], base: Se
     calls = [m.draft_calls for m in runs]
     ratios = np.array([m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, base, strict=True)])
     reference = hf_base if config.drafter == "hf-assisted" and hf_base is not None else base
+    strata = categories or [category] * len(runs)
     row: dict[str, Any] = {
         "drafter": config.drafter, "shape": config.shape, "verifier": config.verifier,
         "policy": config.policy,
-        "temperature": config.temperature, "domain": domain, "prompts": len(runs), "new_tokens": new,
+        "temperature": config.temperature, "category": category, "prompts": len(runs), "new_tokens": new,
         "tau": new / iters,
         "tokens_per_second": new / sum(m.seconds for m in runs),
         "speedup": float(ratios.mean()),
-        "speedup_ci": interval(ratios[resamples(domains or [domain] * len(runs), REPLICATES, 0)].mean(1)),
+        "speedup_ci": interval(ratios[resamples(strata, REPLICATES, 0)].mean(1)),
         "draft_share": sum(m.draft_seconds for m in runs) / sum(m.seconds for m in runs),
         "draft_ms": 1e3 * sum(m.draft_seconds for m in runs) / iters,  # drafting time per iteration
         "accepted": fmean(accepted) if engine else new / iters - 1,
@@ -396,7 +405,7 @@ def run_bench(settings: Settings, engine: Engine, prompts: dict[str, list[list[i
               configs: Sequence[Config], hf: Any = None, advance: Callable[[str], None] = lambda _: None
               ) -> dict[str, Any]:
     """Warm up, then measure every config interleaved with vanilla, prompt by prompt; return rows
-    (per domain and over ``all`` domains) and the per-prompt figures."""
+    (per category and over ``all`` categories) and the per-prompt figures."""
 
     def measure(config: Config, ids: list[int], seed: int, max_new: int) -> Measurement:
         if config.drafter.startswith("hf-"):
@@ -411,25 +420,25 @@ def run_bench(settings: Settings, engine: Engine, prompts: dict[str, list[list[i
     per_prompt = []
     for t in settings.temperatures:
         group = [c for c in configs if c.temperature == t]
-        for domain, items in prompts.items():
+        for category, items in prompts.items():
             for j, ids in enumerate(items):
                 for config in group:
                     m = measure(config, ids, settings.seed + j, settings.max_new_tokens)
-                    results.setdefault((config, domain), []).append(m)
-                    per_prompt.append({"config": config.label, "temperature": t, "domain": domain,
+                    results.setdefault((config, category), []).append(m)
+                    per_prompt.append({"config": config.label, "temperature": t, "category": category,
                                        "prompt": j, "new_tokens": len(m.tokens), "seconds": m.seconds,
                                        "iterations": m.iterations})
-                    advance(f"{domain} #{j} {config.label} T={t:g}")
+                    advance(f"{category} #{j} {config.label} T={t:g}")
     rows = []
     for t in settings.temperatures:
         group = [c for c in configs if c.temperature == t]
         vanilla, hf_plain = group[0], next((c for c in group if c.drafter == "hf-vanilla"), None)
-        for domain in [*prompts, "all"]:
-            def get(c: Config, d: str = domain) -> list[Measurement]:
-                return [m for dom in (prompts if d == "all" else [d]) for m in results[(c, dom)]]
+        for category in [*prompts, "all"]:
+            def get(c: Config, k: str = category) -> list[Measurement]:
+                return [m for each in (prompts if k == "all" else [k]) for m in results[(c, each)]]
 
-            labels = [d for d in (prompts if domain == "all" else [domain]) for _ in prompts[d]]
+            labels = [k for k in (prompts if category == "all" else [category]) for _ in prompts[k]]
             for config in group:
                 hf_base = get(hf_plain) if config.drafter.startswith("hf-") and hf_plain else None
-                rows.append(summarize(config, domain, get(config), get(vanilla), hf_base, labels))
+                rows.append(summarize(config, category, get(config), get(vanilla), hf_base, labels))
     return {"rows": rows, "per_prompt": per_prompt}

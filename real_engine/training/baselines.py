@@ -165,9 +165,16 @@ def medusa_accuracies(net: MedusaNet, target: Transformer, data: DrafterData, se
     return (counts / totals.clamp_min(1)[:, None]).tolist()
 
 
+def _frozen(net: nn.Module) -> set[str]:
+    """Names of the parameters training leaves alone (a target's tensors a drafter reads): not saved."""
+    return {name for name, p in net.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
 def _save_checkpoint(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, step: int,
                      record: dict[str, Any]) -> None:
-    state = {f"net/{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    frozen = _frozen(net)
+    state = {f"net/{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()
+             if k not in frozen}
     for name, param in net.named_parameters():
         for key, value in opt.state.get(param, {}).items():
             state[f"opt/{name}/{key}"] = value.detach().cpu().contiguous()
@@ -188,7 +195,11 @@ def _restore(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, record: d
     if not same or type(saved.get("step")) is not int:
         raise InputError(f"{folder} was made with other settings or data: resume with the same ones, or "
                          "train into a new folder")
-    net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net/")})
+    missing = net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net/")},
+                                  strict=False).missing_keys
+    lacking = sorted(set(missing) - _frozen(net))
+    if lacking:
+        raise InputError(f"{folder} lacks the drafter's {lacking[0]}: train afresh")
     params = dict(net.named_parameters())
     for key, value in state.items():
         if key.startswith("opt/"):
@@ -198,9 +209,11 @@ def _restore(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, record: d
     return int(saved["step"]), saved
 
 
-def _fit(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: BaselineConfig, record: dict[str, Any],
-         checkpoint: Path, resume: bool, progress: bool, minutes: float | None = None) -> dict[str, Any]:
-    """The loop both drafters share; returns the record with the loss curve and final agreement."""
+def fit_drafter(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: BaselineConfig,
+                record: dict[str, Any], checkpoint: Path, resume: bool, progress: bool,
+                minutes: float | None = None) -> dict[str, Any]:
+    """The loop every drafter trained on the target's rows shares (its trainable parameters, by
+    ``loss_fn``); returns the record with the loss curve and final agreement."""
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     first = 0
@@ -241,7 +254,8 @@ def _fit(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: BaselineCon
     return record
 
 
-def _open(target: Transformer, data: str | Path | DrafterData) -> DrafterData:
+def target_data(target: Transformer, data: str | Path | DrafterData) -> DrafterData:
+    """``data`` opened, refused unless it holds the rows of this (float32) ``target``."""
     if target.lm_head.weight.dtype != torch.float32:
         raise InputError("drafters train against a float32 target: load the target with dtype=torch.float32")
     data = data if isinstance(data, DrafterData) else open_drafter_data(data)
@@ -265,7 +279,7 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
     unroll = tree.depth if unroll is None else unroll
     if unroll < 1:
         raise InputError(f"unroll is {unroll}: give at least 1 training-time-test step")
-    data, out = _open(target, data), Path(out)
+    data, out = target_data(target, data), Path(out)
     target.requires_grad_(False)
     net = new_eagle(target, own_head, config.seed) if init is None else load_eagle(init, target)[0]
     net = net.float()
@@ -273,9 +287,9 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
               "drafter": {"kind": "eagle", "unroll": unroll, "own_head": net.lm_head is not None,
                           "draft_vocab": draft_vocab},
               **({} if init is None else {"init_from": str(init)})}
-    record = _fit(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored), data, config, record,
-                  Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
-                  minutes)
+    record = fit_drafter(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored), data, config,
+                         record, Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume,
+                         progress, minutes)
     v = net.args.vocab_size
     order = frequent_targets(data, v, v)
     net.with_draft_ids(order[:draft_vocab] if 0 < draft_vocab < v else None)
@@ -299,16 +313,16 @@ def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: s
     choice win) with a fresh optimizer and schedule."""
     if min(heads, tree_budget, calibration_sequences) < 1:
         raise InputError("Medusa training needs heads, tree budget and calibration sequences >= 1")
-    data, heldout, out = _open(target, data), _open(target, heldout), Path(out)
+    data, heldout, out = target_data(target, data), target_data(target, heldout), Path(out)
     target.requires_grad_(False)
     net = new_medusa(target, heads, own_heads, config.seed) if init is None else load_medusa(init, target)[0]
     net = net.float()
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
               "drafter": {"kind": "medusa", "heads": net.heads, "own_heads": net.lm_heads is not None},
               **({} if init is None else {"init_from": str(init)})}
-    record = _fit(net, lambda b, scored: medusa_loss(net, target, b, scored), data, config, record,
-                  Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
-                  minutes)
+    record = fit_drafter(net, lambda b, scored: medusa_loss(net, target, b, scored), data, config, record,
+                         Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
+                         minutes)
     accuracies = medusa_accuracies(net, target, heldout, calibration_sequences, config.batch_size)
     tree = choose_tree(accuracies, tree_budget)
     save_medusa(net, tree, out, accuracies)

@@ -247,13 +247,16 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 def encode_documents(tok: Tokenizer, docs: list[Document]) -> np.ndarray:
-    """The documents' tokens as one uint16 stream, each document followed by EOS."""
+    """The documents' tokens as one stream, each document followed by EOS: uint16 where the vocabulary
+    fits (the shipped tokenizer, SmolLM2's), else uint32."""
     eos = tok.token_to_id(EOS)
+    if eos is None:
+        raise InputError(f"the tokenizer has no {EOS} token to end documents with: give a tokenizer that has")
     ids: list[int] = []
     for enc in tok.encode_batch([d.text for d in docs]):
         ids.extend(enc.ids)
         ids.append(eos)
-    return np.asarray(ids, dtype=np.uint16)
+    return np.asarray(ids, dtype=np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32)
 
 
 def prompt_set(tok: Tokenizer, domain: str, count: int = PROMPTS_PER_DOMAIN, seed: int = 0

@@ -21,7 +21,8 @@ from real_engine.training import corpus
 
 
 def token_stream(domain: str, split: str, tokenizer_path: Path = TOKENIZER) -> np.ndarray:
-    """One domain's split as a uint16 token stream, cached under ``runs/tokens`` by tokenizer hash."""
+    """One domain's split as a token stream (``corpus.encode_documents``), cached under ``runs/tokens`` by
+    tokenizer hash."""
     tok_hash = hashlib.sha256(Path(tokenizer_path).read_bytes()).hexdigest()[:12]
     path = TOKEN_CACHE / f"{domain}-{split}-{tok_hash}-py{sys.version_info[0]}{sys.version_info[1]}.npy"
     if path.exists():
@@ -60,11 +61,13 @@ class TokenWindows:
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
-def heldout_windows(seq_len: int, max_windows: int | None) -> dict[str, torch.Tensor]:
-    """Per domain, the held-out stream cut into consecutive ``seq_len + 1`` windows (capped)."""
+def heldout_windows(seq_len: int, max_windows: int | None, domains: Sequence[str] = DOMAINS,
+                    tokenizer_path: Path = TOKENIZER) -> dict[str, torch.Tensor]:
+    """Per domain, the held-out stream (tokenized with ``tokenizer_path``) cut into consecutive
+    ``seq_len + 1`` windows (capped)."""
     out = {}
-    for domain in DOMAINS:
-        ids = token_stream(domain, "heldout")
+    for domain in domains:
+        ids = token_stream(domain, "heldout", tokenizer_path)
         n = (len(ids) - 1) // seq_len
         if max_windows is not None:
             n = min(n, max_windows)
@@ -73,17 +76,19 @@ def heldout_windows(seq_len: int, max_windows: int | None) -> dict[str, torch.Te
     return out
 
 
-def corpus_windows(domains: Sequence[str], seq_len: int, count: int, seed: int = 0) -> torch.Tensor:
+def corpus_windows(domains: Sequence[str], seq_len: int, count: int, seed: int = 0,
+                   tokenizer_path: Path = TOKENIZER) -> torch.Tensor:
     """``count`` token windows ([count, seq_len] long) of the training split of ``domains``.
 
-    Each domain's packed token stream (:func:`token_stream`, the one the target was trained on) is cut
-    into non-overlapping windows; ``count`` of them are drawn, seeded, from the pool.
+    Each domain's packed token stream (:func:`token_stream`: with the shipped tokenizer, the one the toy
+    target was trained on; with a real model's ``tokenizer_path``, the same text re-tokenized) is cut into
+    non-overlapping windows; ``count`` of them are drawn, seeded, from the pool.
     """
     if seq_len < 2 or count < 1:
         raise InputError(f"need seq_len >= 2 and count >= 1, got {seq_len} and {count}")
     pool = []
     for domain in domains:
-        ids = token_stream(domain, "train")
+        ids = token_stream(domain, "train", tokenizer_path)
         usable = len(ids) // seq_len * seq_len
         pool.append(torch.from_numpy(ids[:usable].astype("int64")).view(-1, seq_len))
     windows = torch.cat(pool)
