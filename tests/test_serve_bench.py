@@ -10,18 +10,22 @@ import numpy as np
 import pytest
 
 from core.cost_profile import resolve_profile
+from core.errors import InputError
 from core.names import VANILLA
 from core.paths import CPU_PROFILE
 from experiments.serving.bench import (
     default_settings,
     draw_arrivals,
+    serve_live,
     steering_fit,
     steering_samples,
     summarize,
 )
+from experiments.serving.lengths import MIN_OUTPUT, default_lengths, servable
 from policies import make_policy, save_policy
 from real_engine.model import Transformer
 from real_engine.prompts import Prompt
+from simulator.spec_serve import Arrivals
 
 KEYS = {"tokens_per_second", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "simulated_tokens_per_second",
         "simulated_tpot_ms_p50"}
@@ -44,7 +48,12 @@ def test_a_small_run_reports_every_policy_live_and_simulated(tmp_path: Path, cli
     assert set(report["policies"]["table"]["over_none"]) == {"40"}
     saved = json.loads((tmp_path / "serve_bench.json").read_text())
     assert saved["config"]["requests"] == 3 and saved["seed"] == 0 and "git_commit" in saved
+    config, drawn = saved["config"], saved["config"]["drawn_lengths"]
+    assert config["lengths"] == "fixed"  # the toy family's prompts carry no reference answers
+    assert drawn["output"] == {"mean": 4, "min": 4, "max": 4}
+    assert 1 <= drawn["prompt"]["min"] <= drawn["prompt"]["mean"] <= drawn["prompt"]["max"] <= 96
     assert (tmp_path / "serve_bench.md").read_text().startswith("# serve_bench")
+    assert "4 new tokens each (fixed lengths)" in (tmp_path / "serve_bench.md").read_text()
     assert json.loads((tmp_path / "profile.json").read_text())["samples"]["batch_verify"]
 
 
@@ -56,6 +65,33 @@ def test_arrivals_start_at_zero_and_repeat_with_the_seed() -> None:
     assert np.array_equal(first.seconds, again.seconds) and np.all(first.output == 8)
     assert [len(p.tokens) for p in picked] == first.prompt.tolist()
     assert [("code", "text")[d] for d in first.domain] == [p.domain for p in picked]
+
+
+def test_dataset_lengths_are_the_reference_answers_capped_and_seeded() -> None:
+    """Each request asks for its prompt's reference answer's length, capped at the output cap; prompts
+    without an answer, or with one under MIN_OUTPUT tokens, are never drawn."""
+    references = {"long": 50, "short": 10, "none": None, "tiny": MIN_OUTPUT - 1, "floor": MIN_OUTPUT}
+    prompts = [Prompt(name, ("code", "text")[i % 2], tuple(range(3 + i)), ref)
+               for i, (name, ref) in enumerate(references.items())]
+    assert default_lengths(prompts) == "dataset" and default_lengths(prompts[2:3]) == "fixed"
+    first, picked = draw_arrivals(prompts, ("code", "text"), 4.0, 40, 32, seed=5, lengths="dataset")
+    again, picked_again = draw_arrivals(prompts, ("code", "text"), 4.0, 40, 32, seed=5, lengths="dataset")
+    assert picked == picked_again and np.array_equal(first.output, again.output)
+    assert {p.name for p in picked} == {"long", "short", "floor"}
+    assert first.output.tolist() == [min(references[p.name], 32) for p in picked]
+    assert [len(p.tokens) for p in picked] == first.prompt.tolist()
+    fixed, _ = draw_arrivals(prompts, ("code", "text"), 4.0, 40, 32, seed=5)
+    assert np.all(fixed.output == 32)  # every prompt drawable, each asking for the cap
+    with pytest.raises(InputError, match="--lengths fixed"):
+        servable(prompts[2:4], "dataset")
+
+
+def test_the_live_engine_asks_each_request_its_own_length(target: Transformer, draft: Transformer) -> None:
+    prompts = [Prompt(f"p{i}", "chat", tuple(range(1, 5 + i))) for i in range(3)]
+    arrivals = Arrivals(np.zeros(3), np.array([4, 5, 6]), np.array([3, 6, 2]), np.zeros(3, dtype=np.int64))
+    for policy in (None, make_policy("threshold-batch")):
+        out = serve_live(target, draft, policy, resolve_profile(CPU_PROFILE), arrivals, prompts, 2)
+        assert out["tokens"] == 11 and len(out["tpot"]) == 3
 
 
 def test_figures_pool_rounds_and_compare_with_the_simulator() -> None:
@@ -83,6 +119,7 @@ def test_vanilla_runs_first_and_each_serving_kind_by_default() -> None:
     (["--rates", "0"], "--rates"),
     (["--rounds", "1"], "--rounds"),
     (["--profile-out", "/nonexistent/p.json"], "--profile-out"),
+    (["--lengths", "dataset"], "--lengths fixed"),  # the toy family's prompts carry no answers
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, cli) -> None:
     code, out, err = cli(["serve-bench", *argv, "--out", str(tmp_path)])

@@ -16,6 +16,7 @@ from core.files import write_text
 from core.models import TOY, ModelSpec
 from core.paths import RESULTS, SERVE_BENCH_RUNS, SERVE_POLICIES, repo_relative
 from experiments.cli import OUT_FOLDER, SEED, drafter_folder, model_arg, model_option, model_prompts
+from experiments.serving.lengths import CONTEXT_TOKENS, LENGTHS, MIN_OUTPUT, default_lengths, servable
 
 QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4}
 
@@ -64,7 +65,16 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
                    "beside them.")
 @click.option("--rates", default="2,8,32", show_default=True, help="Arrival rates (requests per second).")
 @click.option("--requests", type=int, default=16, show_default=True, help="Requests per round and rate.")
-@click.option("--tokens", type=int, default=32, show_default=True, help="New tokens per request.")
+@click.option("--tokens", type=int, default=32, show_default=True,
+              help="The output cap: new tokens per request at most (every request's under --lengths fixed).")
+@click.option("--lengths", type=click.Choice(LENGTHS), default=None,
+              show_default="dataset where the held-out prompts carry reference answers, as the real "
+                           "prompt sets do; else fixed",
+              help="Each request's new tokens: fixed, --tokens; dataset, the length in tokens of the "
+                   "dataset's answer to its prompt (ShareGPT's reply, HumanEval's canonical solution), "
+                   f"capped at --tokens, prompts without an answer of {MIN_OUTPUT} tokens or more left out, "
+                   "as vLLM's serving benchmark replays ShareGPT. Prompts are cut to their last "
+                   f"{CONTEXT_TOKENS} tokens either way.")
 @click.option("--rounds", type=int, default=4, show_default=True,
               help="Arrival draws per rate (the intervals are over them).")
 @click.option("--max-batch", type=int, default=4, show_default=True,
@@ -84,8 +94,8 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
               help="Measuring rounds of the profile per live round.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
 @click.option("--quick", is_flag=True,
-              help="One rate (8/s), 12 requests of 32 tokens, 3 rounds, 4 prompts per domain, written to "
-                   "runs/serve-bench unless --out is given: about a minute.")
+              help="One rate (8/s), 12 requests of at most 32 new tokens, 3 rounds, 4 prompts per domain, "
+                   "written to runs/serve-bench unless --out is given: about a minute.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--name", default="serve_bench", show_default=True, help="Result file name.")
 @click.option("--out", type=OUT_FOLDER, default=None,
@@ -93,9 +103,9 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
                    "runs/serve-bench].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int,
-            rounds: int, max_batch: int, prompts: int, steering_path: Path | None, profile_path: Path | None,
-            profile_out: Path | None, profile_repeats: int, threads: int, quick: bool, seed: int, name: str,
-            out: Path | None, as_json: bool) -> None:
+            lengths: str | None, rounds: int, max_batch: int, prompts: int, steering_path: Path | None,
+            profile_path: Path | None, profile_out: Path | None, profile_repeats: int, threads: int,
+            quick: bool, seed: int, name: str, out: Path | None, as_json: bool) -> None:
     """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
     if quick:
         rates, requests, tokens, rounds, prompts = (
@@ -121,7 +131,6 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     from core.cost_profile import load_profile, profile_from_json
     from experiments.provenance import save_result
     from experiments.serving.bench import (
-        CONTEXT_TOKENS,
         ServeBench,
         default_settings,
         measure_profile,
@@ -137,7 +146,6 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     steering = load_profile(steering_path)  # bad files fail first
     profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
-    out.mkdir(parents=True, exist_ok=True)  # every input checked: --out is created as in every command
     target, draft = load_model(model_dir), load_model(draft_dir)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     prompt_sets = model_prompts(model)
@@ -146,6 +154,9 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
                             folder=prompt_sets)
     calibration = load_prompts(domains, prompts, tokenizer.encode, "calibration", CONTEXT_TOKENS,
                                folder=prompt_sets)
+    lengths = lengths or default_lengths(held_out)
+    held_out = servable(held_out, lengths)  # refused here, before the long part, when none is
+    out.mkdir(parents=True, exist_ok=True)  # every input checked: --out is created as in every command
     start = time.perf_counter()
 
     def log(line: str) -> None:
@@ -153,7 +164,8 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
 
     log(f"recording acceptance on {len(calibration)} calibration prompts")
     bench = ServeBench(target, draft, steering, record_acceptance(target, draft, calibration, tokens, seed),
-                       default_settings(files), held_out, rate_list, requests, tokens, max_batch, seed, log)
+                       default_settings(files), held_out, rate_list, requests, tokens, max_batch, seed,
+                       lengths, log)
     bench.warm_up()
     measured = None
     with frozen_heap():  # measuring and serving alike, as a server after start-up
@@ -175,7 +187,8 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
         prof.save(measured, profile_out)
     config = {"model": model.name, "model_dir": repo_relative(model_dir),
               "draft_model": repo_relative(draft_dir), "prompts_dir": repo_relative(prompt_sets),
-              "rates": list(rate_list), "requests": requests, "tokens": tokens, "rounds": rounds,
+              "rates": list(rate_list), "requests": requests, "tokens": tokens, "lengths": lengths,
+              "drawn_lengths": bench.drawn_lengths(), "rounds": rounds,
               "max_batch": max_batch, "prompts": prompts, "context_tokens": CONTEXT_TOKENS,
               "threads": threads, "quick": quick,
               "traces": f"recorded: draft-model chains on {len(calibration)} calibration prompts",

@@ -2,7 +2,8 @@
 prediction of the same requests.
 
 Each round draws an arrival process per rate (Poisson, held-out prompts of every domain, the last
-``CONTEXT_TOKENS`` tokens of each, ``tokens`` new tokens each, greedy) and replays it through
+``CONTEXT_TOKENS`` tokens of each, each asking for ``tokens`` new tokens or its reference answer's length
+capped at ``tokens``: ``experiments.serving.lengths``; greedy) and replays it through
 ``real_engine.batch.BatchEngine`` once per setting, the settings in a rotated order each round so that
 the machine's drift hits all alike: vanilla (no drafter) and each serving policy steering draft-model
 chains (``speculate.ServeSteering``). Requests are submitted when the wall clock passes their arrival
@@ -34,6 +35,7 @@ import torch
 from core.cost_profile import CostProfile
 from core.names import VANILLA
 from experiments.intervals import REPLICATES, interval
+from experiments.serving.lengths import CONTEXT_TOKENS, FIXED, output_length, servable, summary
 from policies import make_policy, policy_from_dict, policy_to_dict, role_kinds
 from policies.base import Policy
 from policies.serving import NEVER
@@ -53,7 +55,6 @@ from simulator.spec_serve import Arrivals
 
 KIND = "draft-model"  # the drafter the shipped traces record: chains of the draft model
 DEPTH = 8  # the traces' chain depth: what a request's chain can draft
-CONTEXT_TOKENS = 96
 TABLE = "batch-table"  # the per-batch-size table every other policy is compared with, where it runs
 SIM_SEEDS = 8  # simulated episodes per round's arrivals (acceptance draws)
 STEERING_WAVES = 2  # waves of the batch cap's requests per setting and round that time the steering
@@ -84,12 +85,16 @@ def measure_profile(target: Transformer, draft: Transformer, max_batch: int, tok
 
 
 def draw_arrivals(prompts: Sequence[Prompt], domains: Sequence[str], rate: float, requests: int,
-                  tokens: int, seed: int) -> tuple[Arrivals, list[Prompt]]:
-    """A Poisson arrival process of ``requests`` prompts drawn from ``prompts`` (the first at second 0)."""
+                  tokens: int, seed: int, lengths: str = FIXED) -> tuple[Arrivals, list[Prompt]]:
+    """A Poisson arrival process of ``requests`` prompts drawn from ``prompts``' servable ones under
+    ``lengths`` (the first at second 0), each asking for its ``output_length`` of new tokens, at most
+    ``tokens``."""
+    pool = servable(prompts, lengths)
     rng = np.random.default_rng(seed)
-    picked = [prompts[i] for i in rng.choice(len(prompts), size=requests, replace=requests > len(prompts))]
+    picked = [pool[i] for i in rng.choice(len(pool), size=requests, replace=requests > len(pool))]
     seconds = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0 / rate, size=requests - 1))))
-    arrivals = Arrivals(seconds, np.array([len(p.tokens) for p in picked]), np.full(requests, tokens),
+    arrivals = Arrivals(seconds, np.array([len(p.tokens) for p in picked]),
+                        np.array([output_length(p, lengths, tokens) for p in picked]),
                         np.array([list(domains).index(p.domain) for p in picked]))
     return arrivals, picked
 
@@ -102,7 +107,8 @@ def chain_drafter(target: Transformer, draft: Transformer) -> Drafter:
 def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence[Prompt], tokens: int,
                       seed: int) -> TraceReplay:
     """Acceptance traces of the draft model's ``DEPTH``-deep chains on ``prompts`` (calibration prompts,
-    cut as the served ones are), each decoded alone for ``tokens`` tokens, as the simulator replays them."""
+    cut as the served ones are), each decoded alone for ``tokens`` tokens (the output cap: as long as the
+    longest request, whatever its lengths), as the simulator replays them."""
     recording = record(target, prompts, lambda: chain_drafter(target, draft), KIND, max_new_tokens=tokens,
                        seed=seed)
     return TraceReplay.from_traces(recording.traces)
@@ -113,7 +119,8 @@ def steering_samples(policy: Policy, profile: CostProfile, max_batch: int, targe
     """(questions put to the policy, seconds spent steering) of each iteration of the batched engine
     steered by ``policy`` (``BatchEngine.steering``: the plan, the chains' questions, ranking and trimming
     the real drafts), serving ``prompts`` in waves of ``max_batch`` requests of staggered lengths up to
-    ``tokens``, so that every wave runs batches of every size down to one."""
+    ``tokens`` (the output cap), so that every wave runs batches of every size down to one: what it costs
+    to steer an iteration depends on the batch, not on how long the requests are."""
     steer = ServeSteering(policy, profile, KIND, max_batch)
     engine = BatchEngine(target, max_batch=max_batch, steer=steer)
     rows = []
@@ -142,10 +149,10 @@ def steering_fit(rows: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, profile: CostProfile,
                arrivals: Arrivals, prompts: Sequence[Prompt], max_batch: int) -> dict[str, Any]:
-    """Replay ``arrivals`` through the batched engine (steered by ``policy``; None: vanilla)."""
+    """Replay ``arrivals`` through the batched engine (steered by ``policy``; None: vanilla), each request
+    asking for its own output length."""
     steer = None if policy is None else ServeSteering(policy, profile, KIND, max_batch)
     engine = BatchEngine(target, max_batch=max_batch, steer=steer)
-    tokens = int(arrivals.output[0])
     ids: list[int] = []
     with frozen_heap():  # as a server serves after start-up
         start = time.perf_counter()
@@ -153,7 +160,8 @@ def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, p
             now = time.perf_counter() - start
             while len(ids) < len(prompts) and arrivals.seconds[len(ids)] <= now:
                 drafter = None if policy is None else chain_drafter(target, draft)
-                ids.append(engine.submit(Request(prompts[len(ids)].tokens, tokens, drafter)))
+                ids.append(engine.submit(Request(prompts[len(ids)].tokens, int(arrivals.output[len(ids)]),
+                                                 drafter)))
             if engine.busy:
                 engine.step()  # idle, the loop polls for the next arrival, as a server's does: it keeps
                 # the machine's caches and clock as busy decoding leaves them, which the profile measures
@@ -282,6 +290,7 @@ class ServeBench:
     tokens: int
     max_batch: int
     seed: int
+    lengths: str = FIXED  # how each request's output length is set (``experiments.serving.lengths``)
     log: Callable[[str], None] = lambda line: None
 
     def __post_init__(self) -> None:
@@ -293,7 +302,8 @@ class ServeBench:
     def warm_up(self) -> None:
         """One untimed run of every setting: a process's first runs pay its allocations and caches."""
         arrivals, picked = draw_arrivals(self.prompts, self.acceptance.domains, max(self.rates),
-                                         min(self.requests, self.max_batch), self.tokens, self.seed)
+                                         min(self.requests, self.max_batch), self.tokens, self.seed,
+                                         self.lengths)
         for setting in self.settings:
             self.serve(setting, arrivals, picked)
 
@@ -307,8 +317,9 @@ class ServeBench:
         order (what runs right after the measuring rounds changes too); then each policy's steering timed
         (``steering_samples``)."""
         for rate in (self.rates[(i + k) % len(self.rates)] for i in range(len(self.rates))):
+            seed = self.seed + 1000 * k + int(rate * 100)
             arrivals, picked = draw_arrivals(self.prompts, self.acceptance.domains, rate, self.requests,
-                                             self.tokens, self.seed + 1000 * k + int(rate * 100))
+                                             self.tokens, seed, self.lengths)
             self.arrivals.append((k, rate, arrivals))
             for i in range(len(self.settings)):
                 setting = self.settings[(i + k) % len(self.settings)]
@@ -322,6 +333,11 @@ class ServeBench:
             self.steered[setting.name] += steering_samples(
                 setting.live_policy(self.seed), self.steering, self.max_batch, self.target, self.draft, wave,
                 self.tokens)
+
+    def drawn_lengths(self) -> dict[str, dict[str, float]]:
+        """The mean, least and greatest prompt and output lengths (tokens) of every round's requests."""
+        return {part: summary([int(v) for _, _, a in self.arrivals for v in getattr(a, part)])
+                for part in ("prompt", "output")}
 
     def report(self, clock: CostProfile) -> dict[str, Any]:
         """Every setting's live figures beside the simulator's on ``clock``'s costs, per rate and over all,

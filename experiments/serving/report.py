@@ -10,11 +10,13 @@ BENCH_DEFAULTS = {"requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "pr
 
 def bench_command(name: str, config: Record) -> str:
     """The serve-bench command line that writes results file ``name`` with ``config``."""
+    lengths = f" --lengths {config['lengths']}"  # its default depends on the prompt sets: always named
     if config.get("quick"):
-        return f"specblock serve-bench --quick{flag('--name', name, 'serve_bench')}"
+        return f"specblock serve-bench --quick{lengths}{flag('--name', name, 'serve_bench')}"
     line = f"specblock serve-bench --rates {listed(config['rates'])}"
     for key, default in BENCH_DEFAULTS.items():
         line += flag(f"--{key.replace('_', '-')}", config[key], default)
+    line += lengths
     line += "".join(f" --policy {path}" for path in config.get("policy_files", []))
     return line + flag("--name", name, "serve_bench")
 
@@ -23,16 +25,31 @@ def _ratio(cell: Record | None) -> str:
     return "-" if cell is None else interval(cell["ratio"], cell["ratio_ci"], ".2f")
 
 
+def _requests(config: Record) -> str:
+    """What the requests were: their prompts and output lengths, as set and as drawn."""
+    drawn = config["drawn_lengths"]
+
+    def spread(part: str) -> str:
+        return f"{drawn[part]['mean']:.1f} tokens on average, {drawn[part]['min']} to {drawn[part]['max']}"
+
+    if config["lengths"] == "fixed":
+        output = f"{config['tokens']} new tokens each (fixed lengths)"
+    else:
+        output = (f"each asking for as many new tokens as the dataset's answer to its prompt holds, capped "
+                  f"at {config['tokens']} (dataset lengths, as vLLM's serving benchmark: {spread('output')})")
+    return (f"{config['requests']} requests per round ({config['prompts']} held-out prompts per domain, "
+            f"each cut to its last {config['context_tokens']} tokens: {spread('prompt')}), {output}")
+
+
 def bench_body(record: Record) -> Lines:
     """Per arrival rate: every setting's live figures beside the simulator's, and the fidelity."""
     results, config = record["results"], record["config"]
     policies = results["policies"]
     rates = list(next(iter(policies.values()))["rates"])
     lines = [
-        f"{config['requests']} requests per round ({config['prompts']} held-out prompts per domain, last "
-        f"{config['context_tokens']} tokens), {config['tokens']} new tokens each, greedy, batch cap "
-        f"{config['max_batch']}, {config['rounds']} rounds of Poisson arrivals per rate, settings "
-        "interleaved; draft-model chains steered by each serving policy; wall clock, one torch thread. "
+        f"{_requests(config)}, greedy, batch cap {config['max_batch']}, {config['rounds']} rounds of Poisson "
+        "arrivals per rate, settings interleaved; draft-model chains steered by each serving policy; wall "
+        "clock, one torch thread. "
         "[95% CI]: bootstrap over rounds (tokens/s) or rounds' requests (TPOT). Ratios: tokens/s over the "
         "named setting's on the same arrivals. Simulated: `SpecServe-v0` on the same arrivals with the cost "
         "profile measured in the same process. Fidelity (median absolute relative error over settings and "
