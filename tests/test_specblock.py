@@ -552,6 +552,31 @@ def test_frequent_targets_rank_the_targets_top_tokens(target: Transformer, data)
         frequent_targets(prepared, 0, VOCAB)
 
 
+def test_a_reduced_vocabulary_saves_only_the_heads_drafted_rows(target: Transformer, tmp_path) -> None:
+    """With a drafting vocabulary the file holds the LM head's ``draft_ids`` rows alone; loading takes the
+    others from the target's head, and the loaded drafter drafts exactly as the saved one."""
+    from safetensors import safe_open
+
+    from real_engine.drafters.specblock import HEAD_ROWS
+
+    net = with_draft_vocab(branching(target), torch.tensor([7, 3, 11, 0, 5, 9, 2, 8, 1, 4, 6, 10]))
+    with torch.no_grad():
+        net.lm_head.weight.add_(0.5)  # trained away from the target's head everywhere
+    save_specblock(net, tmp_path / "d", dtype=torch.float32)
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys() and f.get_slice(HEAD_ROWS).get_shape() == [12, 32]  # noqa: SIM118
+    loaded = load_specblock(tmp_path / "d", target)
+    ids = net.draft_ids
+    assert torch.equal(loaded.lm_head.weight[ids], net.lm_head.weight[ids])
+    rest = torch.ones(VOCAB, dtype=torch.bool)
+    rest[ids] = False
+    assert torch.equal(loaded.lm_head.weight[rest], target.lm_head.weight[rest])
+    prompt = sequence(6, 30)
+    a = generate(target, prompt, drafter=SpecBlockDrafter(net), max_new_tokens=12)
+    b = generate(target, prompt, drafter=SpecBlockDrafter(loaded), max_new_tokens=12)
+    assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted
+
+
 def test_training_saves_the_drafting_vocabulary_it_was_asked_for(target: Transformer, data, tmp_path) -> None:
     from real_engine.training.drafter_data import frequent_targets
 

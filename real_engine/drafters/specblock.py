@@ -60,6 +60,7 @@ from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
 
 FORMAT = "specblock-v2"  # v2: RMS-normalized conditioning and embedding before the fusion
+HEAD_ROWS = "lm_head_rows"  # a saved LM head cut to its ``draft_ids`` rows (``save_specblock``)
 
 
 @dataclass(frozen=True)
@@ -459,11 +460,18 @@ class SpecBlockDrafter:
 
 
 def save_specblock(net: SpecBlock, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (the target's embeddings are not included)."""
+    """Write ``config.json`` and ``model.safetensors`` (the target's embeddings are not included).
+
+    A drafter of the target's width with a drafting vocabulary keeps only its LM head's ``draft_ids`` rows
+    (``HEAD_ROWS``), the ones it drafts with: loading takes the others from the target's head, where
+    training started them. For a real model's vocabulary the whole head would be most of the file (SmolLM2:
+    49,152 rows, several times the rest of the drafter)."""
 
     folder = Path(folder)
     state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
              for k, v in net.state_dict().items()}
+    if net.config.draft_vocab and net.config.hidden_size == net.config.target_hidden:
+        state[HEAD_ROWS] = state.pop("lm_head.weight")[state["draft_ids"]].contiguous()
     atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
     write_json(folder / "config.json", {"format": FORMAT, **asdict(net.config)})
     return folder
@@ -499,6 +507,13 @@ def load_specblock(folder: str | Path, target: Transformer) -> SpecBlock:
         raise InputError(f"cannot read {weights} ({exc}): the file is corrupt; re-save or re-copy it"
                          ) from exc
     weight = target.lm_head.weight
+    rows = state.pop(HEAD_ROWS, None)
+    if rows is not None:  # the head's drafted rows: the others are the target's
+        ids = state.get("draft_ids")
+        if ids is None or config.hidden_size != a.hidden_size or rows.shape[0] != len(ids):
+            raise InputError(f"{weights} holds LM head rows that do not fit its drafting vocabulary: re-save "
+                             "the drafter")
+        state["lm_head.weight"] = weight.detach().to("cpu", rows.dtype).index_copy(0, ids.long(), rows)
     with torch.random.fork_rng(devices=[]):  # the initial values are overwritten: leave the global RNG alone
         net = SpecBlock(config, target.model.embed_tokens.weight).to(device=weight.device, dtype=weight.dtype)
     expected = set(net.state_dict())
