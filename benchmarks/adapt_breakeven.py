@@ -3,27 +3,30 @@ AdaptStream against the update cost and the stream length, with the live runs ma
 
 Each profile's head and full update seconds (its full-buffer and one-window samples alike) are scaled
 by each factor of a log-spaced grid; streams of each length (a quarter from one domain, then an equal
-mix of four: ``default_phases``) are served by ``never``, ``cost-aware-bandit`` and ``always`` (head),
-default parameters, with seed k for stream k of every policy and grid point (common random numbers: a
-stream's queries are the same until a policy's first update). Gain: the bandit's tokens/s, update
-seconds charged, over never's on the same stream; mean over seeds with a 95% t interval. Break-even:
-the factor at which the mean gain falls through 1 (log-interpolated between grid points).
+mix of all the acceptance's domains: ``default_phases``) are served by ``never``, ``cost-aware-bandit``
+and ``always`` (head), default parameters, with seed k for stream k of every policy and grid point
+(common random numbers: a stream's queries are the same until a policy's first update). Gain: the
+bandit's tokens/s, update seconds charged, over never's on the same stream; mean over seeds with a 95% t
+interval. Break-even: the factor at which the mean gain falls through 1 (log-interpolated between grid
+points).
 
-A measured profile (the shipped CPU one) serves queries shaped as the live stream's (``specblock
-adapt-live``: the middle of its new-token range, its prompt lengths, the engine's buffer sizes); a
-profile derived from a paper (the A100 one, labelled simulated) the paper's 512-token queries, as its
-update cost was derived. Both take the paper's acceptance (``paper_acceptance``: the shipped traces
-are the draft model's, not SpecBlock's) and adaptation dynamics (``AdaptationDynamics``), updates
-waited for. The measured profile gets a second map, the live world (``LIVE_WORLD``): the acceptance the
-engine's SpecBlock drafter showed on the 2,000-query live stream (its ``never`` stream's iterations,
-replayed at its mean tree shape), the adaptation dynamics fitted there, and updates trained beside
-decoding, each slowing queries by its kind's measured factor, as ``specblock adapt-live --overlap``
-runs them. The live runs (``benchmarks/results/adapt_live*.json``) sit on the map of their mode
-(overlapped or waited) at their re-timed update cost over the profile's and their stream length, and
-again where an update costs as many of the map's queries as of theirs.
+A measured profile (the CPU one of ``--model``, the shipped toy family's by default; ``--profile`` picks
+another) serves queries shaped as the live stream's (``specblock adapt-live``: the middle of its
+new-token range, its prompt lengths, the engine's buffer sizes); a profile derived from a paper (the
+A100 one, labelled simulated) the paper's 512-token queries, as its update cost was derived. Both take
+the paper's acceptance (``paper_acceptance``: the shipped traces are the draft model's, not
+SpecBlock's) and adaptation dynamics (``AdaptationDynamics``), updates waited for. The measured profile
+gets a second map, the live world: the acceptance the engine's SpecBlock drafter showed on the model's
+overlapped 2,000-query live stream (``adapt_live_overlap``, another model's ``adapt_live_<model>_overlap``:
+``experiments.adapt.plan.result_name``; its ``never`` stream's iterations, replayed at its mean tree
+shape), the adaptation dynamics fitted there, and updates trained beside decoding, each slowing queries
+by its kind's measured factor, as ``specblock adapt-live --overlap`` runs them. The model's live runs
+(``benchmarks/results/adapt_live*.json`` that name it) sit on the map of their mode (overlapped or
+waited) at their re-timed update cost over the profile's and their stream length, and again where an
+update costs as many of the map's queries as of theirs.
 Writes ``adapt_breakeven.json`` (``_quick`` with ``--quick``), ``.md`` and ``.png``.
 
-    specblock benchmark adapt_breakeven [--quick] [--profile FILE] [--out DIR] [--json]
+    specblock benchmark adapt_breakeven [--quick] [--model NAME|DIR] [--profile FILE] [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, load_profile
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_text
-from core.models import TOY
-from core.paths import PAPER_PROFILE, RESULTS, repo_relative
+from core.models import TOY, ModelSpec
+from core.paths import PAPER_PROFILE, PROFILES, RESULTS, repo_relative
 from experiments.adapt.live import MAX_PROMPT
-from experiments.adapt.plan import DEFAULT_PLAN
-from experiments.cli import OUT_FOLDER
+from experiments.adapt.plan import DEFAULT_PLAN, result_name
+from experiments.cli import OUT_FOLDER, model_option, model_profile
 from experiments.provenance import save_result
 from experiments.report_format import Lines, Record, Renderer, benchmark, flag
 from experiments.report_format import table as md_table
@@ -77,8 +80,6 @@ POLICIES = {"never": ("never", {}), "bandit": ("cost-aware-bandit", {}),
             "always": ("always", {"update": "head"})}
 """The policies run: never (the baseline), the cost-aware bandit and always (head, for reference)."""
 LIVE_PROMPT = (64, MAX_PROMPT)  # the live stream's prompts: held-out prompts' last MAX_PROMPT tokens (>= 64)
-LIVE_WORLD = "adapt_live_overlap"
-"""The live run (in ``RESULTS``) whose acceptance, fitted dynamics and slowdowns make the live-world map."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,26 +101,33 @@ class Stream:
     draft_shape: dict[str, float] | None = None  # SpecBlock's mean tree shape; None: a chain
 
 
+def profile_name(path: Path) -> str:
+    """How a map names its profile: its path under ``data/profiles`` without the suffix (``cpu_shipped``,
+    ``smollm2-135m/cpu``), else its file's stem."""
+    path, home = Path(path).resolve(), PROFILES.resolve()
+    return path.relative_to(home).with_suffix("").as_posix() if path.is_relative_to(home) else path.stem
+
+
 def stream_for(path: Path) -> Stream:
     """The map of profile ``path``: live-shaped queries for a measured profile, the paper's for a derived
     one."""
     derived = load_profile(path).derived_from is not None
     if derived:
         dynamics = AdaptationDynamics()
-        return Stream(f"{path.stem} (simulated: paper-derived profile, {DEFAULT_TOKENS}-token queries)",
-                      str(path), True, DEFAULT_TOKENS, DEFAULT_PROMPT, dynamics.head_capacity,
+        return Stream(f"{profile_name(path)} (simulated: paper-derived profile, {DEFAULT_TOKENS}-token "
+                      "queries)", str(path), True, DEFAULT_TOKENS, DEFAULT_PROMPT, dynamics.head_capacity,
                       dynamics.full_capacity)
     engine = AdaptConfig()
     tokens = mean_tokens(dataclasses.asdict(DEFAULT_PLAN))
-    return Stream(f"{path.stem} (measured profile, live-stream queries of {tokens} tokens)", str(path), False,
-                  tokens, LIVE_PROMPT, engine.head_capacity, engine.full_capacity)
+    return Stream(f"{profile_name(path)} (measured profile, live-stream queries of {tokens} tokens)",
+                  str(path), False, tokens, LIVE_PROMPT, engine.head_capacity, engine.full_capacity)
 
 
 def live_world(path: Path, profile: Path) -> Stream | None:
-    """The live-world map of the overlapped live run ``path`` (``LIVE_WORLD``) on ``profile``: its
-    queries, replayed acceptance (``<name>_traces.parquet``), fitted dynamics, per-kind slowdown and the
-    mean tree shape its ``never`` stream drafted; None when the run or its traces are missing, or the run
-    was simulated on another profile (by file name: a clone records its own folder)."""
+    """The live-world map of the overlapped live run ``path`` (the model's) on ``profile``: its queries,
+    replayed acceptance (``<name>_traces.parquet``), fitted dynamics, per-kind slowdown and the mean tree
+    shape its ``never`` stream drafted; None when the run or its traces are missing, or the run was
+    simulated on another profile (by file name: a clone records its own folder)."""
     traces = path.with_name(f"{path.stem}_traces.parquet")
     if not (path.is_file() and traces.is_file()):
         return None
@@ -136,8 +144,8 @@ def live_world(path: Path, profile: Path) -> Stream | None:
     if recorded != profile.name:
         return None
     tokens = mean_tokens(plan)
-    return Stream(f"{profile.stem}, live world ({path.stem}: the engine's acceptance, fitted dynamics, "
-                  f"training beside decoding; {tokens}-token queries)", str(profile), False, tokens,
+    return Stream(f"{profile_name(profile)}, live world ({path.stem}: the engine's acceptance, fitted "
+                  f"dynamics, training beside decoding; {tokens}-token queries)", str(profile), False, tokens,
                   LIVE_PROMPT, int(dynamics["head_capacity"]), int(dynamics["full_capacity"]),
                   f"the engine's SpecBlock acceptance replayed from {traces.name}, the adaptation dynamics "
                   f"fitted on {path.stem}, updates trained beside decoding",
@@ -246,11 +254,12 @@ def break_even(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"factor": None, "status": "above", "shown_up_to": shown}
 
 
-def live_runs(folder: Path, stream: Stream, factors: Sequence[float],
-              lengths: Sequence[int]) -> list[dict[str, Any]]:
-    """Each live adaptation run in ``folder`` of the map's mode (updates trained beside decoding or waited
-    for): its stream length, measured gain and update cost over the map's profile (``live_factor``), or
-    why it cannot be placed on the map."""
+def live_runs(folder: Path, stream: Stream, factors: Sequence[float], lengths: Sequence[int],
+              model: str) -> list[dict[str, Any]]:
+    """Each live adaptation run in ``folder`` of ``model`` (a run that names another model is left out)
+    and of the map's mode (updates trained beside decoding or waited for): its stream length, measured
+    gain and update cost over the map's profile (``live_factor``), or why it cannot be placed on the
+    map."""
     profile = load_profile(stream.profile)
     runs = []
     for path in sorted(folder.glob("adapt_live*.json")):
@@ -262,6 +271,9 @@ def live_runs(folder: Path, stream: Stream, factors: Sequence[float],
             runs.append({**entry, "note": str(error)})
             continue
         results = record.get("results") if isinstance(record, dict) else None
+        config = record.get("config") if isinstance(record, dict) else None
+        if isinstance(config, dict) and config.get("model", model) != model:
+            continue  # another model's run: its own map places it
         if (isinstance(results, dict) and results.get("overlap") is not None) != (stream.overlap is not None):
             continue  # the other mode's map places it
         runs.append(entry)
@@ -327,7 +339,7 @@ def run_maps(streams: Sequence[Stream], factors: Sequence[float], lengths: Seque
             edges.append({"length": n, **break_even(row)})
             edge = edges[-1]
             shown = "-" if edge["shown_up_to"] is None else f"{edge['shown_up_to']:.3g}x"
-            show(f"{Path(s.profile).stem:24s} {n:5d} queries: break-even "
+            show(f"{profile_name(Path(s.profile)):24s} {n:5d} queries: break-even "
                  f"{factor_text(edge['factor'], edge['status'])}, shown to pay up to {shown}")
         recorded = {"profile": repo_relative(s.profile),
                     "acceptance": None if s.acceptance is None else repo_relative(s.acceptance)}
@@ -345,11 +357,12 @@ def gain_grid(m: dict[str, Any], factors: Sequence[float], lengths: Sequence[int
     return np.array([c["gain"] for c in m["cells"]]).reshape(len(lengths), len(factors))
 
 
-def place_live(m: dict[str, Any], stream: Stream, factors: Sequence[float], lengths: Sequence[int]) -> None:
-    """Add the live runs to a measured map: where each sits, the map's gain there, and where it sits by
-    update time over query time (an update costs as many of the map's queries as of the live ones at
-    ``query_factor``: the live queries ran slower)."""
-    m["live"] = live_runs(RESULTS, stream, factors, lengths)
+def place_live(m: dict[str, Any], stream: Stream, factors: Sequence[float], lengths: Sequence[int],
+               model: str) -> None:
+    """Add ``model``'s live runs to a measured map: where each sits, the map's gain there, and where it
+    sits by update time over query time (an update costs as many of the map's queries as of the live
+    ones at ``query_factor``: the live queries ran slower)."""
+    m["live"] = live_runs(RESULTS, stream, factors, lengths, model)
     grid = (np.log(lengths), np.log(factors))
     gain = RegularGridInterpolator(grid, gain_grid(m, factors, lengths))
     never = [m["cells"][i * len(factors)]["never_tokens_per_second"] for i in range(len(lengths))]
@@ -491,21 +504,23 @@ def markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
 
 @click.command(NAME)
 @click.option("--quick", is_flag=True, help="A small grid, two seeds: a smoke run of well under a minute.")
+@model_option("The model whose CPU cost profile is mapped and whose live runs sit on the map.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Map this cost profile only [default: the shipped CPU profile and the A100 paper one].")
+              help="Map this cost profile only [default: the model's CPU profile and the A100 paper one].")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for adapt_breakeven.{json,md,png}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
-def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) -> None:
+def command(quick: bool, model: ModelSpec, profile_path: Path | None, out: Path, as_json: bool) -> None:
     """When adaptation pays: the bandit's gain over never against update cost and stream length."""
     start = time.perf_counter()
     grid = QUICK if quick else {"factors": FACTORS, "lengths": LENGTHS, "seeds": SEEDS}
     factors, lengths, seeds = list(grid["factors"]), list(grid["lengths"]), int(grid["seeds"])
-    paths = [profile_path] if profile_path is not None else [TOY.profile, PAPER_PROFILE]
+    paths = [profile_path] if profile_path is not None else [model_profile(model), PAPER_PROFILE]
+    world_run = RESULTS / f"{result_name(model.name, quick=False, overlap=True)}.json"
     streams = []
     for path in paths:
         streams.append(stream_for(path))
-        live = None if streams[-1].simulated else live_world(RESULTS / f"{LIVE_WORLD}.json", path)
+        live = None if streams[-1].simulated else live_world(world_run, path)
         if live is not None:
             streams.append(live)
     workers = len(os.sched_getaffinity(0))
@@ -513,9 +528,10 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
     maps = run_maps(streams, factors, lengths, seeds, workers, show)
     for m, stream in zip(maps, streams, strict=True):
         if not stream.simulated:
-            place_live(m, stream, factors, lengths)
+            place_live(m, stream, factors, lengths, model.name)
     result = {"maps": maps, "seconds": time.perf_counter() - start}
-    config = {"quick": quick, "profile": None if profile_path is None else repo_relative(profile_path),
+    config = {"quick": quick, "model": model.name,
+              "profile": None if profile_path is None else repo_relative(profile_path),
               "factors": factors, "lengths": lengths, "seeds": seeds, "workers": workers,
               "policies": {name: {"kind": kind, "params": params}
                            for name, (kind, params) in POLICIES.items()},
@@ -532,6 +548,7 @@ def command(quick: bool, profile_path: Path | None, out: Path, as_json: bool) ->
 
 def _breakeven_command(name: str, config: Record) -> str:
     return (f"{benchmark('adapt_breakeven')}{' --quick' if config['quick'] else ''}"
+            f"{flag('--model', config.get('model', TOY.name), TOY.name)}"
             f"{flag('--profile', config['profile'])}")
 
 

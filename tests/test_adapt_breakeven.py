@@ -10,9 +10,19 @@ import math
 
 import pytest
 
-from benchmarks.adapt_breakeven import FACTORS, LENGTHS, break_even, cell, live_world, serve, stream_for
+from benchmarks.adapt_breakeven import (
+    FACTORS,
+    LENGTHS,
+    break_even,
+    cell,
+    live_runs,
+    live_world,
+    profile_name,
+    serve,
+    stream_for,
+)
 from core.errors import InputError
-from core.paths import CPU_PROFILE, PAPER_PROFILE, RESULTS
+from core.paths import CPU_PROFILE, PAPER_PROFILE, PROFILES, RESULTS
 from experiments.cli import main
 from experiments.results.doc import family, render
 from policies.adaptation import BanditParams
@@ -93,6 +103,33 @@ def test_break_even_is_where_the_mean_gain_falls_through_one() -> None:
     assert crossing["shown_up_to"] == 2.0  # 1.05 - 0.02 > 1, 0.95 - 0.02 is not
     assert break_even(cells([0.99, 1.2, 0.5])) == {"factor": None, "status": "below", "shown_up_to": None}
     assert break_even(cells([1.2, 1.1]))["status"] == "above"
+
+
+def test_a_models_map_places_its_own_live_runs_only(tmp_path) -> None:
+    for name, model in (("adapt_live_mine", "toy-16m"), ("adapt_live_theirs", "smollm2-135m")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": {"model": model}, "results": {}}))
+    runs = live_runs(tmp_path, stream_for(CPU_PROFILE), FACTORS, LENGTHS, "toy-16m")
+    assert [r["name"] for r in runs] == ["adapt_live_mine"] and "not laid out" in runs[0]["note"]
+    assert [r["name"] for r in live_runs(tmp_path, stream_for(CPU_PROFILE), FACTORS, LENGTHS,
+                                         "smollm2-135m")] == ["adapt_live_theirs"]
+    assert profile_name(CPU_PROFILE) == "cpu_shipped" and profile_name(tmp_path / "mine.json") == "mine"
+    assert profile_name(PROFILES / "smollm2-135m" / "cpu.json") == "smollm2-135m/cpu"
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("no-such-model", "is neither a model name nor a checkpoint folder"),
+    ("{tmp}/checkpoint", "has no measured cost profile: measure one with `specblock profile --model"),
+])
+def test_a_model_without_a_profile_is_one_line_and_exit_2(tmp_path, capsys, model: str, message: str) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["benchmark", "adapt_breakeven", "--quick", "--model", model.format(tmp=tmp_path),
+              "--out", str(tmp_path / "results")])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.out == ""
+    assert message in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "results").exists()  # nothing written
 
 
 def test_grid_spans_the_asked_ranges() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -12,10 +14,10 @@ from core.cost_profile import load_profile
 from core.errors import InputError
 from core.names import DOMAINS
 from core.paths import CPU_PROFILE, MODELS, PAPER_PROFILE, TARGET
-from experiments.adapt.live import build_stream, phase_counts
-from experiments.adapt.plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan
+from experiments.adapt.live import build_stream, phase_counts, shifted_queries
+from experiments.adapt.plan import DEFAULT_PLAN, QUICK_PLAN, StreamPlan, result_name
 from experiments.adapt.predict import add_draft_ratios, mean_shape, record_of, summary, tree_nodes
-from experiments.adapt.report import update_text
+from experiments.adapt.report import RENDERERS, phase_text, update_text
 from policies.adaptation import FULL, HEAD, SKIP
 from real_engine.adapt import usable_cores
 from simulator.adaptation import (
@@ -98,18 +100,73 @@ def test_stream_has_equal_domain_shares_a_shifting_mix_and_seeded_lengths() -> N
     assert [after.count(d) for d in DOMAINS] == [2, 2, 8, 8]
     assert [list(c.items()) for c in phase_counts(plan)] == [list(zip(DOMAINS, n, strict=True))
                                                              for n in ([8, 8, 2, 2], [2, 2, 8, 8])]
+    assert shifted_queries(phase_counts(plan)) == {"shifted": ["prose", "text"], "queries": [20, 40]}
     lengths = [n for _, _, n in stream_]
     assert min(lengths) >= 48 and max(lengths) <= 64 and len(set(lengths)) > 5
     assert build_stream(prompts, plan, seed=0) == stream_ != build_stream(prompts, plan, seed=1)
     code = [t for d, t, _ in stream_ if d == "code"]
     assert code[:4] == [[0, 0], [0, 1], [0, 2], [0, 0]]  # in order, reused once all are taken
-    with pytest.raises(InputError, match="multiple of 4"):
-        StreamPlan(queries=10, shift=5, min_new_tokens=4, max_new_tokens=6, sim_seeds=1, retime_repeats=0)
+    with pytest.raises(InputError, match="give a multiple of 4 queries"):
+        phase_counts(dataclasses.replace(plan, queries=42))
     with pytest.raises(InputError, match="shift earlier"):
         phase_counts(dataclasses.replace(plan, shift=36))
     assert QUICK_PLAN.queries == 2 * QUICK_PLAN.shift < DEFAULT_PLAN.queries == 2000  # the paper's, smaller
     assert (QUICK_PLAN.min_new_tokens, QUICK_PLAN.max_new_tokens) == (DEFAULT_PLAN.min_new_tokens,
                                                                       DEFAULT_PLAN.max_new_tokens) == (48, 64)
+
+
+TOY_QUICK_STREAM = (["code", "tests", "tests", "prose", "tests", "code", "code", "text", "text", "prose",
+                     "text", "prose", "text", "tests", "code", "prose"],
+                    [52, 61, 59, 48, 54, 62, 57, 48, 61, 60, 62, 50, 49, 62, 48, 57])
+"""The quick plan's toy stream at seed 0 (domains, new tokens) as the committed results were built."""
+TOY_PAPER_STREAM = "6b1d44a8e06aea16d066ea747d65a1fc4a60f56a6d97f70dfefec4dcd4b5f7fd"
+"""SHA-256 of the paper plan's toy domain sequence at seed 0 (JSON), that of ``adapt_live_overlap``."""
+
+
+def test_the_toy_stream_is_the_one_the_committed_results_served() -> None:
+    prompts = {d: [[i, j] for j in range(3)] for i, d in enumerate(DOMAINS)}
+    quick = build_stream(prompts, QUICK_PLAN, seed=0)
+    assert ([d for d, _, _ in quick], [n for _, _, n in quick]) == TOY_QUICK_STREAM
+    domains = [d for d, _, _ in build_stream(prompts, DEFAULT_PLAN, seed=0)]
+    assert hashlib.sha256(json.dumps(domains).encode()).hexdigest() == TOY_PAPER_STREAM
+    assert result_name("toy-16m", quick=True, overlap=True) == "adapt_live_quick_overlap"
+
+
+def test_two_domains_stream_the_first_then_the_second_then_the_first_again() -> None:
+    prompts = {"chat": [[1, j] for j in range(5)], "code": [[2, j] for j in range(2)]}
+    plan = StreamPlan(queries=16, shift=8, min_new_tokens=4, max_new_tokens=6, sim_seeds=1, retime_repeats=0)
+    phases = phase_counts(plan, tuple(prompts))
+    assert phases == [{"chat": 8, "code": 0}, {"chat": 0, "code": 4}, {"chat": 4, "code": 0}]
+    stream_ = build_stream(prompts, plan, seed=0)
+    assert [d for d, _, _ in stream_] == ["chat"] * 8 + ["code"] * 4 + ["chat"] * 4
+    assert [t for d, t, _ in stream_ if d == "code"] == [[2, 0], [2, 1], [2, 0], [2, 1]]  # reused in order
+    assert shifted_queries(phases) == {"shifted": ["code"], "queries": [8, 12]}
+    assert phase_text(phases) == "queries 1-8: chat 100%; queries 9-12: code 100%; queries 13-16: chat 100%"
+    # the later phases share the rest equally, the earlier ones taking the remainder; no multiple needed
+    odd = phase_counts(dataclasses.replace(plan, queries=11, shift=4), ("chat", "code"))
+    assert [sum(c.values()) for c in odd] == [4, 4, 3] and [c["code"] for c in odd] == [0, 4, 0]
+    # early and late: the shifted domain's queries in the halves of its own phase, not of the return
+    figures = summary([d for d, _, _ in stream_], list(range(16)), [10] * 16, [0] * 16, [10] * 16, [8, 12],
+                      ["code"])
+    assert (figures["shifted_tau_early"], figures["shifted_tau_late"]) == (8.5, 10.5)
+    assert result_name("smollm2-135m", quick=True, overlap=False) == "adapt_live_smollm2-135m_quick"
+    config = {"plan": dataclasses.asdict(QUICK_PLAN), "model": "smollm2-135m"}
+    command = RENDERERS["adapt_live"].command("adapt_live_smollm2-135m_quick", config)
+    assert command == "specblock adapt-live --model smollm2-135m --quick"
+
+
+@pytest.mark.parametrize(("queries", "shift", "domains", "message"), [
+    (16, 15, ("chat", "code"), "fewer than one query for each of the 2 phases after it: shift earlier"),
+    (16, 8, ("chat",), "a shifting stream needs two domains"),
+    (18, 8, DOMAINS, "give a multiple of 4 queries"),
+    (16, 16, ("chat", "code"), "give a shift between 0 and the query count"),
+])
+def test_bad_stream_plans_are_refused_in_one_line(queries: int, shift: int, domains: tuple[str, ...],
+                                                  message: str) -> None:
+    with pytest.raises(InputError, match=message) as error:
+        phase_counts(StreamPlan(queries=queries, shift=shift, min_new_tokens=4, max_new_tokens=6, sim_seeds=1,
+                                retime_repeats=0), domains)
+    assert "\n" not in str(error.value)
 
 
 def test_stream_record_and_summary() -> None:
@@ -123,7 +180,7 @@ def test_stream_record_and_summary() -> None:
     assert record.fill.tolist() == [0.0, 0.5] and record.share.tolist() == [[0, 0], [0.75, 0.25]]
     assert record.revert.tolist() == [False, True] and record.checkpoint.tolist() == [True, False]
     figures = summary(["code", "prose", "prose", "code", "text", "prose"], [1, 7, 2, 9, 3, 5],
-                      [10, 10, 10, 10, 10, 10], [0, 0, 0, 0, 6, 0], [10] * 6, shift=2,
+                      [10, 10, 10, 10, 10, 10], [0, 0, 0, 0, 6, 0], [10] * 6, window=(2, 6),
                       shifted=("prose", "text"))
     assert figures["shifted_tau_early"] == 2 and figures["shifted_tau_late"] == 4  # code is not shifted
     assert figures["tokens_per_second"] == pytest.approx(60 / 12)
@@ -307,18 +364,26 @@ FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "updat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool) -> None:
+@pytest.mark.parametrize(("overlap", "domains"),
+                         [(False, DOMAINS), (True, DOMAINS), (False, ("prose", "code"))])
+def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool,
+                                                      domains: tuple[str, ...]) -> None:
     """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries,
-    updates waited for or trained beside decoding on their own core."""
+    updates waited for or trained beside decoding on their own core; over the four domains, or over two
+    as a real model's stream (the first, the second, the first again)."""
     from experiments.adapt.live import POLICIES, run
 
     if overlap and len(usable_cores()) < 2:
         pytest.skip("training beside decoding needs two cores")
     plan = StreamPlan(queries=8, shift=4, min_new_tokens=4, max_new_tokens=6, sim_seeds=2, retime_repeats=0)
     result = run(TARGET, MODELS / "specblock", CPU_PROFILE, plan, 0, "tiny", results=tmp_path,
-                 overlap=overlap)
+                 overlap=overlap, domains=domains)
     assert (result["overlap"] is not None) == overlap and os.sched_getaffinity(0) == usable_cores()
+    assert len(result["mix"]["phases"]) == (2 if domains == DOMAINS else 3)
+    if domains != DOMAINS:
+        assert result["stream"] == ["prose"] * 4 + ["code"] * 2 + ["prose"] * 2
+        assert result["mix"]["shifted"] == ["code"] and set(result["acceptance_domains"]) == set(domains)
+        assert "queries 5-6: code 100%" in (tmp_path / "tiny.md").read_text()
     if overlap:
         beside = result["overlap"]
         assert set(beside["slowdown"]) == {"head", "full"} and min(beside["slowdown"].values()) >= 1.0

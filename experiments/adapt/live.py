@@ -1,13 +1,19 @@
 """Live online adaptation on a stream whose domain mix shifts, and the simulator's prediction of it.
 
-1. **Stream** (the paper's shape): ``plan.queries`` queries, equal shares of the four domains, whose mix
-   shifts after ``plan.shift`` queries: before it ``FIRST_MIX`` (mostly code and tests), after it the
-   rest of each domain's share (mostly prose and text), so the drafter first adapts to one mix, then
-   the mix changes. Each phase's order is a seeded shuffle; each query generates a length drawn from
-   ``plan.min_new_tokens..plan.max_new_tokens`` (48 to 64) with the seed, greedy. Prompts are each
-   ``data/prompts/<domain>.jsonl``'s held-out ones in order (evaluation half, then calibration half):
-   64 per domain, 256 in all, so the quick stream uses each at most once and the 2,000-query
-   stream reuses each about 8 times (``result["prompts"]`` records the distinct prompts per domain).
+1. **Stream** (the paper's shape): ``plan.queries`` queries over the model's prompt domains
+   (``experiments.cli.model_domains``) in phases (``phase_counts``): the first serves ``plan.shift``
+   queries, the later ones share the rest equally. Over the shipped family's four domains, two phases
+   of equal shares of the stream: before the shift ``FIRST_MIX`` (mostly code and tests), after it the
+   rest of each domain's share (mostly prose and text), so the drafter first adapts to one mix, then the
+   mix changes. Over another model's domains (the real model's ``chat`` and ``code``), each domain alone
+   in turn and then the first again (chat, then code, then back to chat), so the drafter adapts to the
+   second domain and is then measured on the first again. Each phase's order is a seeded shuffle; each
+   query generates a length drawn from ``plan.min_new_tokens..plan.max_new_tokens`` (48 to 64) with the
+   seed, greedy. Prompts are each domain's held-out ones in the model's prompt sets, in order
+   (evaluation half, then calibration half; chat rows through the model's chat template), reused in
+   order when the stream needs more (``result["prompts"]`` records the distinct prompts per domain).
+   The shifted domains (``shifted_queries``: those the second phase serves more than the first) are
+   measured early and late within the second phase (``result["mix"]``).
 2. **Engine**: the SpecBlock drafter loaded afresh for each policy (``POLICIES``: never, always with head
    updates, always with full updates, epsilon-greedy and the cost-aware bandit, default parameters)
    serves the same stream through its own ``real_engine.stream_server.StreamServer``, one policy after
@@ -123,39 +129,72 @@ POLICIES: dict[str, dict[str, Any]] = {
 """The policies compared by default, by name, as policy-file content (``never`` must always be there: its
 stream gives the traces and the drafting shapes the simulator replays)."""
 FIRST_MIX = dict(zip(DOMAINS, (0.4, 0.4, 0.1, 0.1), strict=True))
-"""Each domain's share of the queries before the shift; after it each domain takes the rest of its equal
-share of the stream (with the shift halfway: 0.1, 0.1, 0.4, 0.4)."""
+"""Over the shipped family's domains, each one's share of the queries before the shift; after it each
+domain takes the rest of its equal share of the stream (with the shift halfway: 0.1, 0.1, 0.4, 0.4)."""
 MAX_PROMPT = 192  # prompt tokens kept (each prompt's last ones)
 
 
-def phase_counts(plan: StreamPlan) -> tuple[dict[str, int], dict[str, int]]:
-    """Queries of each domain before and after the shift: ``FIRST_MIX`` of ``plan.shift`` (largest
-    remainders), then the rest of each domain's quarter of the stream."""
-    raw = {d: FIRST_MIX[d] * plan.shift for d in DOMAINS}
+def phase_counts(plan: StreamPlan, domains: Sequence[str] = DOMAINS) -> list[dict[str, int]]:
+    """Queries of each domain in each phase of the stream: the first phase serves ``plan.shift`` queries,
+    the later ones share the rest equally (the earlier ones taking the remainder). Over the shipped
+    family's domains (``FIRST_MIX``'s) two phases: ``FIRST_MIX`` of the shift (largest remainders), then
+    the rest of each domain's equal share of the stream; over any other ``domains`` each alone in turn,
+    then the first again (chat, then code, then chat)."""
+    if set(domains) == set(FIRST_MIX):
+        return _mixed_phases(plan)
+    if len(domains) < 2:
+        raise InputError(f"a shifting stream needs two domains and the prompt sets hold {len(domains)} "
+                         f"({', '.join(domains)}): add another domain's <domain>.jsonl")
+    turns = [*domains, domains[0]]
+    later, rest = len(turns) - 1, plan.queries - plan.shift
+    if rest < later:
+        raise InputError(f"a shift after {plan.shift} of {plan.queries} queries leaves fewer than one query "
+                         f"for each of the {later} phases after it: shift earlier")
+    lengths = [plan.shift] + [rest // later + (i < rest % later) for i in range(later)]
+    return [{d: n if d == turn else 0 for d in domains} for turn, n in zip(turns, lengths, strict=True)]
+
+
+def _mixed_phases(plan: StreamPlan) -> list[dict[str, int]]:
+    """The shipped family's two phases: ``FIRST_MIX`` of ``plan.shift`` (largest remainders), then the rest
+    of each domain's quarter of the stream."""
+    if plan.queries % len(FIRST_MIX):
+        raise InputError(f"a stream of {plan.queries} queries over the domains {', '.join(FIRST_MIX)}: "
+                         f"give a multiple of {len(FIRST_MIX)} queries (equal shares)")
+    raw = {d: FIRST_MIX[d] * plan.shift for d in FIRST_MIX}
     first = {d: int(v) for d, v in raw.items()}
-    for d in sorted(DOMAINS, key=lambda d: first[d] - raw[d])[:plan.shift - sum(first.values())]:
+    for d in sorted(FIRST_MIX, key=lambda d: first[d] - raw[d])[:plan.shift - sum(first.values())]:
         first[d] += 1
-    share = plan.queries // len(DOMAINS)
+    share = plan.queries // len(FIRST_MIX)
     if any(n > share for n in first.values()):
         raise InputError(f"a shift after {plan.shift} of {plan.queries} queries leaves a domain more than "
                          "its quarter before it: shift earlier")
-    return first, {d: share - first[d] for d in DOMAINS}
+    return [first, {d: share - first[d] for d in FIRST_MIX}]
+
+
+def shifted_queries(phases: Sequence[Mapping[str, int]]) -> dict[str, Any]:
+    """What the stream shifts to: the domains the second phase serves more than the first (``shifted``),
+    and the second phase's queries, ``[start, end)`` (``queries``), whose first and second halves measure
+    them early and late after the shift."""
+    start = sum(phases[0].values())
+    return {"shifted": [d for d in phases[0] if phases[1][d] > phases[0][d]],
+            "queries": [start, start + sum(phases[1].values())]}
 
 
 def build_stream(prompts: Mapping[str, Sequence[Sequence[int]]], plan: StreamPlan, seed: int
                  ) -> list[tuple[str, list[int], int]]:
-    """(domain, prompt, new tokens) per query: each phase of ``phase_counts`` in a seeded order, each
-    domain's prompts in order (reused from the first once all are taken), lengths drawn from the plan's
-    range."""
+    """(domain, prompt, new tokens) per query over the domains of ``prompts`` (in its order): each phase
+    of ``phase_counts`` in a seeded order, each domain's prompts in order (reused from the first once all
+    are taken), lengths drawn from the plan's range."""
     rng = np.random.default_rng(seed)
-    domains = [d for counts in phase_counts(plan) for d in rng.permutation(
-        [d for d in DOMAINS for _ in range(counts[d])]).tolist()]
+    domains = [d for counts in phase_counts(plan, tuple(prompts)) for d in rng.permutation(
+        [d for d in counts for _ in range(counts[d])]).tolist()]
     lengths = rng.integers(plan.min_new_tokens, plan.max_new_tokens + 1, size=len(domains))
-    taken = dict.fromkeys(DOMAINS, 0)
+    taken = dict.fromkeys(prompts, 0)
     stream = []
     for domain, length in zip(domains, lengths, strict=True):
         if not prompts[domain]:
-            raise InputError(f"no {domain} prompts held out: add some to data/prompts/{domain}.jsonl")
+            raise InputError(f"no {domain} prompts held out: add evaluation or calibration rows to the "
+                             f"model's {domain}.jsonl")
         stream.append((domain, list(prompts[domain][taken[domain] % len(prompts[domain])]), int(length)))
         taken[domain] += 1
     return stream
@@ -208,27 +247,32 @@ def run(
     overlap: bool = False,
     prompts: Path = TOY.prompts,
     model: str | None = None,
+    domains: Sequence[str] = DOMAINS,
 ) -> dict[str, Any]:
     """The whole experiment (see the module doc) for ``policies`` (name -> policy-file content;
     default ``POLICIES``), written under ``results``; returns the saved result. With ``overlap`` updates
     train beside decoding: the trainer on this process's last core, decoding on the others, queries
     timed on the wall clock (``StreamServer``; the simulator with ``AdaptStream``'s ``overlap``). The
-    stream's prompts come from the prompt sets in ``prompts`` (the model's); ``model`` names the model in
-    the results (default: its folder)."""
+    stream serves ``domains`` (the model's: ``experiments.cli.model_domains``), its prompts from the
+    prompt sets in ``prompts`` (the model's); ``model`` names the model in the results (default: its
+    folder)."""
     policies = dict(policies or default_policies())
     if "never" not in policies:
         raise InputError(
             "the adaptation experiment needs the never policy (its stream calibrates the "
             "simulator): include it"
         )
+    phases = phase_counts(plan, domains)  # a plan the domains cannot take is refused before any loading
 
     torch.set_num_threads(1)
     target = load_model(model_dir)
     tokenizer = Tokenizer.load(model_dir)
-    count = plan.queries // len(DOMAINS)  # enough for every query of a domain; fewer are held out
+    count = max(sum(counts[d] for counts in phases) for d in domains)  # every query of a domain at most
+    chat = tokenizer.encode_chat if tokenizer.chat_template else None
     held = [p for part in ("evaluation", "calibration")
-            for p in load_prompts(DOMAINS, count, tokenizer.encode, part, MAX_PROMPT, folder=prompts)]
-    by_domain = {d: [p.tokens for p in held if p.domain == d] for d in DOMAINS}
+            for p in load_prompts(domains, count, tokenizer.encode, part, MAX_PROMPT, folder=prompts,
+                                  chat_encode=chat)]
+    by_domain = {d: [p.tokens for p in held if p.domain == d] for d in domains}
     stream = build_stream(by_domain, plan, seed)
     cores = sorted(usable_cores())
     if overlap and len(cores) < 2:
@@ -280,13 +324,12 @@ def run(
               "update_single": dict(profile.fits.get("update_single", {})),
               "update_model": profile_measurement(profile_path).get("update_model")}
     stream_domains = [d for d, _, _ in stream]
-    before, after = phase_counts(plan)
-    shifted = [d for d in DOMAINS if after[d] > before[d]]
+    shift = shifted_queries(phases)
     result: dict[str, Any] = {
         "stream": stream_domains,
         "new_tokens": lengths,
-        "prompts": {d: len(by_domain[d]) for d in DOMAINS},
-        "mix": {"before": before, "after": after, "shifted": shifted},
+        "prompts": {d: len(by_domain[d]) for d in domains},
+        "mix": {"phases": phases, **shift},
         "policies": {},
         "fit": {
             "dynamics": asdict(fitted),
@@ -331,9 +374,9 @@ def run(
         sim = sims[kind]
         keys = ("tau", "tokens_per_second", "update_seconds", "new_tokens")
         column = {key: [r[key] for r in rows[kind]] for key in keys}
-        measured = summary(stream_domains, *(column[key] for key in keys), plan.shift, shifted)
+        measured = summary(stream_domains, *(column[key] for key in keys), shift["queries"], shift["shifted"])
         simulated = summary(stream_domains, sim["tau"], sim["tokens_per_second"], sim["update_seconds"],
-                            lengths, plan.shift, shifted)
+                            lengths, shift["queries"], shift["shifted"])
         out[kind] = {**figures(stream_domains, rows[kind], simulated, seed, slowness.get(kind)),
                      "shifted_tau_early": measured["shifted_tau_early"],
                      "shifted_tau_late": measured["shifted_tau_late"]}
@@ -366,5 +409,5 @@ def run(
     }
     save_result(name, result, config, seed, directory=results)
     write_text(results / f"{name}.md", markdown(result, config))
-    plot(result, results / f"{name}.png", plan.shift)
+    plot(result, results / f"{name}.png")
     return result

@@ -1,20 +1,27 @@
 """The plan of a live adaptation stream (``experiments.adapt.live``): its size, where its domain mix
-shifts, the range of each query's length and how often the engine is re-timed; the paper's 2,000-query
-plan, the quick one, and the pipelines' small ones."""
+first shifts, the range of each query's length and how often the engine is re-timed; the paper's
+2,000-query plan, the quick one, and the pipelines' small ones.
+
+The stream's phases (``experiments.adapt.live.phase_counts``): the first serves ``shift`` queries and the
+later ones share the rest equally. Over the shipped family's four domains there are two (the mix shifts
+once, after ``shift`` queries); over another model's domains (the real model's ``chat`` and ``code``) one
+per domain in turn and then the first again (chat, then code, then chat: with the shift halfway, a half,
+a quarter and a quarter of the stream)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from core.errors import InputError
+from core.models import TOY
 
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """Stream size, the query where the mix shifts, query lengths and simulator repetitions."""
+    """Stream size, the query where the mix first shifts, query lengths and simulator repetitions."""
 
-    queries: int  # queries in the stream (a multiple of 4: equal shares of the four domains)
-    shift: int  # queries served before the domain mix changes
+    queries: int  # queries in the stream (over the shipped family's domains a multiple of 4: equal shares)
+    shift: int  # queries served before the domain mix first changes (the first phase's length)
     min_new_tokens: int  # each query generates a length drawn from [min_new_tokens, max_new_tokens]
     max_new_tokens: int
     sim_seeds: int
@@ -22,9 +29,9 @@ class StreamPlan:
     retime_every: int = 0  # one round of decoding re-timed between every this many queries (0: none)
 
     def __post_init__(self) -> None:
-        if self.queries < 4 or self.queries % 4 or not 0 < self.shift < self.queries:
-            raise InputError(f"StreamPlan: {self.queries} queries shifting after {self.shift}: give a "
-                             "multiple of 4 queries and a shift between them")
+        if not 0 < self.shift < self.queries:
+            raise InputError(f"StreamPlan: {self.queries} queries shifting after {self.shift}: give a shift "
+                             "between 0 and the query count")
         if not 1 <= self.min_new_tokens <= self.max_new_tokens:
             raise InputError(f"StreamPlan: new tokens {self.min_new_tokens}..{self.max_new_tokens}: give "
                              "1 <= min_new_tokens <= max_new_tokens")
@@ -44,5 +51,14 @@ PIPELINE_PLAN = StreamPlan(queries=12, shift=6, min_new_tokens=20, max_new_token
 """The quick pipeline's adaptation step (``make run``): a small stream of the same shape."""
 SMOKE_PLAN = StreamPlan(queries=8, shift=4, min_new_tokens=8, max_new_tokens=12, sim_seeds=2,
                         retime_repeats=0)
-"""The smoke pipeline's adaptation step (``specblock pipeline --smoke``, the tests): two queries per
-domain, the shifted domains after the shift, no re-timing (the shipped profile's samples)."""
+"""The smoke pipeline's adaptation step (``specblock pipeline --smoke``, the tests): over the shipped
+family's domains two queries each, the shifted domains after the shift; no re-timing (the shipped
+profile's samples)."""
+
+
+def result_name(model: str, quick: bool, overlap: bool) -> str:
+    """The results file a run writes when not given a name: ``adapt_live``, ``_quick`` with the quick
+    plan, ``_overlap`` with updates trained beside decoding; a model other than the shipped family adds
+    its name after ``adapt_live`` (``adapt_live_smollm2-135m_quick``), so its runs sit beside the toy's."""
+    own = "" if model == TOY.name else f"_{model}"
+    return f"adapt_live{own}{'_quick' if quick else ''}{'_overlap' if overlap else ''}"

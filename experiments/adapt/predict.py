@@ -129,15 +129,16 @@ def summary(
     tps: Sequence[float],
     update: Sequence[float],
     tokens: Sequence[int],
-    shift: int,
+    window: Sequence[int],
     shifted: Collection[str],
 ) -> dict[str, float]:
     """Stream figures: tokens/s with updates charged, mean tau, and tau on the ``shifted`` domains (those
-    the mix favours after the ``shift``-th query) in the first and the second half of the queries after
-    the shift."""
+    the stream shifts to) in the first and the second half of the queries ``window`` (``[start, end)``:
+    the phase after the first shift, ``experiments.adapt.live.shifted_queries``)."""
     seconds = [n / r for n, r in zip(tokens, tps, strict=True)]
-    middle = shift + (len(domains) - shift) // 2
-    after = [i for i in range(shift, len(domains)) if domains[i] in shifted]
+    start, end = window
+    middle = start + (end - start) // 2
+    after = [i for i in range(start, end) if domains[i] in shifted]
     early = [tau[i] for i in after if i < middle]
     late = [tau[i] for i in after if i >= middle]
     return {

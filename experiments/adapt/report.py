@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from core.files import atomic_write
-from experiments.adapt.plan import QUICK_SIZES
+from core.models import TOY
+from experiments.adapt.plan import QUICK_SIZES, result_name
 from experiments.adapt.predict import mean_shape
 from experiments.adapt.serve import pooled, with_samples
 from experiments.report_format import Lines, Record, Renderer, flag, interval, table
@@ -22,17 +23,18 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     plan, mix = config["plan"], result["mix"]
     prompts = ", ".join(f"{d} {n}" for d, n in result["prompts"].items())
     figures = result["figures"]
+    start, end = mix["queries"]
     lines = [
         "# Live online adaptation vs the simulator (AdaptStream)",
         "",
-        f"Stream: {plan['queries']} queries, equal shares of the domains; the mix shifts after query "
-        f"{plan['shift']} (before: {shares(mix['before'])}; after: {shares(mix['after'])}); each query "
-        f"generates {plan['min_new_tokens']} to {plan['max_new_tokens']} new tokens (drawn with the seed), "
-        f"greedy. Held-out prompts per domain: {prompts} (reused in order when the stream needs more). "
-        f"SpecBlock drafter `{config['drafter']}` (tree: {config['draft']}); {config['clock']}. "
-        f"Shifted tau: the {', '.join(mix['shifted'])} queries of the first vs the second half after the "
-        "shift. Tokens/s charge update seconds; [95% CI]: bootstrap over the stream's queries, resampled "
-        f"within each domain. Fidelity error (median |sim / measured - 1|): {figures['fidelity_error']:.1%}.",
+        f"Stream: {plan['queries']} queries in {len(mix['phases'])} phases ({phase_text(mix['phases'])}); "
+        f"each query generates {plan['min_new_tokens']} to {plan['max_new_tokens']} new tokens (drawn with "
+        f"the seed), greedy. Held-out prompts per domain: {prompts} (reused in order when the stream needs "
+        f"more). SpecBlock drafter `{config['drafter']}` (tree: {config['draft']}); {config['clock']}. "
+        f"Shifted tau: the {', '.join(mix['shifted'])} queries of the first vs the second half of queries "
+        f"{start + 1}-{end} (the phase after the first shift). Tokens/s charge update seconds; [95% CI]: "
+        "bootstrap over the stream's queries, resampled within each domain. Fidelity error (median |sim / "
+        f"measured - 1|): {figures['fidelity_error']:.1%}.",
         "",
         "| policy | tokens/s [95% CI] | sim | sim error | tau | sim | shifted tau early -> late | sim | "
         "updates (head/full) | update s |",
@@ -114,10 +116,15 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def shares(counts: Mapping[str, int]) -> str:
-    """Queries per domain as shares of their phase, for the report."""
-    total = sum(counts.values())
-    return ", ".join(f"{d} {n / total:.0%}" for d, n in counts.items())
+def phase_text(phases: Sequence[Mapping[str, int]]) -> str:
+    """Each phase's queries and the shares of the domains it serves, for the report."""
+    parts, start = [], 0
+    for counts in phases:
+        total = sum(counts.values())
+        shares = ", ".join(f"{d} {n / total:.0%}" for d, n in counts.items() if n)
+        parts.append(f"queries {start + 1}-{start + total}: {shares}")
+        start += total
+    return "; ".join(parts)
 
 
 def decode_ms(profile: Any, shapes: Sequence[Mapping[str, float]], context: float = 256.0
@@ -191,15 +198,16 @@ def update_text(costed: Mapping[str, Any]) -> str:
             f"{seconds['full']:.2f} s full) times the buffer's fill.")
 
 
-def plot(result: Mapping[str, Any], path: Path, shift: int) -> None:
-    """Tau and tokens/s per query, measured vs simulated, one column per policy (dashed: the mix's shift
-    after ``shift`` queries)."""
+def plot(result: Mapping[str, Any], path: Path) -> None:
+    """Tau and tokens/s per query, measured vs simulated, one column per policy (dashed: where the mix
+    shifts, between the stream's phases)."""
     import matplotlib  # loads only to draw, with the Agg backend chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kinds = list(result["policies"])
+    shifts = np.cumsum([sum(counts.values()) for counts in result["mix"]["phases"]])[:-1]
     fig, axes = plt.subplots(2, len(kinds), figsize=(5 * len(kinds), 6.5), sharex=True, squeeze=False)
     for col, kind in enumerate(kinds):
         entry = result["policies"][kind]
@@ -212,7 +220,8 @@ def plot(result: Mapping[str, Any], path: Path, shift: int) -> None:
                 if r["update"] is not None:
                     color = "tab:green" if r["update"]["kind"] == "head" else "tab:red"
                     ax.axvline(i, color=color, alpha=0.15)
-            ax.axvline(shift - 0.5, color="k", ls="--", lw=1)
+            for shift in shifts:
+                ax.axvline(shift - 0.5, color="k", ls="--", lw=1)
             ax.set_ylabel(label)
         axes[0, col].set_title(f"{kind} (green: head, red: full update)")
         axes[1, col].set_xlabel("query (dashed: the domain mix shifts)")
@@ -229,9 +238,9 @@ def _adapt_live_command(name: str, config: Record) -> str:
     plan = config["plan"]  # files written before the paper's stream plan no query count
     quick = plan["queries"] in QUICK_SIZES if "queries" in plan else name.endswith("_quick")
     overlap = str(config.get("clock", "")).startswith("wall clock")  # trained beside decoding
-    default = f"adapt_live{'_quick' if quick else ''}{'_overlap' if overlap else ''}"
-    return f"specblock adapt-live{' --quick' if quick else ''}{' --overlap' if overlap else ''}" \
-           f"{flag('--name', name, default)}"
+    model = config.get("model", TOY.name)
+    return f"specblock adapt-live{flag('--model', model, TOY.name)}{' --quick' if quick else ''}" \
+           f"{' --overlap' if overlap else ''}{flag('--name', name, result_name(model, quick, overlap))}"
 
 
 def _adapt_live_body(record: Record) -> Lines:
@@ -256,13 +265,22 @@ def _adapt_live_body(record: Record) -> Lines:
 def _adapt_stream_body(plan: Record, results: Record, figures: Record) -> Lines:
     mix = results["mix"]
     prompts = ", ".join(f"{d} {n}" for d, n in results["prompts"].items())
-    lines = [f"Stream: {plan['queries']} queries, equal shares of the domains, the mix shifting after query "
-             f"{plan['shift']} (toward {', '.join(mix['shifted'])}), {plan['min_new_tokens']} to "
+    phases, shifted = mix.get("phases"), ", ".join(mix["shifted"])
+    if phases is None or len(phases) == 2:  # the shipped family's one shift (older files record no phases)
+        stream = (f"{plan['queries']} queries, equal shares of the domains, the mix shifting after query "
+                  f"{plan['shift']} (toward {shifted})")
+        window = "half after the shift"
+    else:
+        start, end = mix["queries"]
+        stream = (f"{plan['queries']} queries in {len(phases)} phases ({phase_text(phases)}; shifting to "
+                  f"{shifted})")
+        window = f"half of queries {start + 1}-{end} (the phase after the first shift)"
+    lines = [f"Stream: {stream}, {plan['min_new_tokens']} to "
              f"{plan['max_new_tokens']} new tokens each; distinct held-out prompts per domain: {prompts} "
              "(reused in order when the stream needs more). Measured live, tokens/s with update seconds "
              "charged [95% CI: bootstrap over the queries within each domain], against the simulator's "
              "AdaptStream (sim). Shifted tau: the shifted domains' queries in the first against the second "
-             f"half after the shift. Fidelity error (median |sim / measured - 1|): "
+             f"{window}. Fidelity error (median |sim / measured - 1|): "
              f"{figures['fidelity_error']:.1%}.", ""]
     adjusted = all("tokens_per_second_at_never_speed" in f for f in figures["policies"].values())
     if adjusted:

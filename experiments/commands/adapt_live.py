@@ -1,11 +1,12 @@
 """`specblock adapt-live`: live online adaptation on a shifting stream, and the simulator's prediction of it.
 
-The engine serves the stream (2,000 queries, equal shares of the four domains, the mix shifting halfway,
-48 to 64 new tokens each; ``--quick``: 16) once per adaptation policy (never, always with head updates,
-always with full updates, epsilon-greedy, the cost-aware bandit); the simulator, fitted to those streams,
-predicts each (``experiments.adapt.live`` describes the experiment). Writes ``<out>/<name>.json``,
-``.md`` and ``.png``; ``--json`` prints one object: ``policies`` -> name -> ``tokens_per_second``,
-``tokens_per_second_ci`` (95%), ``tau``, ``updates`` (by kind), ``update_seconds``,
+The engine serves the stream (2,000 queries, 48 to 64 new tokens each; ``--quick``: 16) over the model's
+prompt domains (the shipped family's four in equal shares, the mix shifting halfway; the real model's
+chat, then code, then back to chat: a half, a quarter and a quarter) once per adaptation policy (never,
+always with head updates, always with full updates, epsilon-greedy, the cost-aware bandit); the
+simulator, fitted to those streams, predicts each (``experiments.adapt.live`` describes the experiment).
+Writes ``<out>/<name>.json``, ``.md`` and ``.png``; ``--json`` prints one object: ``policies`` -> name ->
+``tokens_per_second``, ``tokens_per_second_ci`` (95%), ``tau``, ``updates`` (by kind), ``update_seconds``,
 ``simulated_tokens_per_second``, ``simulated_error`` and more, and ``fidelity_error``. ``--overlap`` trains
 updates beside decoding (the trainer thread on its own core) and times queries on the wall clock.
 """
@@ -19,10 +20,17 @@ from pathlib import Path
 import click
 
 from core.models import ModelSpec
-from core.names import DOMAINS
 from core.paths import RESULTS
-from experiments.adapt.plan import DEFAULT_PLAN, QUICK_PLAN
-from experiments.cli import OUT_FOLDER, SEED, drafter_folder, model_option, model_profile, model_prompts
+from experiments.adapt.plan import DEFAULT_PLAN, QUICK_PLAN, result_name
+from experiments.cli import (
+    OUT_FOLDER,
+    SEED,
+    drafter_folder,
+    model_domains,
+    model_option,
+    model_profile,
+    model_prompts,
+)
 
 
 @click.command("adapt-live")
@@ -39,7 +47,7 @@ from experiments.cli import OUT_FOLDER, SEED, drafter_folder, model_option, mode
                    "busy).")
 @click.option("--name", default=None,
               help="Result file name [adapt_live; adapt_live_quick with --quick; _overlap added with "
-                   "--overlap].")
+                   "--overlap; another model's name after adapt_live].")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with each policy's figures.")
@@ -51,9 +59,11 @@ def command(model: ModelSpec, drafter_dir: Path | None, profile_path: Path | Non
     profile_path = model_profile(model, profile_path)
     from experiments.adapt.live import run  # torch, the simulator: not for --help
 
-    name = name or ("adapt_live_quick" if quick else "adapt_live") + ("_overlap" if overlap else "")
+    name = name or result_name(model.name, quick, overlap)
+    domains = model_domains(model)
     result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name,
-                 results=out, overlap=overlap, prompts=model_prompts(model, DOMAINS), model=model.name)
+                 results=out, overlap=overlap, prompts=model_prompts(model, domains), model=model.name,
+                 domains=domains)
     figures = result["figures"]
     files = {suffix: str(out / f"{name}.{suffix}") for suffix in ("json", "md", "png")}
     if as_json:

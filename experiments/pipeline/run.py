@@ -39,7 +39,6 @@ from core.cost_profile import load_profile
 from core.errors import InputError
 from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
 from core.models import TOY, ModelSpec
-from core.names import DOMAINS
 from core.paths import repo_relative
 from experiments.adapt import live as adapt_live
 from experiments.adapt.plan import PIPELINE_PLAN, QUICK_PLAN, SMOKE_PLAN, StreamPlan
@@ -403,6 +402,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
         if kind in role_kinds("adaptation"):
             policies[path.stem] = {"kind": kind, "params": spec["params"]}
     profile = run.path("cost_profile.json")
+    domains = model_domains(run.model)  # the model's own prompt domains (not a prompt file's categories)
     quick = "specblock" not in load_profile(profile).drafters  # a quick profile times no feature drafter
     threads = torch.get_num_threads()
     try:
@@ -417,8 +417,9 @@ def _adaptation(run: Run) -> dict[str, Any]:
             "adaptation",
             policies,
             results=run.out,
-            prompts=model_prompts(run.model, DOMAINS),
+            prompts=model_prompts(run.model, domains),
             model=run.model.name,
+            domains=domains,
         )
     except InputError as err:
         return {"skipped": str(err)}
