@@ -235,7 +235,7 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
     show = table(as_json)
     tokenizer = Tokenizer.load(spec.target)
     chosen = load_prompts(DOMAINS, prompts, tokenizer.encode, part="evaluation", folder=spec.prompts,
-                          chat_encode=tokenizer.encode_chat)
+                          chat_encode=tokenizer.chat_encoder())
     notes: list[str] = []
     engines = [*ours(spec, dtype, tokenizer, new_tokens, kinds, notes),
                *hf(spec, dtype, tokenizer, new_tokens)]

@@ -16,6 +16,7 @@ conversation gives the same text and the same ids.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,11 @@ class Tokenizer:
         except jinja2.TemplateError as exc:
             raise InputError(f"the model's chat template failed ({exc}): fix its chat template or drop --chat"
                              ) from None
+
+    def chat_encoder(self) -> Callable[[str], list[int]] | None:
+        """How a chat prompt is tokenized (``trace.load_prompts``' ``chat_encode``): through the chat template
+        where the model has one (``encode_chat``), else None (as plain text)."""
+        return self.encode_chat if self.chat_template else None
 
     def encode_chat(self, text: str, system: str | None = None) -> list[int]:
         """Token ids of ``apply_chat(text, system)``: the template's special tokens (``<|im_start|>``, ...)

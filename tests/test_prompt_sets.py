@@ -405,10 +405,12 @@ def test_chat_templates_render_as_transformers_does(tmp_path: Path, template: st
     tokens = ours.encode_chat("x")
     # one id each: the system turn (or BOS), the user's, the assistant's
     assert tokens.count(ours.inner.token_to_id("<|im_start|>")) == 3
+    assert ours.chat_encoder()("x") == tokens  # what every command tokenizes chat prompts with
 
 
 def test_chat_template_failures_are_input_errors(tmp_path: Path) -> None:
     assert Tokenizer.load(MODELS / "target").chat_template is None
+    assert Tokenizer.load(MODELS / "target").chat_encoder() is None  # chat rows as plain text
     with pytest.raises(InputError, match="the model has no chat template: drop --chat"):
         Tokenizer.load(MODELS / "target").apply_chat("hi")
     folder = chat_folder(tmp_path / "model", BLOCKY_TEMPLATE, in_config=False)

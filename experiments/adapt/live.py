@@ -268,10 +268,9 @@ def run(
     target = load_model(model_dir)
     tokenizer = Tokenizer.load(model_dir)
     count = max(sum(counts[d] for counts in phases) for d in domains)  # every query of a domain at most
-    chat = tokenizer.encode_chat if tokenizer.chat_template else None
     held = [p for part in ("evaluation", "calibration")
             for p in load_prompts(domains, count, tokenizer.encode, part, MAX_PROMPT, folder=prompts,
-                                  chat_encode=chat)]
+                                  chat_encode=tokenizer.chat_encoder())]
     by_domain = {d: [p.tokens for p in held if p.domain == d] for d in domains}
     stream = build_stream(by_domain, plan, seed)
     cores = sorted(usable_cores())

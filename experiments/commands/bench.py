@@ -232,7 +232,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     if limit < 1:
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} leaves no room for a prompt in the "
                          f"models' context of {context}: lower it")
-    chat = tokenizer.encode_chat if tokenizer.chat_template else None
+    chat = tokenizer.chat_encoder()
     prompts = {c: [ids[-limit:] for ids in (encode_row(row, tokenizer.encode, chat) for row in rows) if ids]
                for c, rows in settings.categories.items()}
     empty = [c for c, p in prompts.items() if not p]

@@ -83,8 +83,10 @@ def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None,
     prompt_sets = model_prompts(model)
     domains = prompt_domains(prompt_sets)
     room = target.args.max_position_embeddings - max_new_tokens - 17
-    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room, folder=prompt_sets)
-    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room, folder=prompt_sets)
+    cal = load_prompts(domains, calibration, tokenizer.encode, "calibration", room, folder=prompt_sets,
+                       chat_encode=tokenizer.chat_encoder())
+    ev = load_prompts(domains, evaluation, tokenizer.encode, "evaluation", room, folder=prompt_sets,
+                      chat_encode=tokenizer.chat_encoder())
     chosen = configs() if only is None else tuple(c for c in configs() if c.name in only.split(","))
     start = time.perf_counter()
 

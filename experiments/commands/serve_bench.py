@@ -151,9 +151,9 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     prompt_sets = model_prompts(model)
     domains = prompt_domains(prompt_sets)
     held_out = load_prompts(domains, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS,
-                            folder=prompt_sets)
+                            folder=prompt_sets, chat_encode=tokenizer.chat_encoder())
     calibration = load_prompts(domains, prompts, tokenizer.encode, "calibration", CONTEXT_TOKENS,
-                               folder=prompt_sets)
+                               folder=prompt_sets, chat_encode=tokenizer.chat_encoder())
     lengths = lengths or default_lengths(held_out)
     held_out = servable(held_out, lengths)  # refused here, before the long part, when none is
     out.mkdir(parents=True, exist_ok=True)  # every input checked: --out is created as in every command

@@ -138,13 +138,12 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
     if room < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
                          f"{target.args.max_position_embeddings} positions: lower it")
-    chat = tokenizer.encode_chat if tokenizer.chat_template else None
     if prompt_file is None:
         chosen = load_prompts(names, prompts, tokenizer.encode, max_tokens=room, folder=prompt_sets,
-                              chat_encode=chat)
+                              chat_encode=tokenizer.chat_encoder())
     else:
         chosen = [replace(p, tokens=p.tokens[-room:])
-                  for p in load_prompt_file(prompt_file, prompts, tokenizer.encode, chat)]
+                  for p in load_prompt_file(prompt_file, prompts, tokenizer.encode, tokenizer.chat_encoder())]
     draft = load_model(draft_dir, getattr(torch, dtype), device) if spec.needs_draft_model else None
 
     def new() -> object:

@@ -161,14 +161,15 @@ class Run:
         or of the plan's prompt file (each category's rows by their split, else by halves)."""
         count = self.plan.calibration if part == "calibration" else self.plan.evaluation
         tokenizer = self.models()["tokenizer"]
-        chat = tokenizer.encode_chat if tokenizer.chat_template else None
         if self.plan.prompt_file is None:
             return load_prompts(self.plan.domains, count, tokenizer.encode, part,
                                 max_tokens=self.plan.prompt_tokens,
-                                folder=model_prompts(self.model, self.plan.domains), chat_encode=chat)
+                                folder=model_prompts(self.model, self.plan.domains),
+                                chat_encode=tokenizer.chat_encoder())
         path = Path(self.plan.prompt_file)
         groups = read_prompt_file(path, MAX_FILE_PROMPTS)
         last = self.plan.prompt_tokens
+        chat = tokenizer.chat_encoder()
         return interleave([[Prompt(r.name, r.domain, tuple(encode_row(r, tokenizer.encode, chat)[-last:]))
                             for r in select_part(groups[d], part, path)[:count]] for d in self.plan.domains])
 

@@ -162,7 +162,7 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
     draft = next((load_model(folders[n]) for n in names if uses_draft[n]), None)
     tokenizer = Tokenizer.load(model_dir)
     prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192,
-                                                    folder=prompts_dir)]
+                                                    folder=prompts_dir, chat_encode=tokenizer.chat_encoder())]
     with torch.inference_mode():
         result = sweep(target, prompts, folders, max_new_tokens=max_new_tokens, rounds=rounds,
                        progress=progress, draft=draft)
