@@ -49,6 +49,13 @@ MAX_SEED = 2**32 - 1  # seeds numpy, gymnasium and torch all take (torch's and n
 SEED = click.IntRange(0, MAX_SEED)  # the type of every --seed option
 
 
+def model_result(base: str, model: str) -> str:
+    """The results file a command writes for ``model`` when not given a name: ``base`` for the shipped toy
+    family, ``<base>_<model>`` for any other (``bench_smollm2-135m``), so a model's runs sit beside the
+    toy's instead of replacing them."""
+    return base if model == TOY.name else f"{base}_{model}"
+
+
 def csv_names(value: str, flag: str, allowed: Sequence[str] | None = None, hint: str = "") -> tuple[str, ...]:
     """The distinct names of a comma-separated option value, in order; InputError when it is empty or names
     one outside ``allowed`` (when given; ``hint`` follows the choices)."""

@@ -35,7 +35,7 @@ def test_bench_reports_an_mt_bench_file_by_category(llama_dir: Path, questions: 
                           "none,ngram", "--temperatures", "0", "--prompts", "2", "--max-new-tokens", "4",
                           "--no-hf", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0, err
-    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    saved = json.loads((tmp_path / "out" / f"bench_{llama_dir.name}.json").read_text())
     assert saved["config"]["categories"] == {"writing": 2, "coding": 1}
     assert {"writing", "coding"} <= {row["category"] for row in saved["results"]["rows"]}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import InputError
-from core.models import TOY
+from experiments.cli import model_result
 
 
 @dataclass(frozen=True)
@@ -60,5 +60,4 @@ def result_name(model: str, quick: bool, overlap: bool) -> str:
     """The results file a run writes when not given a name: ``adapt_live``, ``_quick`` with the quick
     plan, ``_overlap`` with updates trained beside decoding; a model other than the shipped family adds
     its name after ``adapt_live`` (``adapt_live_smollm2-135m_quick``), so its runs sit beside the toy's."""
-    own = "" if model == TOY.name else f"_{model}"
-    return f"adapt_live{own}{'_quick' if quick else ''}{'_overlap' if overlap else ''}"
+    return f"{model_result('adapt_live', model)}{'_quick' if quick else ''}{'_overlap' if overlap else ''}"

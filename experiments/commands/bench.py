@@ -22,6 +22,7 @@ from experiments.cli import (
     model_option,
     model_profile,
     model_prompts,
+    model_result,
     resolve_device,
 )
 from experiments.provenance import save_result
@@ -111,7 +112,8 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
-@click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench).")
+@click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench for the toy family, "
+              "bench_<model> for another model).")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for <name>.json, <name>.md and <name>.png.")
 @click.option("--policy", "policy_files", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -133,7 +135,8 @@ def command(drafters: str, verifiers: str, temperatures: str, categories: str | 
     """Decode the prompt sets with vanilla and each drafter and verifier (Spec-Bench style, per category and
     temperature; not `specblock benchmark NAME`, which runs one of the project's benchmarks).
 
-    Writes benchmarks/results/bench[_TAG].json plus a markdown table and a PNG plot; progress on stderr.
+    Writes benchmarks/results/bench[_TAG].json (bench_<model>.json for a model other than the toy family)
+    plus a markdown table and a PNG plot; progress on stderr.
     """
     from experiments.specbench.run import Settings, load_prompts  # torch and the engine: not for --help
     from real_engine.prompts import read_prompt_file
@@ -181,7 +184,7 @@ def command(drafters: str, verifiers: str, temperatures: str, categories: str | 
         _model(draft_dir, "--draft-model", f"draft-model --model {model_arg(model)}")
     if hf and not has_draft:
         notes.append(f"hf-assisted: no draft model in {draft_dir}, skipped")
-    name = f"bench_{tag}" if tag else "bench"
+    name = f"bench_{tag}" if tag else model_result("bench", model.name)
     results, config = _run(settings, model_dir, draft_dir if has_draft else None, drafters_dir,
                            hf and has_draft, threads, device, notes, model_arg(model), dtype or model.dtype)
     config.update(model=model.name, model_dir=repo_relative(model_dir),

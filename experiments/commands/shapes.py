@@ -17,9 +17,17 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import registry, trained_drafters
+from core.names import DTYPES, registry, trained_drafters
 from core.paths import RESULTS
-from experiments.cli import OUT_FOLDER, SEED, model_arg, model_domains, model_option, model_prompts
+from experiments.cli import (
+    OUT_FOLDER,
+    SEED,
+    model_arg,
+    model_domains,
+    model_option,
+    model_prompts,
+    model_result,
+)
 
 # the drafters with a deployable shape: the trained ones, then the others (the draft model)
 TUNABLE = (*trained_drafters(),
@@ -42,12 +50,17 @@ TUNABLE = (*trained_drafters(),
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Results folder.")
-@click.option("--tag", default="shapes", show_default=True, help="Results file name.")
+@click.option("--tag", default=None, show_default="shapes for the toy family, shapes_<model> for another",
+              help="Results file name.")
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own",
+              help="The dtype the shapes are timed in (float32: any change to the greedy output is a bug "
+                   "and stops the sweep; 16-bit: rounding may part greedy outputs at near-ties, and each "
+                   "shape's share of identical outputs is reported).")
 @click.option("--apply", is_flag=True, help="Save each drafter's fastest shape as its drafting.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(drafters: str, domains: str | None, count: int, rounds: int, max_new_tokens: int,
-            model: ModelSpec, drafters_dir: Path | None, threads: int, seed: int, out: Path, tag: str,
-            apply: bool, as_json: bool) -> None:
+            model: ModelSpec, drafters_dir: Path | None, threads: int, seed: int, out: Path, tag: str | None,
+            dtype: str | None, apply: bool, as_json: bool) -> None:
     """Measure every shape of each drafter against vanilla; optionally deploy the fastest."""
     import torch  # torch and the engine: not for --help
 
@@ -65,8 +78,9 @@ def command(drafters: str, domains: str | None, count: int, rounds: int, max_new
     model_dir = model.require().target
     torch.set_num_threads(threads)
     result = run(model_dir, model.drafters if drafters_dir is None else drafters_dir, names, doms, count,
-                 max_new_tokens, rounds, seed, out, tag, apply, model_prompts(model, doms), model.name,
-                 progress=not as_json, train_as=model_arg(model) if drafters_dir is None else None)
+                 max_new_tokens, rounds, seed, out, tag or model_result("shapes", model.name), apply,
+                 model_prompts(model, doms), model.name, progress=not as_json,
+                 train_as=model_arg(model) if drafters_dir is None else None, dtype=dtype or model.dtype)
     if as_json:
         click.echo(json.dumps(result))
         return

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from core.files import atomic_write, write_text
+from core.models import TOY, registry
+from experiments.cli import model_result
 from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, pairs, table
 
 
@@ -171,7 +173,18 @@ def write_report(results: dict[str, Any], folder: Path, name: str) -> tuple[Path
 # --- its section of docs/results.md ----------------------------------------------------------------
 
 
+def model_flags(config: Record) -> str:
+    """`` --model NAME`` and `` --dtype D`` as a results file records them, each left out where it is the
+    default (the toy family; the model's own dtype)."""
+    model = config.get("model", TOY.name)
+    spec, dtype = registry.get(model), config.get("dtype")
+    shown = dtype is not None and (spec is None or dtype != spec.dtype)
+    return f"{flag('--model', model, TOY.name)}{flag('--dtype', dtype) if shown else ''}"
+
+
 def _bench_command(name: str, config: Record) -> str:
+    default = model_result("bench", config.get("model", TOY.name))
+    tag = "" if name == default else f" --tag {name.removeprefix('bench_')}"
     counts = sorted(set(config["categories"].values()))
     prompts = f" --prompts {counts[0]}" if len(counts) == 1 else ""
     return (f"specblock bench --drafters {listed(config['drafters'])}"
@@ -179,8 +192,9 @@ def _bench_command(name: str, config: Record) -> str:
             f" --shapes {listed(config['shapes'])} --categories {listed(list(config['categories']))}{prompts}"
             f" --max-new-tokens {config['max_new_tokens']}{flag('--threads', config.get('threads'))}"
             f"{' --trained-shapes' if config['trained_shapes'] else ''}"
-            f"{' --no-hf' if config.get('hf_assisted') is None else ''}"
-            f"{flag('--tag', name.removeprefix('bench_'), 'bench')}")
+            f"{' --every-verifier' if config.get('every_verifier') else ''}"
+            f"{' --no-hf' if config.get('hf_assisted') is None else ''}{model_flags(config)}"
+            f"{tag}")
 
 
 def _config_label(row: Record) -> str:
@@ -210,7 +224,8 @@ def _shapes_command(name: str, config: Record) -> str:
             f" --domains {listed(config['domains'])} --prompts {config['prompts']}"
             f" --rounds {config['rounds']} --max-new-tokens {config['max_new_tokens']}"
             f"{flag('--drafters-dir', config.get('drafters_dir', 'data/models'), 'data/models')}"
-            f"{flag('--threads', config['threads'], 1)}{flag('--tag', name, 'shapes')}"
+            f"{flag('--threads', config['threads'], 1)}{model_flags(config)}"
+            f"{flag('--tag', name, model_result('shapes', config.get('model', TOY.name)))}"
             f"{' --apply' if config.get('apply') else ''}")
 
 
@@ -220,12 +235,14 @@ def _shapes_body(record: Record) -> Lines:
              "tokens/s). Speedup: median over prompts of vanilla's time over the shape's (quartiles beside "
              "it). With `--apply` the command saves each fastest shape as the drafter's `drafting.json`.", ""]
     rows = []
+    header = ["drafter", "shapes measured", "fastest shape", "tokens/s", "speedup [quartiles]", "tau"]
+    exact = record["config"].get("dtype", "float32") == "float32"  # 16-bit runs count identical outputs
     for drafter, shapes in sorted(result["drafters"].items()):
         best = shapes[0]
         rows.append([drafter, len(shapes), pairs(best["shape"]), f"{best['tokens_per_second']:.1f}",
-                     interval(best["speedup"], best["speedup_quartiles"], ".2f"), f"{best['tau']:.2f}"])
-    return lines + table(["drafter", "shapes measured", "fastest shape", "tokens/s", "speedup [quartiles]",
-                          "tau"], rows)
+                     interval(best["speedup"], best["speedup_quartiles"], ".2f"), f"{best['tau']:.2f}",
+                     *([] if exact else [f"{best['same_as_vanilla']:.0%}"])])
+    return lines + table([*header, *([] if exact else ["same output as vanilla"])], rows)
 
 
 RENDERERS: dict[str, Renderer] = {
