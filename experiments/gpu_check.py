@@ -213,7 +213,7 @@ def specblock_update(net: SpecBlock, kind: str, tokens: int, seed: int) -> Calla
                            generator=gen)
 
     def step() -> torch.Tensor:
-        logits = unroll(train, sequence, features, starts, start_slots).blocks.logits
+        logits = unroll(train, sequence, features, starts, start_slots).logits
         loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -191,7 +191,7 @@ def _full_objective(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]
     device = net.lm_head.weight.device
     batches = _windows(data, config, net.config.block_size, torch.Generator().manual_seed(seed), device)
     with torch.no_grad():
-        references = [unroll(net, b["tokens"], b["features"], s, m).blocks.logits for b, s, m in batches]
+        references = [unroll(net, b["tokens"], b["features"], s, m).logits for b, s, m in batches]
 
     def objective(new: SpecBlock, backward: bool) -> tuple[float, float]:
         loss_sum = kl_sum = 0.0
@@ -226,7 +226,7 @@ def _head_objective(net: SpecBlock, data: Sequence[tuple[Feedback, Sequence[int]
     hidden, logp_all, ids_all = (torch.cat(t).to(device) for t in (states, logp, ids))
     hidden = hidden.to(dtype)
     with torch.no_grad():
-        reference = net.heads(hidden).logits
+        reference = net.token_logits(hidden)
 
     def objective(new: SpecBlock, backward: bool) -> tuple[float, float]:
         logits, buckets = new.heads(hidden)

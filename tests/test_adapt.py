@@ -130,7 +130,7 @@ def test_a_signal_goes_to_the_buffer_its_rank_picks_with_the_state_drafting_comp
         features = target(feedback.tokens[None]).features
         starts = torch.tensor(at_root)
         out = unroll(net, feedback.tokens[None], features, starts, starts.new_zeros(0, len(at_root)))
-        ranks = rank_of(out.blocks.logits[0, 0, :, 0], feedback.tokens[starts + 1]).tolist()
+        ranks = rank_of(out.logits[0, 0, :, 0], feedback.tokens[starts + 1]).tolist()
     head = {root: i for i, root in enumerate(feedback.head_rows)}
     assert {root for root, rank in zip(at_root, ranks, strict=True) if rank <= 30} == set(head) & set(at_root)
     assert {root for root, rank in zip(at_root, ranks, strict=True) if rank > 30} == (

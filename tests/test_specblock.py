@@ -146,8 +146,8 @@ def test_a_slot_never_sees_later_slots(target: Transformer) -> None:
             net.queries[k] += 1.0  # changes every slot-k row input, in every block
             out = unroll(net, tokens, feats, starts, slots)
             net.queries[k] = saved
-            assert torch.equal(out.blocks.logits[:, 0, :, :k], base.blocks.logits[:, 0, :, :k])
-            assert not torch.allclose(out.blocks.logits[:, 0, :, k], base.blocks.logits[:, 0, :, k])
+            assert torch.equal(out.logits[:, 0, :, :k], base.logits[:, 0, :, :k])
+            assert not torch.allclose(out.logits[:, 0, :, k], base.logits[:, 0, :, k])
 
 
 def test_a_branch_never_sees_another_branch_or_the_future(target: Transformer) -> None:
@@ -162,8 +162,8 @@ def test_a_branch_never_sees_another_branch_or_the_future(target: Transformer) -
     with torch.no_grad():
         a = unroll(net, tokens, feats, starts, slots)
         b = unroll(net, tokens2, feats2, starts, slots)
-    assert torch.equal(a.blocks.logits[:, :, 0], b.blocks.logits[:, :, 0])
-    assert not torch.allclose(a.blocks.logits[:, :, 1], b.blocks.logits[:, :, 1])
+    assert torch.equal(a.logits[:, :, 0], b.logits[:, :, 0])
+    assert not torch.allclose(a.logits[:, :, 1], b.logits[:, :, 1])
 
 
 def _recorded_proposal(net: SpecBlock, drafter: SpecBlockDrafter, prompt: torch.Tensor,
@@ -201,14 +201,14 @@ def test_inference_blocks_equal_the_training_unroll(target: Transformer,
     assert len(starts) == 4 * 3 + 1  # 3 side branches per slot and the chain's end
     with torch.no_grad():
         first = unroll(net, seq[None], target(seq[None]).features, torch.tensor([t]), torch.tensor([[0]]))
-        assert torch.allclose(first.blocks.logits[0, 0, 0], logits[0], atol=1e-5)
+        assert torch.allclose(first.logits[0, 0, 0], logits[0], atol=1e-5)
         for i, node in enumerate(starts):
             depth = tree.depths[node]
             x = seq.clone()
             x[t + depth] = tree.tokens[node]  # the branch's start token, as the sequence's
             out = unroll(net, x[None], target(x[None]).features, torch.tensor([t]),
                          torch.tensor([[depth - 1]]))
-            assert torch.allclose(out.blocks.logits[0, 1, 0], logits[1][i * k:(i + 1) * k], atol=1e-5)
+            assert torch.allclose(out.logits[0, 1, 0], logits[1][i * k:(i + 1) * k], atol=1e-5)
 
 
 def test_accepted_tokens_become_prefix_rows(target: Transformer) -> None:
@@ -234,7 +234,7 @@ def test_accepted_tokens_become_prefix_rows(target: Transformer) -> None:
         del net.draft_heads
     with torch.no_grad():
         out = unroll(net, x[None], rows.features, torch.tensor([t + 4]), torch.tensor([[0]]))
-    assert torch.allclose(out.blocks.logits[0, 0], recorded[0], atol=1e-5)
+    assert torch.allclose(out.logits[0, 0], recorded[0], atol=1e-5)
 
 
 # ---------------------------------------------------------------- trees

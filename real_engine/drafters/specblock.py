@@ -214,6 +214,10 @@ class SpecBlock(nn.Module):
             x = layer(x, cos, sin, mask, cache)
         return x
 
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Token logits over the whole vocabulary of last-layer states."""
+        return self.lm_head(self.norm(hidden))
+
     def heads(self, hidden: torch.Tensor) -> Heads:
         """Token logits and rank-bucket logits of last-layer states."""
         normed = self.norm(hidden)

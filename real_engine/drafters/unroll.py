@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from real_engine.drafters.specblock import Heads, SpecBlock, causal_blocks
+from real_engine.drafters.specblock import SpecBlock, causal_blocks
 
 
 class GrowingCache:
@@ -34,10 +34,10 @@ class GrowingCache:
 class Unrolled(NamedTuple):
     """Training forward of M blocks at P start positions per sequence (see :func:`unroll`)."""
 
-    blocks: Heads  # [B, M, P, K, ...]; block 1's slot 0 is the prefix row at its start
+    logits: torch.Tensor  # [B, M, P, K, V] the block rows' token logits; block 1's slot 0: the prefix row
     positions: torch.Tensor  # [M, P, K] sequence position of each block row (it predicts position + 1)
     prefix: torch.Tensor  # [B, T, H] last-layer states of the prefix rows (row t: slot 0 of a block at t)
-    states: torch.Tensor  # [B, M, P, K, H] last-layer states of the block rows (what ``blocks`` read)
+    states: torch.Tensor  # [B, M, P, K, H] last-layer states of the block rows (what ``logits`` read)
 
 
 def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts: torch.Tensor,
@@ -48,7 +48,8 @@ def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts:
     ``starts`` [P] the positions where block 1 starts; ``start_slots`` [M - 1, P]: block ``m + 1``
     starts at slot ``start_slots[m]`` of block ``m``, whose state conditions it, on the token that slot
     predicts (the sequence's). One forward for the prefix rows and block 1, one per later block;
-    the heads run on block rows only.
+    the LM head runs on block rows only (the rank head is left to the caller: training reads its own
+    inputs, see ``training.specblock.rank_loss``).
     """
     b, t = tokens.shape
     k, p, m = net.config.block_size, starts.numel(), start_slots.shape[0] + 1
@@ -97,4 +98,4 @@ def unroll(net: SpecBlock, tokens: torch.Tensor, features: torch.Tensor, starts:
         path = torch.cat((path, torch.zeros(p, p * k, dtype=torch.bool, device=dev)), dim=1)
         total += p * k
     stacked = torch.stack(states, dim=1)
-    return Unrolled(net.heads(stacked), torch.stack(all_positions), first[:, :t], stacked)
+    return Unrolled(net.token_logits(stacked), torch.stack(all_positions), first[:, :t], stacked)

@@ -46,7 +46,7 @@ def rank_rows(net: SpecBlock, data: DrafterData, windows: range, blocks: int = 2
         slots = torch.randint(0, net.config.block_size, (blocks - 1, t - 1), generator=gen)
         rows = block_rows(net, batch, starts, slots, draft_ids)
         valid = rows.valid
-        _, label, score = rank_loss(net, rows.out.states[valid], rows.out.blocks.logits[valid],
+        _, label, score = rank_loss(net, rows.out.states[valid], rows.out.logits[valid],
                                     rows.best[valid], draft_ids)
         scores.append(score.float().numpy())
         labels.append(label.numpy())

@@ -26,6 +26,11 @@ hangs on, then learns from every position of the batch rather than from the samp
   summarized as drafting summarizes it (:func:`rank_loss`). The rank head reads detached inputs, so
   this loss never moves the drafter.
 
+With a drafting vocabulary, only the LM head's drafted rows are trained (:class:`DraftedRows`): the saved
+drafter keeps only those, and loading gives the others the target's values, so the others stay the
+target's here too, and the head trained is the head deployed. (Over SmolLM2's 49,152-token vocabulary
+the whole head's weight gradient and optimizer state would also be most of a step's work.)
+
 AdamW, a cosine schedule with a linear warm-up over the first 1.5% of steps, gradient clipping,
 fixed seeds (batch order and block starts are functions of the seed and the step, so a resumed run
 reproduces an uninterrupted one). Checkpoints are safetensors plus JSON (never pickles).
@@ -35,6 +40,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from core.errors import InputError
 from core.files import MAX_RECORD_BYTES, atomic_write, read_json, write_json
@@ -58,6 +66,7 @@ from real_engine.drafters.specblock import (
 from real_engine.drafters.unroll import Unrolled, unroll
 from real_engine.drafters.vocab import write_vocab
 from real_engine.model import Transformer
+from real_engine.packed import Linear
 from real_engine.training.drafter_data import (
     DrafterData,
     frequent_targets,
@@ -204,7 +213,7 @@ def block_rows(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch.Ten
     flat = pos.clamp(max=t - 2).flatten(1)
     best = ids[..., 0].long().gather(1, flat).view_as(pos)
     carried = tokens.gather(1, flat + 1).view_as(pos) == best
-    ranks = drafting_ranks(out.blocks.logits.detach(), best, draft_ids)
+    ranks = drafting_ranks(out.logits.detach(), best, draft_ids)
     correct = (ranks == 1) & carried & in_range
     drafted = (ranks <= net.config.edges[-1]) & carried & in_range
     valid = valid_prefix(correct.transpose(1, 2), drafted.transpose(1, 2),
@@ -228,7 +237,7 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
     logp, ids = batch["topk_logp"], batch["topk_ids"]
     edges = net.config.edges
     out, flat, best, correct, valid = block_rows(net, batch, starts, start_slots, draft_ids)
-    pos, logits = valid.shape, out.blocks.logits
+    pos, logits = valid.shape, out.logits
     k = ids.shape[-1]
     row_logp = logp.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos, k)[valid]
     row_ids = ids.gather(1, flat[..., None].expand(-1, -1, k)).view(*pos, k)[valid]
@@ -237,9 +246,9 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
                                      draft_ids, balance)
     loss = kl_all.mean() + rank_weight * rank
     if prefix_weight:
-        heads = net.heads(out.prefix[:, :-1])
-        kl_prefix = draft_kl(heads.logits, logp[:, :-1], ids[:, :-1])
-        rank_prefix = rank_loss(net, out.prefix[:, :-1].flatten(0, 1), heads.logits.detach().flatten(0, 1),
+        prefix_logits = net.token_logits(out.prefix[:, :-1])
+        kl_prefix = draft_kl(prefix_logits, logp[:, :-1], ids[:, :-1])
+        rank_prefix = rank_loss(net, out.prefix[:, :-1].flatten(0, 1), prefix_logits.detach().flatten(0, 1),
                                 ids[:, :-1, 0].long().flatten(), draft_ids, balance)[0]
         loss = loss + prefix_weight * (kl_prefix.mean() + rank_weight * rank_prefix)
     with torch.no_grad():
@@ -251,6 +260,48 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
                    "accuracy": (hits / tried.clamp(min=1)).tolist(), "valid": tried.tolist(),
                    "confusion": confusion.view(buckets, buckets).tolist()}
     return loss, metrics
+
+
+class DraftedRows(nn.Module):
+    """The LM head in training when the drafter keeps only its drafted rows (``save_specblock``): rows
+    ``ids`` trained (``rows``), the others frozen at the target's (``base``), as loading fills them."""
+
+    def __init__(self, base: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("base", base.detach().clone(), persistent=False)
+        self.register_buffer("ids", ids.clone(), persistent=False)
+        self.rows = nn.Parameter(rows.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits over the whole vocabulary: the frozen rows' product, the trained rows' written in."""
+        return F.linear(x, self.base).index_copy_(-1, self.ids, F.linear(x, self.rows))
+
+    def folded(self) -> Linear:
+        """The head as one ``Linear``, as the drafter saves and loads it."""
+        head = Linear(self.base.shape[1], self.base.shape[0], bias=False)
+        head.weight = nn.Parameter(self.base.index_copy(0, self.ids, self.rows.detach()))
+        return head
+
+
+def drafted_rows(net: SpecBlock, target: Transformer, draft_ids: torch.Tensor | None) -> SpecBlock:
+    """``net`` training only its LM head's ``draft_ids`` rows (:class:`DraftedRows`), where the saved
+    drafter keeps only those: a drafting vocabulary and the target's width. Otherwise ``net`` as it is."""
+    if draft_ids is not None and net.config.hidden_size == net.config.target_hidden:
+        base = target.lm_head.weight.to(net.lm_head.weight.dtype)
+        net.lm_head = DraftedRows(base, net.lm_head.weight[draft_ids], draft_ids)
+    return net
+
+
+@contextmanager
+def folded(net: SpecBlock) -> Iterator[SpecBlock]:
+    """``net`` with a plain LM head while it is saved."""
+    head = net.lm_head
+    if isinstance(head, DraftedRows):
+        net.lm_head = head.folded()
+    try:
+        yield net
+    finally:
+        net.lm_head = head
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Parameter, str]
@@ -273,7 +324,8 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, net: SpecBlock,
 def _save_checkpoint(folder: Path, net: SpecBlock, optimizer: torch.optim.Optimizer, step: int,
                      record: dict[str, Any]) -> None:
     names = {p: n for n, p in net.named_parameters()}
-    save_specblock(net, folder, dtype=torch.float32)
+    with folded(net):
+        save_specblock(net, folder, dtype=torch.float32)
     state = _optimizer_state(optimizer, names)
     atomic_write(folder / "optimizer.safetensors", lambda tmp: save_file(state, tmp))
     write_json(folder / "state.json", {**record, "step": step})
@@ -315,6 +367,10 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     else:
         net = SpecBlock.for_target(target, drafter, seed=config.seed).float().train()
         first = 0
+    k, v = net.config.block_size, net.config.vocab_size
+    order = frequent_targets(data, v, v)  # every token, the most frequent first
+    draft_ids = order[:config.draft_vocab] if 0 < config.draft_vocab < v else None
+    net = drafted_rows(net, target, draft_ids)
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     if first:
@@ -322,9 +378,6 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
             _load_optimizer_state(optimizer, net, load_file(str(ckpt / "optimizer.safetensors")))
         except (SafetensorError, OSError) as exc:
             raise InputError(f"cannot read the optimizer state in {ckpt} ({exc}): train afresh") from exc
-    k, v = net.config.block_size, net.config.vocab_size
-    order = frequent_targets(data, v, v)  # every token, the most frequent first
-    draft_ids = order[:config.draft_vocab] if 0 < config.draft_vocab < v else None
     t = data.meta.seq_len
     starts = min(config.starts, t - 1)
     batches = data.batches(config.batch_size, config.seed, first)
@@ -334,7 +387,7 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
         task = bar.add_task("specblock", total=config.steps, completed=first)
         for step in range(first, config.steps):
             batch = next(batches)
-            device = net.lm_head.weight.device
+            device = net.queries.device
             batch = {name: value.to(device) for name, value in batch.items()}
             gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
             positions = torch.randperm(t - 1, generator=gen)[:starts].sort().values.to(device)
@@ -354,6 +407,8 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
                 _save_checkpoint(ckpt, net, optimizer, step + 1, record)
             if late:
                 break
+    if isinstance(net.lm_head, DraftedRows):
+        net.lm_head = net.lm_head.folded()
     record["final"] = metrics
     record["steps_done"] = len(record["losses"])
     record["seconds_this_run"] = time.perf_counter() - began
