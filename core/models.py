@@ -116,6 +116,13 @@ class ModelSpec:
         return self.drafters / drafter_spec(drafter).folder
 
     @property
+    def responses(self) -> Path:
+        """Its drafters' training answers where they ship: a `specblock responses` folder cut to the
+        prompts the recipes read (answers decoded in batches in 16 bits are not bit-reproducible, and
+        drafters trained alike must read the same ones)."""
+        return self.drafters / "responses"
+
+    @property
     def draft_model(self) -> Path:
         """The draft model's folder (``--drafter draft-model``)."""
         return self.drafter_folder("draft-model")

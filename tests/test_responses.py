@@ -151,6 +151,18 @@ def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_di
 
 
 
+def test_a_model_trains_on_the_responses_it_ships_by_default(build, tmp_path: Path) -> None:
+    from core.models import folder_spec
+    from experiments.commands.train import _responses
+
+    spec = folder_spec(build(tmp_path / "model", "llama"))
+    assert _responses("eagle", spec, None, None) is None  # nothing shipped, no run: the corpus
+    spec.responses.mkdir(parents=True)
+    (spec.responses / STATE).write_text("{}")
+    assert _responses("eagle", spec, None, None) == spec.responses
+    assert _responses("eagle", spec, tmp_path / "mine", None) == tmp_path / "mine"  # a folder given wins
+
+
 def _code(domain: str, split: str, tokenizer: Path) -> np.ndarray:
     """A synthetic tokenized corpus: each split its own stream, ids that grow with the tokenizer's name."""
     first = 1000 if split == "train" else 2000

@@ -49,19 +49,20 @@ def default_run_dir(kind: str, model: ModelSpec) -> Path:
 
 
 def _responses(kind: str, model: ModelSpec, given: Path | None, on_policy: float | None) -> Path | None:
-    """The responses a drafter trains on: ``given``, else the model's own (``runs/responses-<model>``)
-    where they exist, else None: the toy family's corpus, whose ids only the toy family's tokenizer reads
-    (a real model's drafters need its responses). InputError for responses given to the toy family's
-    own builds or beside --on-policy."""
+    """The responses a drafter trains on: ``given``, else the model's own where they exist (the shipped
+    ones, ``ModelSpec.responses``, then a `specblock responses` run's, ``runs/responses-<model>``), else
+    None: the toy family's corpus, whose ids only the toy family's tokenizer reads (a real model's drafters
+    need its responses). InputError for responses given to the toy family's own builds or beside
+    --on-policy."""
     if given is not None and kind not in trainable_drafters():
         raise InputError(f"--responses feeds the drafters ({', '.join(trainable_drafters())}): drop it "
                          f"for {kind}")
     if given is not None and on_policy is not None:
         raise InputError("--on-policy mixes the target's continuations into the corpus windows: drop it "
                          "with --responses, whose answers are all the target's own")
-    own = RUNS / f"responses-{model.name}"
-    if given is None and kind in trainable_drafters() and model != TOY and (own / "state.json").is_file():
-        return own
+    if given is None and kind in trainable_drafters() and model != TOY:
+        return next((own for own in (model.responses, RUNS / f"responses-{model.name}")
+                     if (own / "state.json").is_file()), None)
     return given
 
 
@@ -89,7 +90,8 @@ def _responses(kind: str, model: ModelSpec, given: Path | None, on_policy: float
                    "or draft model of the recipe's shape, or warm-start a drafter of the kind (e.g. the one "
                    "trained for an earlier version of the target).")
 @click.option("--responses", "responses_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              show_default="runs/responses-<model> where it exists, for a model other than the toy family",
+              show_default="the model's shipped responses, else runs/responses-<model>, where they exist, "
+                           "for a model other than the toy family",
               help="A drafter's data: the target's own answers (`specblock responses`) instead of the toy "
                    "family's corpus.")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default: the recipe's).")
