@@ -51,10 +51,9 @@ import torch
 from benchmarks.output import finish, table
 from core.cost_profile import CostProfile, resolve_profile
 from core.files import MAX_RECORD_BYTES, read_json, write_text
-from core.models import TOY
-from core.names import DOMAINS
+from core.models import TOY, ModelSpec
 from core.paths import PAIR_MODELS, PAPER_PROFILE, RESULTS, repo_relative
-from experiments.cli import OUT_FOLDER
+from experiments.cli import OUT_FOLDER, model_domains, model_option, model_prompts, model_result
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.provenance import save_result
 from experiments.report_format import Lines, Record, Renderer, benchmark, flag
@@ -335,17 +334,29 @@ def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: i
               help="Held-out prompts per domain.")
 @click.option("--tokens", type=click.IntRange(2, 512), default=64, show_default=True,
               help="New tokens per generation.")
-@click.option("--drafters-dir", type=click.Path(file_okay=False, path_type=Path), default=PAIR_MODELS,
-              show_default="data/models/fair", help="Folder holding specblock/ and eagle/, trained alike.")
-@click.option("--out", type=OUT_FOLDER, default=RESULTS,
-              show_default="benchmarks/results", help="Folder for drafter_pair.json and .md.")
+@model_option("The model whose SpecBlock and EAGLE-style drafters are compared, on its own prompt sets, in "
+              "its own dtype.")
+@click.option("--drafters-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              show_default="data/models/fair for the toy family, else the model's own drafters",
+              help="Folder holding specblock/ and eagle/, trained alike.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch CPU threads.")
+@click.option("--out", type=OUT_FOLDER, default=RESULTS, show_default="benchmarks/results",
+              help="Folder for drafter_pair.json and .md (drafter_pair_<model> for a model other than the "
+                   "toy family).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
-def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: bool) -> None:
+def command(prompts: int, tokens: int, model: ModelSpec, drafters_dir: Path | None, threads: int, out: Path,
+            as_json: bool) -> None:
     """SpecBlock against EAGLE-style at equal vocabulary, depth and node budget, with intervals."""
-    torch.set_num_threads(1)
-    target = load_model(TOY.target)
-    tokenizer = Tokenizer.load(TOY.target, target.args.vocab_size, target.args.eos_token_id)
-    held = load_prompts(DOMAINS, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS)
+    torch.set_num_threads(threads)
+    default_dir = PAIR_MODELS if model == TOY else model.drafters
+    drafters_dir = default_dir if drafters_dir is None else drafters_dir
+    target = load_model(model.require().target, getattr(torch, model.dtype))
+    tokenizer = Tokenizer.load(model.target, target.args.vocab_size, target.args.eos_token_id)
+    domains = model_domains(model)
+    context = CONTEXT_TOKENS if model == TOY else None  # the toy family's context is short
+    held = load_prompts(domains, prompts, tokenizer.encode, "evaluation", context,
+                        model_prompts(model, domains), tokenizer.chat_encoder())
     shapes = [*SHAPES, *(("deployed",) if all(deployed_shape(n, drafters_dir / n) for n in DRAFTERS) else ())]
     settings = [Setting(d, t, v, s) for t in VERIFIER for v in ("reduced", "full") for s in shapes
                 for d in DRAFTERS]
@@ -387,13 +398,14 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
                                       [d for r in runs[n] for d in r["depths"]]),
                        **summarize(runs[n], runs[vanilla[0.0]], index)} for n in DRAFTERS}
     folder = repo_relative(drafters_dir)
-    command_line = (f"specblock benchmark drafter_pair --prompts {prompts} --tokens {tokens}"
-                    + ("" if drafters_dir.resolve() == PAIR_MODELS else f" --drafters-dir {folder}"))
-    config = {"prompts_per_domain": prompts, "tokens": tokens, "drafters_dir": folder,
-              "context_tokens": CONTEXT_TOKENS, "budget": BUDGET, "draft_vocab": DRAFT_VOCAB,
+    config = {"prompts_per_domain": prompts, "tokens": tokens, "model": model.name, "dtype": model.dtype,
+              "domains": list(domains), "drafters_dir": folder,
+              "default_drafters_dir": repo_relative(default_dir),
+              "context_tokens": context, "budget": BUDGET, "draft_vocab": DRAFT_VOCAB,
               "shapes": {k: dict(zip(DRAFTERS, v, strict=True)) for k, v in SHAPES.items()},
               "deployed": {n: deployed_shape(n, drafters_dir / n) for n in DRAFTERS},
-              "verifiers": {str(t): v for t, v in VERIFIER.items()}, "threads": 1, "replicates": REPLICATES}
+              "verifiers": {str(t): v for t, v in VERIFIER.items()}, "threads": threads,
+              "replicates": REPLICATES}
     paper = {"ratios": PAPER_RATIOS, "figures": PAPER, "on_profile": paper_on_profile(profile),
              "profile": PAPER_PROFILE.name}
     branching = {name: {**summarize(runs[name], runs[vanilla[0.0]], index), "children": list(BUCKETS[name]),
@@ -401,9 +413,10 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
                         / sum(r["iterations"] for r in runs[name])} for name in BUCKETS}
     results = {"settings": rows, "relative": pairs, "chains": chain_alpha, "paper": paper,
                "branching": branching, "rank_head": rank_head_record(drafters_dir)}
-    saved = save_result("drafter_pair", results, config, SEED, out)
-    md = out / "drafter_pair.md"
-    write_text(md, markdown(results, command_line, len(held), tokens))
+    name = model_result("drafter_pair", model.name)
+    saved = save_result(name, results, config, SEED, out)
+    md = out / f"{name}.md"
+    write_text(md, markdown(results, _drafter_pair_command(name, config), len(held), tokens))
     finish(as_json, results, saved, md)
 
 
@@ -411,9 +424,12 @@ def command(prompts: int, tokens: int, drafters_dir: Path, out: Path, as_json: b
 
 
 def _drafter_pair_command(name: str, config: Record) -> str:
+    default_dir = config.get("default_drafters_dir", "data/models/fair")
     return (f"{benchmark('drafter_pair')}{flag('--prompts', config['prompts_per_domain'], 16)}"
             f"{flag('--tokens', config['tokens'], 64)}"
-            f"{flag('--drafters-dir', config['drafters_dir'], 'data/models/fair')}")
+            f"{flag('--model', config.get('model', TOY.name), TOY.name)}"
+            f"{flag('--drafters-dir', config['drafters_dir'], default_dir)}"
+            f"{flag('--threads', config['threads'], 1)}")
 
 
 def _drafter_pair_body(record: Record) -> Lines:

@@ -71,3 +71,12 @@ def test_a_folder_without_the_pair_is_refused(tmp_path: Path, capsys) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "specblock train" in err[0]
+
+
+def test_its_command_line_names_a_model_and_keeps_the_toy_familys_defaults() -> None:
+    toy = {"prompts_per_domain": 16, "tokens": 64, "drafters_dir": "data/models/fair", "threads": 1}
+    assert dp._drafter_pair_command("drafter_pair", toy) == "specblock benchmark drafter_pair"
+    real = {**toy, "model": "smollm2-135m", "drafters_dir": "data/models/smollm2-135m",
+            "default_drafters_dir": "data/models/smollm2-135m", "threads": 2}
+    assert dp._drafter_pair_command("drafter_pair_smollm2-135m", real) == (
+        "specblock benchmark drafter_pair --model smollm2-135m --threads 2")
