@@ -209,6 +209,17 @@ def relative(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], base: lis
                                             / (db[index].sum(1) / ib[index].sum(1)))}
 
 
+def by_category(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], base: list[dict[str, Any]],
+                labels: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``relative`` within each prompt category (``labels``, one per prompt), its own resamples."""
+    out = {}
+    for category in dict.fromkeys(labels):
+        keep = [i for i, label in enumerate(labels) if label == category]
+        out[category] = relative([ours[i] for i in keep], [theirs[i] for i in keep], [base[i] for i in keep],
+                                 resamples([category] * len(keep), REPLICATES, SEED))
+    return out
+
+
 PAPER = {"specblock": {"tau": 4.41, "nodes": 33, "blocks": 2, "starts": 1},
          "eagle": {"tau": 5.89, "nodes": 61, "depth": 7}}
 """The paper's Llama-3.1-8B figures at T = 0 (tau, and the trees the A100 profile assumes for them)."""
@@ -297,6 +308,13 @@ def markdown(results: dict[str, Any], command_line: str, prompts: int, tokens: i
                      f"{ci(p['speedup_ratio_ci'], 3)} | {p['draft_time_ratio']:.3f} "
                      f"{ci(p['draft_time_ratio_ci'], 3)} | {p['a100_speedup_ratio']:.3f} "
                      f"{ci(p['a100_speedup_ratio_ci'], 3)} |")
+    lines += ["", "Per category (speedup ratio [95% CI]):", "",
+              "| T | vocabulary | shape | " + " | ".join(pairs[0].get("categories", {})) + " |",
+              "|---|---|---|" + "---|" * len(pairs[0].get("categories", {}))]
+    for p in pairs:
+        cells = [f"{c['speedup_ratio']:.3f} {ci(c['speedup_ratio_ci'], 3)}"
+                 for c in p.get("categories", {}).values()]
+        lines.append(f"| {p['temperature']:g} | {p['vocab']} | {p['shape']} | " + " | ".join(cells) + " |")
     lines += ["", f"## Acceptance by chain position (greedy chains {2 * BLOCK} deep, T = 0, reduced "
               f"vocabulary; block boundary after position {BLOCK})", "",
               "| drafter | " + " | ".join(f"alpha{i}" for i in range(1, 2 * BLOCK + 1)) + " |",
@@ -392,6 +410,8 @@ def command(prompts: int, tokens: int, model: ModelSpec, drafters_dir: Path | No
             ratio = speeds[ours] / speeds[s]
             pairs.append({"temperature": s.temperature, "vocab": s.vocab, "shape": s.shape,
                           **relative(runs[ours], runs[s], runs[vanilla[s.temperature]], index),
+                          "categories": by_category(runs[ours], runs[s], runs[vanilla[s.temperature]],
+                                                    [p.domain for p in held]),
                           "a100_speedup_ratio": float(rows[-2]["a100_speedup"] / row["a100_speedup"]),
                           "a100_speedup_ratio_ci": interval(ratio)})
     chain_alpha = {n: {"alpha": alpha([a for r in runs[n] for a in r["accepted"]],

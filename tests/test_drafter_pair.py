@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import drafter_pair as dp
+from core.names import DOMAINS
 from core.paths import MODELS
 from experiments.cli import main
 
@@ -55,6 +56,7 @@ def test_the_benchmark_runs_both_drafters_at_both_vocabularies(tmp_path: Path, c
     for r in rows:
         assert r["speedup_ci"][0] <= r["speedup"] <= r["speedup_ci"][1] and r["draft_calls"] > 0
     assert len(pairs) == 12 and all(p["draft_time_ratio"] > 0 for p in pairs)
+    assert all(set(p["categories"]) == set(DOMAINS) for p in pairs)  # each ratio per category too
     chains = data["rows"]["chains"]
     assert set(chains) == set(dp.DRAFTERS) and all(len(c["alpha"]) <= 2 * dp.BLOCK for c in chains.values())
     branching = data["rows"]["branching"]
