@@ -51,6 +51,7 @@ from real_engine.training.drafter_data import (
     open_drafter_data,
     target_fingerprint,
 )
+from real_engine.training.frozen_head import HEAD_DTYPE, FrozenHead, check_head_dtype
 from real_engine.training.progress import progress_bar
 from real_engine.training.specblock import draft_kl
 
@@ -72,8 +73,10 @@ class BaselineConfig:
     seed: int = 0
     checkpoint_every: int = 100
     scored: int = 0  # positions per sequence (random each step) whose loss counts; 0: all of them
+    head_dtype: str = HEAD_DTYPE  # the target's frozen head's product (``training.frozen_head``)
 
     def __post_init__(self) -> None:
+        check_head_dtype(self.head_dtype)
         if min(self.steps, self.batch_size, self.checkpoint_every) < 1 or self.scored < 0:
             raise InputError("steps, batch size and checkpoint interval must all be >= 1, scored >= 0")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0):
@@ -102,10 +105,13 @@ class _GrowingKeys:
 
 
 def eagle_loss(net: EagleNet, target: Transformer, batch: Batch, unroll: int,
-               scored: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
+               scored: torch.Tensor | None = None, head: nn.Module | None = None
+               ) -> tuple[torch.Tensor, list[float]]:
     """Training-time-test loss (mean over ``unroll`` steps of the top-k KL) and each step's top-1
-    agreement with the target, at the bases ``scored`` (sorted; default all). Every base still runs:
-    later steps attend to them."""
+    agreement with the target, at the bases ``scored`` (sorted; default all), through the target's LM head
+    (``head``: a ``FrozenHead`` of it; default the head itself). Every base still runs: later steps attend
+    to them."""
+    head = target.lm_head if head is None else head
     tokens = batch["tokens"]
     t = tokens.shape[1]
     n = t - 1  # bases: positions with a next token
@@ -120,7 +126,7 @@ def eagle_loss(net: EagleNet, target: Transformer, batch: Batch, unroll: int,
             embeds = target.model.embed_tokens(tokens[:, (base + s).clamp_max(t - 1)])
         hidden = net(cond, embeds, base + s - 1, keys, torch.cat([causal, *[eye] * (s - 1)], dim=1))
         rows = base[:valid] if scored is None else scored[scored < valid]
-        logits = net.logits(hidden[:, rows], target.lm_head)
+        logits = net.logits(hidden[:, rows], head)
         ids = batch["topk_ids"][:, rows + s]
         losses.append(draft_kl(logits, batch["topk_logp"][:, rows + s], ids).mean())
         agreement.append(float((logits.argmax(-1) == ids[..., 0]).float().mean()))
@@ -128,16 +134,18 @@ def eagle_loss(net: EagleNet, target: Transformer, batch: Batch, unroll: int,
     return torch.stack(losses).mean(), agreement
 
 
-def medusa_loss(net: MedusaNet, target: Transformer, batch: Batch, scored: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, list[float]]:
+def medusa_loss(net: MedusaNet, target: Transformer, batch: Batch, scored: torch.Tensor | None = None,
+                head: nn.Module | None = None) -> tuple[torch.Tensor, list[float]]:
     """Mean over heads of the top-k KL of head ``k`` at ``i`` to the target's law at ``i + k + 1``, and
-    each head's top-1 agreement with the target, at the positions ``scored`` (default all)."""
+    each head's top-1 agreement with the target, at the positions ``scored`` (default all), through the
+    target's LM head (``head``: a ``FrozenHead`` of it; default the head itself)."""
+    head = target.lm_head if head is None else head
     hidden, t = batch["hidden"], batch["hidden"].shape[1]
     every = torch.arange(t - 1, device=hidden.device)
     losses, agreement = [], []
     for k in range(min(net.heads, t - 1)):
         rows = every[:t - k - 1] if scored is None else scored[scored < t - k - 1]
-        logits = net.head(k, hidden[:, rows], target.lm_head)
+        logits = net.head(k, hidden[:, rows], head)
         ids = batch["topk_ids"][:, rows + k + 1]
         losses.append(draft_kl(logits, batch["topk_logp"][:, rows + k + 1], ids).mean())
         agreement.append(float((logits.argmax(-1) == ids[..., 0]).float().mean()))
@@ -287,9 +295,10 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
               "drafter": {"kind": "eagle", "unroll": unroll, "own_head": net.lm_head is not None,
                           "draft_vocab": draft_vocab},
               **({} if init is None else {"init_from": str(init)})}
-    record = fit_drafter(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored), data, config,
-                         record, Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume,
-                         progress, minutes)
+    head = FrozenHead(target.lm_head.weight, config.head_dtype)
+    record = fit_drafter(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored, head), data,
+                         config, record, Path(checkpoint) if checkpoint is not None else out / "checkpoint",
+                         resume, progress, minutes)
     v = net.args.vocab_size
     order = frequent_targets(data, v, v)
     net.with_draft_ids(order[:draft_vocab] if 0 < draft_vocab < v else None)
@@ -320,9 +329,10 @@ def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: s
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
               "drafter": {"kind": "medusa", "heads": net.heads, "own_heads": net.lm_heads is not None},
               **({} if init is None else {"init_from": str(init)})}
-    record = fit_drafter(net, lambda b, scored: medusa_loss(net, target, b, scored), data, config, record,
-                         Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume, progress,
-                         minutes)
+    head = FrozenHead(target.lm_head.weight, config.head_dtype)
+    record = fit_drafter(net, lambda b, scored: medusa_loss(net, target, b, scored, head), data, config,
+                         record, Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume,
+                         progress, minutes)
     accuracies = medusa_accuracies(net, target, heldout, calibration_sequences, config.batch_size)
     tree = choose_tree(accuracies, tree_budget)
     save_medusa(net, tree, out, accuracies)

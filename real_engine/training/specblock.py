@@ -75,6 +75,7 @@ from real_engine.training.drafter_data import (
     target_fingerprint,
     training_windows,
 )
+from real_engine.training.frozen_head import HEAD_DTYPE, FrozenHead, check_head_dtype
 from real_engine.training.progress import progress_bar
 
 
@@ -97,8 +98,10 @@ class SpecBlockTrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 100
+    head_dtype: str = HEAD_DTYPE  # the frozen head rows' product (``training.frozen_head``)
 
     def __post_init__(self) -> None:
+        check_head_dtype(self.head_dtype)
         if min(self.steps, self.batch_size, self.blocks, self.starts, self.checkpoint_every) < 1:
             raise InputError("steps, batch size, blocks, starts and checkpoint interval must all be >= 1")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0
@@ -264,40 +267,44 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
 
 class DraftedRows(nn.Module):
     """The LM head in training when the drafter keeps only its drafted rows (``save_specblock``): rows
-    ``ids`` trained (``rows``), the others frozen at the target's (``base``), as loading fills them."""
+    ``ids`` trained (``rows``), the others frozen at the target's (``base``, as loading fills them), their
+    product taken in ``head_dtype`` (``FrozenHead``)."""
 
-    def __init__(self, base: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> None:
+    def __init__(self, base: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
+                 head_dtype: str = HEAD_DTYPE) -> None:
         super().__init__()
-        self.register_buffer("base", base.detach().clone(), persistent=False)
+        self.base = FrozenHead(base, head_dtype)
         self.register_buffer("ids", ids.clone(), persistent=False)
         self.rows = nn.Parameter(rows.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary: the frozen rows' product, the trained rows' written in."""
-        return F.linear(x, self.base).index_copy_(-1, self.ids, F.linear(x, self.rows))
+        return self.base(x).index_copy_(-1, self.ids, F.linear(x, self.rows))
 
-    def folded(self) -> Linear:
-        """The head as one ``Linear``, as the drafter saves and loads it."""
-        head = Linear(self.base.shape[1], self.base.shape[0], bias=False)
-        head.weight = nn.Parameter(self.base.index_copy(0, self.ids, self.rows.detach()))
+    def folded(self, target: Transformer) -> Linear:
+        """The head as one ``Linear`` (the target's rows, the trained ones written in), as the drafter saves
+        and loads it."""
+        weight = target.lm_head.weight.detach().to(self.rows.dtype)
+        head = Linear(weight.shape[1], weight.shape[0], bias=False)
+        head.weight = nn.Parameter(weight.index_copy(0, self.ids, self.rows.detach()))
         return head
 
 
-def drafted_rows(net: SpecBlock, target: Transformer, draft_ids: torch.Tensor | None) -> SpecBlock:
+def drafted_rows(net: SpecBlock, target: Transformer, draft_ids: torch.Tensor | None,
+                 head_dtype: str = HEAD_DTYPE) -> SpecBlock:
     """``net`` training only its LM head's ``draft_ids`` rows (:class:`DraftedRows`), where the saved
     drafter keeps only those: a drafting vocabulary and the target's width. Otherwise ``net`` as it is."""
     if draft_ids is not None and net.config.hidden_size == net.config.target_hidden:
-        base = target.lm_head.weight.to(net.lm_head.weight.dtype)
-        net.lm_head = DraftedRows(base, net.lm_head.weight[draft_ids], draft_ids)
+        net.lm_head = DraftedRows(target.lm_head.weight, net.lm_head.weight[draft_ids], draft_ids, head_dtype)
     return net
 
 
 @contextmanager
-def folded(net: SpecBlock) -> Iterator[SpecBlock]:
+def folded(net: SpecBlock, target: Transformer) -> Iterator[SpecBlock]:
     """``net`` with a plain LM head while it is saved."""
     head = net.lm_head
     if isinstance(head, DraftedRows):
-        net.lm_head = head.folded()
+        net.lm_head = head.folded(target)
     try:
         yield net
     finally:
@@ -321,10 +328,10 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, net: SpecBlock,
             optimizer.state[param] = {k: v.to(param.device) if k != "step" else v for k, v in keys.items()}
 
 
-def _save_checkpoint(folder: Path, net: SpecBlock, optimizer: torch.optim.Optimizer, step: int,
-                     record: dict[str, Any]) -> None:
+def _save_checkpoint(folder: Path, net: SpecBlock, target: Transformer, optimizer: torch.optim.Optimizer,
+                     step: int, record: dict[str, Any]) -> None:
     names = {p: n for n, p in net.named_parameters()}
-    with folded(net):
+    with folded(net, target):
         save_specblock(net, folder, dtype=torch.float32)
     state = _optimizer_state(optimizer, names)
     atomic_write(folder / "optimizer.safetensors", lambda tmp: save_file(state, tmp))
@@ -370,7 +377,7 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     k, v = net.config.block_size, net.config.vocab_size
     order = frequent_targets(data, v, v)  # every token, the most frequent first
     draft_ids = order[:config.draft_vocab] if 0 < config.draft_vocab < v else None
-    net = drafted_rows(net, target, draft_ids)
+    net = drafted_rows(net, target, draft_ids, config.head_dtype)
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     if first:
@@ -404,11 +411,11 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
             bar.update(task, advance=1, description=f"specblock loss {metrics['loss']:.3f}")
             late = minutes is not None and time.perf_counter() - began > 60 * minutes
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps or late:
-                _save_checkpoint(ckpt, net, optimizer, step + 1, record)
+                _save_checkpoint(ckpt, net, target, optimizer, step + 1, record)
             if late:
                 break
     if isinstance(net.lm_head, DraftedRows):
-        net.lm_head = net.lm_head.folded()
+        net.lm_head = net.lm_head.folded(target)
     record["final"] = metrics
     record["steps_done"] = len(record["losses"])
     record["seconds_this_run"] = time.perf_counter() - began
