@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from core.errors import InputError
 from real_engine.drafters.specblock import load_specblock
 from real_engine.model import Transformer
 from real_engine.training import specblock as ts
@@ -26,7 +27,7 @@ def data(target: Transformer, tmp_path_factory: pytest.TempPathFactory):
 def test_drafted_rows_head_equals_the_whole_head_with_those_rows() -> None:
     torch.manual_seed(0)
     base, ids = torch.randn(50, 8), torch.tensor([3, 7, 1])
-    head = ts.DraftedRows(base, base[ids] + 1, ids, "float32")
+    head = ts.DraftedRows(base, base[ids] + 1, ids, "32")
     whole = base.index_copy(0, ids, base[ids] + 1).requires_grad_()
     x = torch.randn(4, 8, requires_grad=True)
     x2 = x.detach().clone().requires_grad_()
@@ -35,7 +36,7 @@ def test_drafted_rows_head_equals_the_whole_head_with_those_rows() -> None:
     assert torch.allclose(x.grad, x2.grad, atol=1e-5)
     assert torch.allclose(head.rows.grad, whole.grad[ids], atol=1e-5)
     assert [name for name, _ in head.named_parameters()] == ["rows"]  # no gradient, no optimizer state else
-    fast = ts.DraftedRows(base, base[ids] + 1, ids)  # the frozen rows' product in bfloat16, the default
+    fast = ts.DraftedRows(base, base[ids] + 1, ids)  # mixed precision (the default): frozen rows in bf16
     assert fast.base.weight.dtype == torch.bfloat16 and fast(x).dtype == torch.float32
     torch.testing.assert_close(fast(x), x @ whole.T, rtol=0.02, atol=0.05)
     torch.testing.assert_close(fast(x)[:, ids], x @ whole[ids].T)  # the trained rows in float32
@@ -65,3 +66,18 @@ def test_resume_with_a_drafting_vocabulary_continues_exactly(target: Transformer
     resumed = ts.train_specblock(target, data, tmp_path / "cut", tmp_path / "rcut", config=config,
                                  resume=True, progress=False)
     assert resumed["losses"] == whole["losses"]
+
+
+def test_mixed_precision_is_the_recipes_and_float32_stays(target: Transformer, data, tmp_path) -> None:
+    losses = {}
+    for precision in ("32", "bf16-mixed"):
+        config = ts.SpecBlockTrainConfig(steps=1, batch_size=4, starts=6, draft_vocab=DRAFTED,
+                                         precision=precision)
+        record = ts.train_specblock(target, data, tmp_path / precision, tmp_path / f"r{precision}",
+                                    config=config, progress=False)
+        losses[precision] = record["losses"][0][1]
+    assert ts.SpecBlockTrainConfig().precision == "bf16-mixed"
+    assert losses["32"] != losses["bf16-mixed"]  # the products ran in bfloat16
+    assert losses["bf16-mixed"] == pytest.approx(losses["32"], rel=0.05)
+    with pytest.raises(InputError, match="precision"):
+        ts.SpecBlockTrainConfig(precision="16")

@@ -51,7 +51,7 @@ from real_engine.training.drafter_data import (
     open_drafter_data,
     target_fingerprint,
 )
-from real_engine.training.frozen_head import HEAD_DTYPE, FrozenHead, check_head_dtype
+from real_engine.training.precision import PRECISION, FrozenHead, autocast, check_precision
 from real_engine.training.progress import progress_bar
 from real_engine.training.specblock import draft_kl
 
@@ -73,10 +73,10 @@ class BaselineConfig:
     seed: int = 0
     checkpoint_every: int = 100
     scored: int = 0  # positions per sequence (random each step) whose loss counts; 0: all of them
-    head_dtype: str = HEAD_DTYPE  # the target's frozen head's product (``training.frozen_head``)
+    precision: str = PRECISION  # "32" or "bf16-mixed" (``training.precision``)
 
     def __post_init__(self) -> None:
-        check_head_dtype(self.head_dtype)
+        check_precision(self.precision)
         if min(self.steps, self.batch_size, self.checkpoint_every) < 1 or self.scored < 0:
             raise InputError("steps, batch size and checkpoint interval must all be >= 1, scored >= 0")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0):
@@ -242,7 +242,8 @@ def fit_drafter(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: Base
             if config.scored:
                 gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
                 scored = torch.randperm(t - 1, generator=gen)[:config.scored].sort().values.to(device)
-            loss, agreement = loss_fn(batch, scored)
+            with autocast(config.precision, device):
+                loss, agreement = loss_fn(batch, scored)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -295,7 +296,7 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
               "drafter": {"kind": "eagle", "unroll": unroll, "own_head": net.lm_head is not None,
                           "draft_vocab": draft_vocab},
               **({} if init is None else {"init_from": str(init)})}
-    head = FrozenHead(target.lm_head.weight, config.head_dtype)
+    head = FrozenHead(target.lm_head.weight, config.precision)
     record = fit_drafter(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored, head), data,
                          config, record, Path(checkpoint) if checkpoint is not None else out / "checkpoint",
                          resume, progress, minutes)
@@ -329,7 +330,7 @@ def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: s
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
               "drafter": {"kind": "medusa", "heads": net.heads, "own_heads": net.lm_heads is not None},
               **({} if init is None else {"init_from": str(init)})}
-    head = FrozenHead(target.lm_head.weight, config.head_dtype)
+    head = FrozenHead(target.lm_head.weight, config.precision)
     record = fit_drafter(net, lambda b, scored: medusa_loss(net, target, b, scored, head), data, config,
                          record, Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume,
                          progress, minutes)

@@ -75,7 +75,7 @@ from real_engine.training.drafter_data import (
     target_fingerprint,
     training_windows,
 )
-from real_engine.training.frozen_head import HEAD_DTYPE, FrozenHead, check_head_dtype
+from real_engine.training.precision import PRECISION, FrozenHead, autocast, check_precision
 from real_engine.training.progress import progress_bar
 
 
@@ -98,10 +98,10 @@ class SpecBlockTrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 100
-    head_dtype: str = HEAD_DTYPE  # the frozen head rows' product (``training.frozen_head``)
+    precision: str = PRECISION  # "32" or "bf16-mixed" (``training.precision``)
 
     def __post_init__(self) -> None:
-        check_head_dtype(self.head_dtype)
+        check_precision(self.precision)
         if min(self.steps, self.batch_size, self.blocks, self.starts, self.checkpoint_every) < 1:
             raise InputError("steps, batch size, blocks, starts and checkpoint interval must all be >= 1")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0 and self.grad_clip > 0
@@ -268,18 +268,18 @@ def specblock_loss(net: SpecBlock, batch: dict[str, torch.Tensor], starts: torch
 class DraftedRows(nn.Module):
     """The LM head in training when the drafter keeps only its drafted rows (``save_specblock``): rows
     ``ids`` trained (``rows``), the others frozen at the target's (``base``, as loading fills them), their
-    product taken in ``head_dtype`` (``FrozenHead``)."""
+    product taken as ``precision`` says (``FrozenHead``)."""
 
     def __init__(self, base: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
-                 head_dtype: str = HEAD_DTYPE) -> None:
+                 precision: str = PRECISION) -> None:
         super().__init__()
-        self.base = FrozenHead(base, head_dtype)
+        self.base = FrozenHead(base, precision)
         self.register_buffer("ids", ids.clone(), persistent=False)
         self.rows = nn.Parameter(rows.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary: the frozen rows' product, the trained rows' written in."""
-        return self.base(x).index_copy_(-1, self.ids, F.linear(x, self.rows))
+        return self.base(x).index_copy_(-1, self.ids, F.linear(x, self.rows).float())
 
     def folded(self, target: Transformer) -> Linear:
         """The head as one ``Linear`` (the target's rows, the trained ones written in), as the drafter saves
@@ -291,11 +291,11 @@ class DraftedRows(nn.Module):
 
 
 def drafted_rows(net: SpecBlock, target: Transformer, draft_ids: torch.Tensor | None,
-                 head_dtype: str = HEAD_DTYPE) -> SpecBlock:
+                 precision: str = PRECISION) -> SpecBlock:
     """``net`` training only its LM head's ``draft_ids`` rows (:class:`DraftedRows`), where the saved
     drafter keeps only those: a drafting vocabulary and the target's width. Otherwise ``net`` as it is."""
     if draft_ids is not None and net.config.hidden_size == net.config.target_hidden:
-        net.lm_head = DraftedRows(target.lm_head.weight, net.lm_head.weight[draft_ids], draft_ids, head_dtype)
+        net.lm_head = DraftedRows(target.lm_head.weight, net.lm_head.weight[draft_ids], draft_ids, precision)
     return net
 
 
@@ -377,7 +377,7 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
     k, v = net.config.block_size, net.config.vocab_size
     order = frequent_targets(data, v, v)  # every token, the most frequent first
     draft_ids = order[:config.draft_vocab] if 0 < config.draft_vocab < v else None
-    net = drafted_rows(net, target, draft_ids, config.head_dtype)
+    net = drafted_rows(net, target, draft_ids, config.precision)
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     if first:
@@ -401,8 +401,9 @@ def train_specblock(target: Transformer, data: str | Path | DrafterData, out: st
             slots = torch.randint(0, k, (config.blocks - 1, starts), generator=gen).to(device)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config)
-            loss, metrics = specblock_loss(net, batch, positions, slots, config.rank_weight,
-                                           config.prefix_weight, draft_ids, config.rank_balance)
+            with autocast(config.precision, device):
+                loss, metrics = specblock_loss(net, batch, positions, slots, config.rank_weight,
+                                               config.prefix_weight, draft_ids, config.rank_balance)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
