@@ -52,13 +52,15 @@ import torch.nn.functional as F
 
 from core.errors import InputError
 from core.files import write_json
+from core.models import SMOLLM2, models_home
 from core.names import registry
 from core.paths import MODELS, PROFILES, RESULTS, repo_relative
+from experiments.gpu_real import real_checkpoint
 from experiments.provenance import save_result
 from real_engine import profile as prof
 from real_engine.decode import MAX_TREE_NODES, generate, make_drafter, prefill
-from real_engine.drafters.eagle import TreeShape, new_eagle
-from real_engine.drafters.specblock import SpecBlock
+from real_engine.drafters.eagle import TreeShape, load_eagle, new_eagle
+from real_engine.drafters.specblock import SpecBlock, load_specblock
 from real_engine.drafters.unroll import unroll
 from real_engine.model import ModelArgs, Transformer, load_model
 from real_engine.timing import Bench, make_timer
@@ -105,6 +107,20 @@ TINY = CheckPlan("tiny_check", TINY_ARGS,
             TreeShape(3, 2, 6), update_tokens=32, prompts=1, new_tokens=8)
 
 
+REAL_DRAFTERS = {"ngram": ("ngram", {}), "draft-model chain 4": ("draft-model", {"depth": 4}),
+                 "specblock": ("specblock", {}), "eagle": ("eagle", {}), "medusa": ("medusa", {})}
+"""The real model's drafters, each at its deployed shape."""
+REAL = dataclasses.replace(
+    FULL, name="smollm2_135m",
+    grid=prof.ProfileGrid(nodes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), contexts=(256, 1024), draft_tokens=(),
+                          tree_depths=(), tree_widths=(), tree_budget=1, specblock_starts=(1, 2, 4, 8),
+                          specblock_blocks=(1, 2, 3), eagle_depths=tuple(range(1, 9)), draft_context=256,
+                          update_batch=(1, 256), repeats=5, warmup=2),
+    eagle=TreeShape(8, 4, 32), update_tokens=256)
+"""The real model's check on a GPU (its args come from its checkpoint)."""
+REAL_TINY = dataclasses.replace(TINY, name="real_tiny")
+
+
 @contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Create floating tensors in ``dtype`` inside the block (so big models are never made in float32)."""
@@ -142,12 +158,21 @@ def shipped(device: torch.device, plan: CheckPlan, models: Path, seed: int) -> d
     if not (models / "target" / "config.json").is_file():
         return {"skipped": f"no shipped target in {models}"}
     target = load_model(models / "target", torch.float32, device)
+    return decoding(target, models, SHIPPED_DRAFTERS, plan, seed)
+
+
+def decoding(target: Transformer, models: Path, drafters: dict[str, tuple[str, dict[str, Any]]],
+             plan: CheckPlan, seed: int) -> dict[str, Any]:
+    """Greedy decoding of synthetic prompts with each of ``drafters`` (label -> registered drafter and
+    options) trained for ``target`` in ``models`` and with none: tokens/s, tau, speedup, and whether the
+    tokens equal vanilla's; a drafter that cannot be built is skipped with the reason."""
+    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
     has_draft = (models / "draft" / "config.json").is_file()
-    draft = load_model(models / "draft", torch.float32, device) if has_draft else None
+    draft = load_model(models / "draft", dtype, device) if has_draft else None
     prompts = synthetic_prompts(target, plan.prompts, seed)
     configs: dict[str, Callable[[], Any] | None] = {"vanilla": lambda: None}
     skipped = {}
-    for name, (kind, options) in SHIPPED_DRAFTERS.items():
+    for name, (kind, options) in drafters.items():
         def factory(kind: str = kind, options: dict = options) -> Any:
             folder = None if registry[kind].needs_draft_model else models / registry[kind].folder
             return make_drafter(kind, target, draft, folder=folder, **options)
@@ -178,8 +203,32 @@ def shipped(device: torch.device, plan: CheckPlan, models: Path, seed: int) -> d
     vanilla = rows[0]["tokens_per_second"]
     for row in rows:
         row["speedup"] = row["tokens_per_second"] / vanilla
-    return {"dtype": "float32", "prompts": len(prompts), "new_tokens": plan.new_tokens, "configs": rows,
-            "skipped": skipped, "all_equal": all(r["equal"] for r in rows)}
+    return {"dtype": str(dtype).removeprefix("torch."), "prompts": len(prompts),
+            "new_tokens": plan.new_tokens, "configs": rows, "skipped": skipped,
+            "all_equal": all(r["equal"] for r in rows)}
+
+
+def real_model(device: torch.device, plan: CheckPlan, source: Path, drafters: Path, dest: Path,
+               seed: int) -> dict[str, Any]:
+    """(f) The real model (``source``: its checkpoint folder, GGUF or parts manifest, converted into
+    ``dest``, ``gpu_real.real_checkpoint``) in bfloat16 on a GPU: greedy decoding with every drafter
+    trained for it (``drafters``; in 16 bits a near-tie may part an output from vanilla's, so the share
+    of equal outputs is the figure), and its cost profile with its own SpecBlock and EAGLE drafters
+    where they are trained (else random ones of their shape)."""
+    folder = real_checkpoint(source, dest)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target = load_model(folder, dtype, device)
+    decoded = decoding(target, drafters, REAL_DRAFTERS, plan, seed)
+    trained = {kind: (drafters / kind / "config.json").is_file() for kind in ("specblock", "eagle")}
+    specblock = (load_specblock(drafters / "specblock", target) if trained["specblock"]
+                 else SpecBlock.for_target(target, seed=seed).eval())
+    eagle = (load_eagle(drafters / "eagle", target)[0] if trained["eagle"]
+             else new_eagle(target, seed=seed).eval())
+    data = profile(plan, device, dtype, target, specblock, eagle, seed)
+    for kind in ("specblock", "eagle"):
+        weights = "trained for it" if trained[kind] else "random weights: timing only"
+        data["models"]["drafters"][kind] = f"{kind} for {folder.name} ({weights})"
+    return {"checkpoint": str(folder), "decoding": decoded, "profile": data}
 
 
 def random_target(plan: CheckPlan, device: torch.device, dtype: torch.dtype, seed: int
@@ -345,10 +394,14 @@ def slug(text: str) -> str:
 
 
 def check(device: str | None = None, tiny: bool = False, out: Path | None = None, models: Path = MODELS,
-          seed: int = 0) -> dict[str, Any]:
-    """Run every section on ``device`` (None: cuda when available, else cpu) and write the profile and the
-    results under ``out`` (None: ``$OUT`` when set, else the shipped folders); the results, whose
-    ``errors`` name each section that failed. InputError when ``tiny`` has no folder to write to."""
+          seed: int = 0, real: Path | None = None, real_drafters: Path = SMOLLM2.drafters,
+          work: Path | None = None) -> dict[str, Any]:
+    """Run every section on ``device`` (None: cuda when available, else cpu) and write the profiles and
+    the results under ``out`` (None: ``$OUT`` when set, else the shipped folders); the results, whose
+    ``errors`` name each section that failed. With ``real`` (a checkpoint folder, GGUF or parts
+    manifest of SmolLM2), also the real model's section, converted into ``work`` (default: where
+    converted models live, so that its draft model finds the target's embeddings). InputError when
+    ``tiny`` has no folder to write to."""
     out = out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     if tiny and out is None:
         raise InputError("--tiny writes a test profile: give --out DIR (or set $OUT)")
@@ -366,13 +419,23 @@ def check(device: str | None = None, tiny: bool = False, out: Path | None = None
         write_json(profile_path, data)
         return {"path": repo_relative(profile_path), "dtype": data["dtype"], "milliseconds": summary(data)}
 
+    def build_real(source: Path) -> dict[str, Any]:
+        real_plan = REAL_TINY if tiny else REAL
+        dest = work or models_home() / SMOLLM2.name
+        found = real_model(chosen, real_plan, source, real_drafters, dest, seed)
+        path = (out or PROFILES) / f"{slug(prof.device_name(chosen))}_{real_plan.name}.json"
+        write_json(path, found["profile"])
+        return {**found, "profile": repo_relative(path), "milliseconds": summary(found["profile"])}
+
     sections: dict[str, Callable[[], dict[str, Any]]] = {
         "environment": lambda: environment(chosen),
         "shipped": lambda: shipped(chosen, plan, models, seed),
         "profile": build,
         "overlap": lambda: overlap(plan, built["models"][0], built["models"][1], seed),
+        **({"real_model": lambda: build_real(real)} if real is not None else {}),
     }
-    config = {"device": str(chosen), "plan": plan.name, "dtype": str(dtype), "models": repo_relative(models)}
+    config = {"device": str(chosen), "plan": plan.name, "dtype": str(dtype), "models": repo_relative(models),
+              "real_model": None if real is None else str(real)}
     for section, run in sections.items():
         start = time.perf_counter()
         print(f"[gpu_check] {section}...", file=sys.stderr, flush=True)
@@ -396,9 +459,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for both files [default: $OUT]")
     parser.add_argument("--models", type=Path, default=MODELS, help="shipped models folder")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--real-model", type=Path, default=None,
+                        help="SmolLM2: its checkpoint folder, GGUF or .parts.json [default: not checked]")
+    parser.add_argument("--real-drafters", type=Path, default=SMOLLM2.drafters,
+                        help="the drafters trained for it [default: data/models/smollm2-135m]")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="where it is converted [default: runs/models/smollm2-135m]")
     args = parser.parse_args(argv)
     try:
-        results = check(args.device, args.tiny, args.out, args.models, args.seed)
+        results = check(args.device, args.tiny, args.out, args.models, args.seed, args.real_model,
+                        args.real_drafters, args.work)
     except InputError as err:
         parser.error(str(err))
     return 1 if results["errors"] else 0
