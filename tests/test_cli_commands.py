@@ -90,7 +90,7 @@ def test_gpu_check_runs_the_scripts_check_and_fails_with_its_sections(errors, cl
     monkeypatch.setattr(gpu_check, "check", check)
     argv = ["gpu-check", "--device", "cpu", "--tiny", "--out", str(tmp_path), "--json"]
     code, out, err = cli(argv)
-    assert calls == [("cpu", True, tmp_path, gpu_check.MODELS, 0)]
+    assert calls == [("cpu", True, tmp_path, gpu_check.MODELS, 0, None)]  # no --real-model
     assert json.loads(out) == results and out.count("\n") == 1
     assert code == (1 if errors else 0)
     assert ("profile: RuntimeError: out of memory" in err) == bool(errors)

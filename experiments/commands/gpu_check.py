@@ -19,6 +19,7 @@ from core.errors import InputError
 from core.models import SMOLLM2
 from core.paths import MODELS
 from experiments.cli import OUT_FOLDER, SEED, resolve_device
+from experiments.gpu_real import split_file
 
 
 @click.command("gpu-check")
@@ -56,8 +57,6 @@ def command(device: str | None, tiny: bool, out: Path | None, models: Path, seed
 
 def _pack(folder: Path) -> None:
     """SmolLM2's GGUF, from its installed wheel, in parts under ``folder``."""
-    from experiments.gpu_real import split_file
-
     gguf = SMOLLM2.wheel.installed_file() if SMOLLM2.wheel else None
     if gguf is None:
         raise InputError("SmolLM2's GGUF is not installed: run `specblock models fetch smollm2-135m` first")
