@@ -152,24 +152,41 @@ def _interval(values: np.ndarray, seed: int) -> list[float]:
     return interval(values[idx].mean(axis=1))
 
 
-def summarize(names: list[str], records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+def summarize(names: list[str], records: list[dict[str, Any]], seed: int,
+              rival: str | None = None) -> list[dict[str, Any]]:
     """Per engine and category (and pooled): mean tokens/s and the mean per-prompt ratio to this engine's
-    vanilla, with 95% bootstrap intervals over prompts; how often its tokens equal vanilla's."""
+    vanilla, with 95% bootstrap intervals over prompts; how often its tokens equal vanilla's; and, given a
+    ``rival`` engine (llama.cpp's vanilla on the quantized file, the one to beat), the mean per-prompt ratio
+    to its tokens/s, with its interval."""
     rows = []
     for category in (*sorted({r["category"] for r in records}), "pooled"):
         chosen = [r for r in records if category in ("pooled", r["category"])]
-        base = np.array([r["engines"]["specblock vanilla"]["tokens_per_second"] for r in chosen])
+
+        def speeds(name: str, chosen: list[dict[str, Any]] = chosen) -> np.ndarray:
+            return np.array([r["engines"][name]["tokens_per_second"] for r in chosen])
+
+        base = speeds("specblock vanilla")
         reference = [r["engines"]["specblock vanilla"]["tokens"] for r in chosen]
         for name in names:
-            tps = np.array([r["engines"][name]["tokens_per_second"] for r in chosen])
+            tps = speeds(name)
             same = [r["engines"][name]["tokens"] == ref for r, ref in zip(chosen, reference, strict=True)]
-            rows.append({"engine": name, "category": category, "prompts": len(chosen),
-                         "tokens_per_second": float(tps.mean()), "tokens_per_second_ci": _interval(tps, seed),
-                         "over_vanilla": float((tps / base).mean()),
-                         "over_vanilla_ci": _interval(tps / base, seed + 1),
-                         "new_tokens": fmean(r["engines"][name]["new_tokens"] for r in chosen),
-                         "same_tokens_as_vanilla": fmean(same)})
+            row = {"engine": name, "category": category, "prompts": len(chosen),
+                   "tokens_per_second": float(tps.mean()), "tokens_per_second_ci": _interval(tps, seed),
+                   "over_vanilla": float((tps / base).mean()),
+                   "over_vanilla_ci": _interval(tps / base, seed + 1),
+                   "new_tokens": fmean(r["engines"][name]["new_tokens"] for r in chosen),
+                   "same_tokens_as_vanilla": fmean(same)}
+            if rival is not None:
+                ratio = tps / speeds(rival)
+                row |= {"over_rival": float(ratio.mean()), "over_rival_ci": _interval(ratio, seed + 2)}
+            rows.append(row)
     return rows
+
+
+def rival_engine(names: Sequence[str]) -> str | None:
+    """The engine to beat: llama.cpp's vanilla decoding on the first (the registry's quantized) GGUF, when
+    llama.cpp ran."""
+    return next((n for n in names if n.startswith("llama.cpp ") and n.endswith(" vanilla")), None)
 
 
 def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
@@ -180,20 +197,29 @@ def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
              "tokens, "
              f"{config['threads']} threads, engines interleaved prompt by prompt. tokens/s counts the whole "
              "call (prefill included). 95% bootstrap intervals over prompts. \"Same tokens\" is the share of "
-             "prompts on which an engine emitted exactly our vanilla decoding's tokens.", ""]
+             "prompts on which an engine emitted exactly our vanilla decoding's tokens. \"Over\" columns: "
+             "the mean over prompts of the engine's tokens/s over the other's on the same prompt.", ""]
     lines += [f"- {name}: {kind}" for name, kind in results["engines"].items()]
     lines += [f"- note: {note}" for note in results["notes"]]
+    rival = results.get("rival")
     for category in dict.fromkeys(r["category"] for r in results["rows"]):
-        lines += ["", f"## {category}", "", "| engine | tokens/s | over our vanilla | mean new tokens "
-                  "| same tokens as our vanilla |", "|---|---:|---:|---:|---:|"]
-        for r in results["rows"]:
-            if r["category"] == category:
-                low, high = r["tokens_per_second_ci"]
-                rl, rh = r["over_vanilla_ci"]
-                lines.append(f"| {r['engine']} | {r['tokens_per_second']:.1f} [{low:.1f}, {high:.1f}] | "
-                             f"{r['over_vanilla']:.2f} [{rl:.2f}, {rh:.2f}] | {r['new_tokens']:.0f} | "
-                             f"{r['same_tokens_as_vanilla']:.0%} |")
+        rows = [_cells(r, rival) for r in results["rows"] if r["category"] == category]
+        lines += ["", f"## {category}", "", *md_table(_header(rival), rows)]
     return "\n".join(lines) + "\n"
+
+
+def _header(rival: str | None) -> list[str]:
+    return ["engine", "prompts", "tokens/s", "over our vanilla", *([f"over {rival}"] if rival else []),
+            "mean new tokens", "same tokens as our vanilla"]
+
+
+def _cells(row: dict[str, Any], rival: str | None) -> list[Any]:
+    """A row of the tables: figures with their intervals; the ratio to the rival where one ran."""
+    over_rival = [md_interval(row["over_rival"], row["over_rival_ci"], ".2f")] if rival else []
+    return [row["engine"], row["prompts"],
+            md_interval(row["tokens_per_second"], row["tokens_per_second_ci"], ".1f"),
+            md_interval(row["over_vanilla"], row["over_vanilla_ci"], ".2f"), *over_rival,
+            f"{row['new_tokens']:.0f}", f"{row['same_tokens_as_vanilla']:.0%}"]
 
 
 def f32_gguf(spec: ModelSpec) -> Path:
@@ -266,8 +292,9 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
                         "engines": measured})
         show(f"prompt {i + 1}/{len(chosen)} ({prompt.domain}): " + ", ".join(
             f"{n} {measured[n]['tokens_per_second']:.1f}" for n in names))
-    results = {"engines": {e.name: e.kind for e in engines}, "notes": notes,
-               "rows": summarize(names, records, seed), "per_prompt": records}
+    rival = rival_engine(names)
+    results = {"engines": {e.name: e.kind for e in engines}, "notes": notes, "rival": rival,
+               "rows": summarize(names, records, seed, rival), "per_prompt": records}
     config = {"model": spec.name, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
               "threads": threads, "lookup_tokens": LOOKUP_TOKENS, "domains": list(DOMAINS),
               "drafters": list(kinds)}
@@ -286,9 +313,8 @@ def _peers_command(name: str, config: Record) -> str:
 
 def _peers_body(record: Record) -> Lines:
     results = record["results"]
-    rows = [[r["engine"], r["prompts"], md_interval(r["tokens_per_second"], r["tokens_per_second_ci"], ".1f"),
-             md_interval(r["over_vanilla"], r["over_vanilla_ci"], ".2f"), f"{r['new_tokens']:.0f}",
-             f"{r['same_tokens_as_vanilla']:.0%}"] for r in results["rows"] if r["category"] == "pooled"]
+    rival = results.get("rival")
+    rows = [_cells(r, rival) for r in results["rows"] if r["category"] == "pooled"]
     notes = [f"Note: {note}" for note in results["notes"]]
     config = record["config"]
     return [f"Greedy, at most {config['new_tokens']} new tokens, {config['threads']} threads, engines "
@@ -297,8 +323,7 @@ def _peers_body(record: Record) -> Lines:
             "an engine emitted exactly our vanilla decoding's tokens: different kernels round differently, "
             "and a 16-bit model's rounding differs between a one-token step and a many-token verify, so "
             "greedy outputs part at near-ties.", *notes, "",
-            *md_table(["engine", "prompts", "tokens/s", "over our vanilla", "mean new tokens",
-                    "same tokens as our vanilla"], rows)]
+            *md_table(_header(rival), rows)]
 
 
 RENDERERS: dict[str, Renderer] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from benchmarks.peers import ours
+from benchmarks.peers import ours, rival_engine, summarize
 from core.models import folder_spec
 from real_engine.tokenizer import Tokenizer
 
@@ -24,3 +24,21 @@ def test_our_rows_run_the_models_trained_drafters_and_note_the_others(llama_dir:
     prompt = [5, 9, 13, 5, 9, 13, 5, 9]
     vanilla = engines[0].run(prompt)
     assert len(vanilla) > 0 and all(e.run(prompt) == vanilla for e in engines[1:])
+
+
+def test_summary_sets_each_engine_against_our_vanilla_and_the_rival_prompt_by_prompt() -> None:
+    def engine(tps: float, tokens: list[int]) -> dict[str, object]:
+        return {"tokens_per_second": tps, "tokens": tokens, "new_tokens": len(tokens)}
+
+    records = [{"category": c, "engines": {"specblock vanilla": engine(v, [1, 2]), "ours": engine(o, [1, 2]),
+                                           "llama.cpp Q4_1 vanilla": engine(r, [1, 3])}}
+               for c, v, o, r in (("chat", 10.0, 20.0, 40.0), ("code", 20.0, 30.0, 10.0))]
+    names = ["specblock vanilla", "ours", "llama.cpp Q4_1 vanilla"]
+    assert rival_engine(names) == "llama.cpp Q4_1 vanilla" and rival_engine(names[:2]) is None
+    rows = {(r["engine"], r["category"]): r for r in summarize(names, records, 0, rival_engine(names))}
+    pooled = rows[("ours", "pooled")]
+    assert pooled["over_vanilla"] == (2.0 + 1.5) / 2 and pooled["over_rival"] == (0.5 + 3.0) / 2
+    assert pooled["over_rival_ci"][0] <= pooled["over_rival"] <= pooled["over_rival_ci"][1]
+    assert rows[("ours", "chat")]["over_rival"] == 0.5 and rows[("ours", "chat")]["prompts"] == 1
+    assert rows[("llama.cpp Q4_1 vanilla", "pooled")]["same_tokens_as_vanilla"] == 0.0
+    assert "over_rival" not in summarize(names, records, 0)[0]

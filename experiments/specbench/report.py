@@ -202,18 +202,25 @@ def _config_label(row: Record) -> str:
         f" + {row['policy']}" if row.get("policy") else "")
 
 
+def _pooled(row: Record) -> str:
+    """A pooled row's speedup, with its interval where the file records one."""
+    ci = row.get("speedup_ci")
+    return interval(row["speedup"], ci, ".2f") if ci else f"{row['speedup']:.2f}x"
+
+
 def _bench_body(record: Record) -> Lines:
     rows = record["results"]["rows"]
     categories = list(record["config"]["categories"])
     speedups = {(_config_label(r), r["temperature"], r["category"]): r["speedup"] for r in rows}
-    lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all categories pooled, then per "
-             "category; tau: new tokens per target forward; draft ms: the drafter's time per iteration.", ""]
+    lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all categories pooled (with its 95% "
+             "interval over prompts), then per category; tau: new tokens per target forward; draft ms: the "
+             "drafter's time per iteration.", ""]
     out = []
     for r in (r for r in rows if r["category"] == "all"):
         label = _config_label(r)
         per_category = [speedups.get((label, r["temperature"], c)) for c in categories]
         out.append([f"{r['temperature']:g}", label, f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
-                    f"{r['speedup']:.2f}x", *("-" if s is None else f"{s:.2f}x" for s in per_category),
+                    _pooled(r), *("-" if s is None else f"{s:.2f}x" for s in per_category),
                     f"{r['draft_ms']:.2f}", "yes" if r.get("greedy_identical") else "-"])
     return lines + table(["T", "configuration", "tau", "tok/s", "speedup", *categories, "draft ms",
                           "greedy identical"], out)
