@@ -267,6 +267,26 @@ def test_the_report_sets_specblock_against_eagle() -> None:
     assert text.index("| trained | 0 | greedy | 1.20 (0.60x / 0.50x) | 0.50 (4.00 / 8.00) |") > deployed
 
 
+def test_the_results_page_names_the_fastest_configuration_per_temperature_and_category() -> None:
+    from experiments.specbench.report import RENDERERS  # the page's renderer, as the page imports it
+
+    def row(drafter: str, category: str, speedup: float, temperature: float = 0.0) -> dict:
+        return {"drafter": drafter, "shape": None if drafter == "none" else "tree", "verifier": "greedy",
+                "policy": None, "temperature": temperature, "category": category, "tau": 1.5,
+                "tokens_per_second": 50.0, "speedup": speedup, "speedup_ci": [speedup - 0.1, speedup + 0.1],
+                "draft_ms": 1.0}
+
+    rows = [row("none", "all", 1.0), row("none", "chat", 1.0), row("eagle", "all", 1.4),
+            row("eagle", "chat", 1.2), row("specblock", "all", 1.3), row("specblock", "chat", 1.6),
+            row("none", "all", 1.0, 1.0),
+            row("hf-vanilla", "all", 1.2, 1.0), row("medusa", "all", 0.9, 1.0)]
+    record = {"results": {"rows": rows}, "config": {"categories": {"chat": 1}}}
+    text = "\n".join(RENDERERS["bench"].body(record))
+    assert "| 0 | all | eagle/tree/greedy | 1.40 [1.30, 1.50] | 1.50 |" in text
+    assert "| 0 | chat | specblock/tree/greedy | 1.60 [1.50, 1.70] | 1.50 |" in text
+    assert "| 1 | all | medusa/tree/greedy | 0.90 [0.80, 1.00] | 1.50 |" in text  # vanilla is no candidate
+
+
 def test_a_trained_drafter_deploying_a_chain_is_verified_as_a_chain_at_temperature_one() -> None:
     from experiments.specbench.run import Settings, plan
 

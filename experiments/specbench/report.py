@@ -9,6 +9,7 @@ from typing import Any
 
 from core.files import atomic_write, write_text
 from core.models import TOY, registry
+from core.names import VANILLA
 from experiments.cli import model_result
 from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, pairs, table
 
@@ -203,7 +204,7 @@ def _config_label(row: Record) -> str:
 
 
 def _pooled(row: Record) -> str:
-    """A pooled row's speedup, with its interval where the file records one."""
+    """A row's speedup, with its interval where the file records one."""
     ci = row.get("speedup_ci")
     return interval(row["speedup"], ci, ".2f") if ci else f"{row['speedup']:.2f}x"
 
@@ -222,8 +223,23 @@ def _bench_body(record: Record) -> Lines:
         out.append([f"{r['temperature']:g}", label, f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
                     _pooled(r), *("-" if s is None else f"{s:.2f}x" for s in per_category),
                     f"{r['draft_ms']:.2f}", "yes" if r.get("greedy_identical") else "-"])
-    return lines + table(["T", "configuration", "tau", "tok/s", "speedup", *categories, "draft ms",
-                          "greedy identical"], out)
+    return [*lines, *table(["T", "configuration", "tau", "tok/s", "speedup", *categories, "draft ms",
+                            "greedy identical"], out), "", *_fastest(rows)]
+
+
+def _fastest(rows: Sequence[Record]) -> Lines:
+    """The fastest configuration by temperature and category (pooled first), with its interval and tau:
+    what the bench says to deploy, and the figure a speedup goal is read against."""
+    best: dict[tuple[float, str], Record] = {}
+    for r in (r for r in rows if r["drafter"] not in (VANILLA, "hf-vanilla")):
+        key = (r["temperature"], r["category"])
+        if key not in best or r["speedup"] > best[key]["speedup"]:
+            best[key] = r
+    order = sorted(best, key=lambda k: (k[0], k[1] != "all", k[1]))
+    return ["The fastest configuration by temperature and category:", "",
+            *table(["T", "category", "fastest", "speedup", "tau"],
+                   [[f"{t:g}", c, _config_label(best[t, c]), _pooled(best[t, c]), f"{best[t, c]['tau']:.2f}"]
+                    for t, c in order])]
 
 
 def _shapes_command(name: str, config: Record) -> str:
