@@ -70,9 +70,11 @@ def ours(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int, dra
     draft = None
 
     def run(drafter: str) -> Callable[[list[int]], list[int]]:
+        # built once, outside the timed calls (as llama.cpp's model is): loading weights is no decoding
+        folder = spec.drafter_folder(drafter) if drafter in registry else None
+        speculator = make_drafter(drafter, model, draft, folder=folder)
+
         def call(ids: list[int]) -> list[int]:
-            folder = spec.drafter_folder(drafter) if drafter in registry else None
-            speculator = make_drafter(drafter, model, draft, folder=folder)
             with torch.inference_mode():
                 out = generate(model, ids, drafter=speculator, max_new_tokens=new_tokens,
                                eos_id=tokenizer.eos_id)

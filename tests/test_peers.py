@@ -6,24 +6,32 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
+from benchmarks import peers
 from benchmarks.peers import ours, rival_engine, summarize
 from core.models import folder_spec
+from real_engine.decode import make_drafter
 from real_engine.tokenizer import Tokenizer
 
 
-def test_our_rows_run_the_models_trained_drafters_and_note_the_others(llama_dir: Path, draft_dir: Path,
-                                                                       tmp_path: Path) -> None:
+def test_our_rows_run_the_models_trained_drafters_and_note_the_others(
+        llama_dir: Path, draft_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "model"
     shutil.copytree(llama_dir, folder)
     shutil.copytree(draft_dir, folder / "drafters" / "draft")
     spec = folder_spec(folder)
     notes: list[str] = []
+    built = []
+    monkeypatch.setattr(peers, "make_drafter", lambda *a, **k: built.append(a[0]) or make_drafter(*a, **k))
     engines = ours(spec, "float32", Tokenizer.load(folder), 12, ("draft-model", "eagle"), notes)
+    assert built == ["none", "ngram", "draft-model"]  # each drafter built once, before any timed call
     assert [e.name for e in engines] == ["specblock vanilla", "specblock n-gram", "specblock draft-model"]
     assert len(notes) == 1 and notes[0].startswith("eagle:") and "specblock train eagle" in notes[0]
     prompt = [5, 9, 13, 5, 9, 13, 5, 9]
     vanilla = engines[0].run(prompt)
     assert len(vanilla) > 0 and all(e.run(prompt) == vanilla for e in engines[1:])
+    assert all(e.run(prompt) == vanilla for e in engines) and len(built) == 3  # reused: no build per call
 
 
 def test_summary_sets_each_engine_against_our_vanilla_and_the_rival_prompt_by_prompt() -> None:
