@@ -82,7 +82,7 @@ def _parity_body(record: Record) -> Lines:
 
 
 RENDERERS: dict[str, Renderer] = {
-    "gguf_parity": Renderer("The real model: parity with transformers' GGUF loader", _parity_command,
+    "gguf_parity": Renderer("Parity with transformers' GGUF loader", _parity_command,
                             _parity_body),
 }
 """How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

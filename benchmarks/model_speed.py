@@ -335,7 +335,7 @@ def _model_speed_body(record: Record) -> Lines:
 
 
 RENDERERS: dict[str, Renderer] = {
-    "model_speed": Renderer("The real model: engine speed and memory bandwidth", _model_speed_command,
+    "model_speed": Renderer("Engine speed and memory bandwidth", _model_speed_command,
                             _model_speed_body),
 }
 """How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

@@ -329,6 +329,6 @@ def _peers_body(record: Record) -> Lines:
 
 
 RENDERERS: dict[str, Renderer] = {
-    "peers": Renderer("The real model: the peers a CPU user would pick", _peers_command, _peers_body),
+    "peers": Renderer("The peers a CPU user would pick", _peers_command, _peers_body),
 }
 """How its results read on docs/results.md (``experiments.results.renderers`` collects them)."""

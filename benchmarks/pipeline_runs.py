@@ -3,7 +3,9 @@ times in fresh processes, as ``make run`` runs it, and each run's fidelity error
 worst policy, rank agreement, and the adaptive policies against the best fixed length, side by side.
 Saves ``benchmarks/results/<tag>.json`` (every run's summary, with provenance) and ``<tag>.md``.
 
-    specblock benchmark pipeline_runs [--runs 3] [--full] [--tag pipeline_quick]
+    specblock benchmark pipeline_runs [--runs 3] [--full] [--model smollm2-135m] [--tag pipeline_quick]
+
+A model other than the shipped toy family writes ``pipeline_quick_<model>`` (``pipeline_full_<model>``).
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ import click
 from benchmarks.output import finish
 from core.errors import InputError
 from core.files import write_text
+from core.models import TOY, ModelSpec
 from core.paths import RESULTS
-from experiments.cli import OUT_FOLDER
+from experiments.cli import OUT_FOLDER, model_arg, model_option, model_result
 from experiments.provenance import save_result
 from experiments.report_format import Lines, Record, Renderer, benchmark, flag, interval, table
 
 
-def run_once(out: Path, full: bool) -> dict[str, Any]:
-    """One pipeline run in its own process; its ``--json`` summary."""
-    command = [sys.executable, "-m", "experiments.cli", "pipeline", "--out", str(out), "--json"]
+def run_once(out: Path, full: bool, model: str) -> dict[str, Any]:
+    """One pipeline run of ``model`` (as ``--model`` takes it) in its own process; its ``--json`` summary."""
+    command = [sys.executable, "-m", "experiments.cli", "pipeline", "--model", model, "--out", str(out),
+               "--json"]
     proc = subprocess.run([*command, *([] if full else ["--quick"])], capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
@@ -81,23 +85,29 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 @click.command("pipeline_runs")
 @click.option("--runs", type=int, default=3, show_default=True, help="Consecutive pipeline runs.")
 @click.option("--full", is_flag=True, help="The full pipeline instead of --quick.")
-@click.option("--tag", default=None, help="Results name [pipeline_quick or pipeline_full].")
+@model_option("The model every run works on.")
+@click.option("--tag", default=None,
+              help="Results name [pipeline_quick or pipeline_full, with _<model> for a model other than the "
+                   "toy family].")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for TAG.json and TAG.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every run's figures.")
-def command(runs: int, full: bool, tag: str | None, out: Path, as_json: bool) -> None:
+def command(runs: int, full: bool, model: ModelSpec, tag: str | None, out: Path, as_json: bool) -> None:
     """The main job's fidelity, run after run: `specblock pipeline` several times in fresh processes."""
     if runs < 1:
         raise InputError(f"--runs {runs}: give 1 or more")
-    tag = tag or ("pipeline_full" if full else "pipeline_quick")
-    invocation = f"specblock pipeline{'' if full else ' --quick'}"
+    model.require()  # a model not fetched yet fails here, not in the first run
+    name = model_arg(model)
+    tag = tag or model_result("pipeline_full" if full else "pipeline_quick", model.name)
+    invocation = f"specblock pipeline{'' if full else ' --quick'}{flag('--model', name, TOY.name)}"
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for i in range(runs):
             click.echo(f"run {i + 1}/{runs}: {invocation}", err=True)
-            rows.append(row(run_once(Path(folder) / f"run{i}", full)))
+            rows.append(row(run_once(Path(folder) / f"run{i}", full, name)))
             click.echo(f"  fidelity error {rows[-1]['fidelity_error']:.1%}", err=True)
-    saved = save_result(tag, rows, {"command": invocation, "runs": runs}, seed=0, directory=out)
+    saved = save_result(tag, rows, {"command": invocation, "runs": runs, "model": model.name}, seed=0,
+                        directory=out)
     table = write_text(out / f"{tag}.md", markdown(rows, invocation))
     if not as_json:
         click.echo(markdown(rows, invocation))
@@ -108,10 +118,11 @@ def command(runs: int, full: bool, tag: str | None, out: Path, as_json: bool) ->
 
 
 def _pipeline_command(name: str, config: Record) -> str:
-    full = config["command"] == "specblock pipeline"
-    default = "pipeline_full" if full else "pipeline_quick"
+    full = not config["command"].startswith("specblock pipeline --quick")
+    model = config.get("model", TOY.name)
+    default = model_result("pipeline_full" if full else "pipeline_quick", model)
     return (f"{benchmark('pipeline_runs')} --runs {config['runs']}{' --full' if full else ''}"
-            f"{flag('--tag', name, default)}")
+            f"{flag('--model', model, TOY.name)}{flag('--tag', name, default)}")
 
 
 def _pipeline_body(record: Record) -> Lines:

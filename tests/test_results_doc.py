@@ -141,3 +141,29 @@ def test_an_out_under_a_file_is_refused_in_one_line(results_dir: Path, tmp_path:
 def test_committed_page_is_the_generators_output():
     assert PAGE.read_text() == render(RESULTS, "../benchmarks/results"), \
         "docs/results.md is stale or hand-edited: run `specblock results`"
+
+
+def test_pipeline_runs_of_another_model_name_it_in_their_command():
+    from benchmarks.pipeline_runs import _pipeline_command  # the benchmark's own renderer
+
+    quick = {"command": "specblock pipeline --quick --model smollm2-135m", "runs": 3, "model": "smollm2-135m"}
+    full = {"command": "specblock pipeline --model smollm2-135m", "runs": 1, "model": "smollm2-135m"}
+    toy = {"command": "specblock pipeline", "runs": 1}  # written before files named their model
+    assert (_pipeline_command("pipeline_quick_smollm2-135m", quick)
+            == "specblock benchmark pipeline_runs --runs 3 --model smollm2-135m")
+    assert (_pipeline_command("pipeline_full_smollm2-135m", full)
+            == "specblock benchmark pipeline_runs --runs 1 --full --model smollm2-135m")
+    assert _pipeline_command("pipeline_full", toy) == "specblock benchmark pipeline_runs --runs 1 --full"
+    assert family("pipeline_quick_smollm2-135m") == "pipeline"
+
+
+def test_the_page_leads_with_the_real_model(results_dir: Path):
+    real = record({"command": "specblock pipeline --quick --model smollm2-135m", "runs": 1,
+                   "model": "smollm2-135m"}, [pipeline_run(0.08)], PIPELINE_COMMIT)
+    (results_dir / "pipeline_quick_smollm2-135m.json").write_text(json.dumps(real))
+    page = render(results_dir, "results")
+    parts = [line for line in page.splitlines() if line.startswith("## ")]
+    assert parts[0].startswith("## `smollm2-135m`: SmolLM2-135M-Instruct")
+    assert parts[1].startswith("## `toy-16m`: ") and parts[-1] == "## Other files"
+    assert page.index("#### pipeline_quick_smollm2-135m") < page.index("#### pipeline_quick\n")
+    assert "`specblock benchmark pipeline_runs --runs 1 --model smollm2-135m`" in page
