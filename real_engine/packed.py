@@ -15,7 +15,10 @@ in-place update, a new tensor or a move repacks it at the next call.
 A bfloat16 model runs its linears on oneDNN with weights reordered once into its blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``, the layout inductor's CPU freezing uses): torch's default
 bfloat16 linear is several times slower at one to a few rows (``benchmarks/cpu_linear.py``), and the
-reordered product computes the same numbers. It needs no mark: the weights are already bfloat16.
+reordered product computes the same numbers. It needs no mark: the weights are already bfloat16. A
+float32 model whose checkpoint holds float32 weights (a GGUF's F32 tensors) runs the same way on its
+float32 weights, reordered, not rounded: torch's default (MKL) float32 linear at one to a few rows is
+likewise the slow one (``benchmarks/cpu_linear.py`` times both).
 
 A small decode step costs more in calls than in arithmetic (each product and its checks cost a fixed
 overhead per call), so ``Fused`` runs linears that share an input (query, key and value; gate and
@@ -40,18 +43,19 @@ warnings.filterwarnings("ignore", message="fbgemm_.*is deprecated")
 FBGEMM = (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")
           and "fbgemm" in torch.backends.quantized.supported_engines
           and torch.backends.cpu.get_cpu_capability() != "DEFAULT")
-ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+ONEDNN = torch.backends.mkldnn.is_available()
+ONEDNN_BF16 = ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 ONEDNN_ROWS = 1  # the row count oneDNN's reorder is told to expect (it serves every count)
 
 
 def _kind(layer: Linear, x: torch.Tensor) -> str | None:
     """Which prepacked kernel serves ``layer`` on input ``x``: "fp16" (FBGEMM, a half-marked layer on
-    float32), "bf16" (oneDNN, a bfloat16 layer) or None (torch's own linear: training, another device or
-    dtype, an empty input)."""
+    float32), "fp32" (oneDNN, any other float32 layer), "bf16" (oneDNN, a bfloat16 layer) or None
+    (torch's own linear: training, another device or dtype, an empty input)."""
     if torch.is_grad_enabled() or not x.is_cpu or x.numel() == 0:
         return None
     if x.dtype is torch.float32:
-        return "fp16" if layer.packs_half else None
+        return "fp16" if layer.packs_half else "fp32" if ONEDNN else None
     if x.dtype is torch.bfloat16 and ONEDNN_BF16:
         return "bf16"
     return None
@@ -59,7 +63,7 @@ def _kind(layer: Linear, x: torch.Tensor) -> str | None:
 
 def _run(kind: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The product of ``x`` and a pack of kind ``kind`` (see ``_kind``)."""
-    if kind == "bf16":
+    if kind != "fp16":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed, bias)
     return y.view(*x.shape[:-1], y.shape[-1])
@@ -98,8 +102,8 @@ class _Pack:
     def _repack(self, layers: tuple[Linear, ...], kind: str) -> tuple[str, torch.Tensor] | None:
         weights = [m.weight for m in layers]
         self.sources, self.tensor, self.kind = [], None, None
-        wanted = torch.float32 if kind == "fp16" else torch.bfloat16
-        if not all(w.dtype is wanted and (kind == "bf16" or m.packs_half)
+        wanted = torch.bfloat16 if kind == "bf16" else torch.float32
+        if not all(w.dtype is wanted and (kind != "fp16" or m.packs_half)
                    for m, w in zip(layers, weights, strict=True)):
             return None
         stacked = torch.cat([w.detach() for w in weights])
@@ -116,8 +120,8 @@ class _Pack:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` with the same parameters and state dict, packed in fp16 for CPU inference once
-    ``packs_half`` is set."""
+    """``nn.Linear`` with the same parameters and state dict, packed for CPU inference: in fp16 once
+    ``packs_half`` is set, else reordered in its own dtype (``_kind``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""Packed half-precision linears: the same function as nn.Linear on fp16 weights, repacked on every change."""
+"""Packed linears: the same function as nn.Linear (on fp16 weights for a half-marked layer, on its own float32
+weights otherwise), repacked on every change."""
 
 import copy
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from real_engine.model import ModelArgs, Transformer, load_model, save_model
-from real_engine.packed import FBGEMM, Fused, Linear, prepack, use_half
+from real_engine.packed import FBGEMM, ONEDNN, Fused, Linear, prepack, use_half
 
 pytestmark = pytest.mark.skipif(not FBGEMM, reason="FBGEMM's fp16 kernel needs an x86 CPU with AVX2")
 
@@ -37,10 +38,24 @@ def test_training_and_unmarked_layers_use_plain_linear() -> None:
     assert layer._packed(x) is None  # autograd on
     layer(x).sum().backward()
     assert layer.weight.grad is not None
-    plain = Linear(64, 48)
     with torch.no_grad():
-        assert plain._packed(x) is None
         assert layer._packed(x.double()) is None
+
+
+@pytest.mark.skipif(not ONEDNN, reason="oneDNN is not in this torch build")
+@pytest.mark.parametrize("rows", [1, 5])
+def test_unmarked_float32_layers_pack_their_own_weights_unrounded(rows: int) -> None:
+    torch.manual_seed(0)
+    plain = Linear(64, 48, bias=True)
+    with torch.no_grad():
+        plain.weight.add_(2.0**-20)  # float32 holds it, fp16 does not: a rounding pack would lose it
+        plain.weight[0].fill_(1.0 + 2.0**-20)
+    x = torch.ones(rows, 64)
+    with torch.inference_mode():
+        assert plain._packed(x)[0] == "fp32"
+        out = plain(x)
+    torch.testing.assert_close(out, F.linear(x, plain.weight, plain.bias), atol=1e-5, rtol=1e-6)
+    assert not torch.equal(out[:, 0], (x @ plain.weight.half().float().T + plain.bias)[:, 0])
 
 
 def test_in_place_update_and_copy_repack() -> None:
