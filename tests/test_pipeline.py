@@ -40,6 +40,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def test_smoke_pipeline_writes_every_step_and_the_summary(smoke_run: tuple[Path, dict]) -> None:
     out, summary = smoke_run
     assert summary["run_dir"] == str(out.resolve())
+    assert summary["model"] == "toy-16m"  # the model it ran, named as --model takes it
     assert set(summary["steps"]) == set(STEPS)
     for name in (
         "models.json",

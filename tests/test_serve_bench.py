@@ -149,3 +149,16 @@ def test_steering_fit_reads_a_line_through_the_iterations() -> None:
     assert steering_fit(rows) == pytest.approx((0.002, 0.0005))
     assert steering_fit([(4, 0.002), (4, 0.004)]) == pytest.approx((0.0, 0.00075))  # all per question
     assert steering_fit([(1, 0.001), (5, 0.009)])[0] == 0.0  # an intercept below zero is kept at zero
+
+
+def test_the_results_page_names_the_model_and_its_steering_profile() -> None:
+    from experiments.serving.report import bench_command  # the renderer docs/results.md runs
+
+    toy = {"rates": [4.0, 12.0], "requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "prompts": 8,
+           "lengths": "fixed", "steering_profile": "data/profiles/cpu_serve.json"}
+    assert bench_command("serve_bench", toy) == "specblock serve-bench --rates 4,12 --lengths fixed"
+    real = {**toy, "model": "smollm2-135m", "lengths": "dataset",
+            "steering_profile": "data/profiles/smollm2-135m/cpu.json"}
+    assert bench_command("serve_bench_smollm2-135m", real) == (
+        "specblock serve-bench --model smollm2-135m --steering-profile data/profiles/smollm2-135m/cpu.json "
+        "--rates 4,12 --lengths dataset")

@@ -248,6 +248,7 @@ def run(
     prompts: Path = TOY.prompts,
     model: str | None = None,
     domains: Sequence[str] = DOMAINS,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """The whole experiment (see the module doc) for ``policies`` (name -> policy-file content;
     default ``POLICIES``), written under ``results``; returns the saved result. With ``overlap`` updates
@@ -265,7 +266,7 @@ def run(
     phases = phase_counts(plan, domains)  # a plan the domains cannot take is refused before any loading
 
     torch.set_num_threads(1)
-    target = load_model(model_dir)
+    target = load_model(model_dir, getattr(torch, dtype))
     tokenizer = Tokenizer.load(model_dir)
     count = max(sum(counts[d] for counts in phases) for d in domains)  # every query of a domain at most
     held = [p for part in ("evaluation", "calibration")

@@ -63,7 +63,7 @@ def command(model: ModelSpec, drafter_dir: Path | None, profile_path: Path | Non
     domains = model_domains(model)
     result = run(model_dir, drafter_dir, profile_path, QUICK_PLAN if quick else DEFAULT_PLAN, seed, name,
                  results=out, overlap=overlap, prompts=model_prompts(model, domains), model=model.name,
-                 domains=domains)
+                 domains=domains, dtype=model.dtype)
     figures = result["figures"]
     files = {suffix: str(out / f"{name}.{suffix}") for suffix in ("json", "md", "png")}
     if as_json:

@@ -76,8 +76,9 @@ def command(model: ModelSpec, draft_dir: Path | None, profile_path: Path | None,
         profile_path = model_profile(model, profile_path)
     torch.set_num_threads(threads)
     profile = None if fresh_path is not None else load_profile(profile_path)  # a bad file fails first
-    target = load_model(model_dir)
-    draft = load_model(draft_dir) if (draft_dir / "config.json").is_file() else None
+    dtype = getattr(torch, model.dtype)
+    target = load_model(model_dir, dtype)
+    draft = load_model(draft_dir, dtype) if (draft_dir / "config.json").is_file() else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     engine = Engine(target, draft, tokenizer.eos_id, max_new_tokens, seed, model)
     prompt_sets = model_prompts(model)

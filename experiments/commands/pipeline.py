@@ -36,7 +36,9 @@ def _latest() -> Path:
     default=None,
     help="Run folder [default: runs/pipeline/<date-time>; with --resume, the latest one].",
 )
-@click.option("--quick", is_flag=True, help="Small sizes: the whole loop within 5 minutes on 2 CPU cores.")
+@click.option("--quick", is_flag=True,
+              help="Small sizes: the whole loop within 10 minutes on 2 CPU cores on the real model "
+              "(`make run`), 5 on the toy family.")
 @click.option("--smoke", is_flag=True,
               help="The fewest prompts and queries that still run every step (under a minute; the tests): "
               "a check that it works, not a measurement.")

@@ -15,7 +15,15 @@ from core.errors import InputError
 from core.files import write_text
 from core.models import TOY, ModelSpec
 from core.paths import RESULTS, SERVE_BENCH_RUNS, SERVE_POLICIES, repo_relative
-from experiments.cli import OUT_FOLDER, SEED, drafter_folder, model_arg, model_option, model_prompts
+from experiments.cli import (
+    OUT_FOLDER,
+    SEED,
+    drafter_folder,
+    model_arg,
+    model_option,
+    model_prompts,
+    model_result,
+)
 from experiments.serving.lengths import CONTEXT_TOKENS, LENGTHS, MIN_OUTPUT, default_lengths, servable
 
 QUICK = {"rates": "8", "requests": 12, "tokens": 32, "rounds": 3, "prompts": 4}
@@ -97,7 +105,9 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
               help="One rate (8/s), 12 requests of at most 32 new tokens, 3 rounds, 4 prompts per domain, "
                    "written to runs/serve-bench unless --out is given: about a minute.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--name", default="serve_bench", show_default=True, help="Result file name.")
+@click.option("--name", default=None,
+              show_default="serve_bench, with _<model> for a model other than the toy family",
+              help="Result file name.")
 @click.option("--out", type=OUT_FOLDER, default=None,
               help="Folder for <name>.json and <name>.md [default: benchmarks/results; with --quick, "
                    "runs/serve-bench].")
@@ -105,8 +115,9 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
 def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int,
             lengths: str | None, rounds: int, max_batch: int, prompts: int, steering_path: Path | None,
             profile_path: Path | None, profile_out: Path | None, profile_repeats: int, threads: int,
-            quick: bool, seed: int, name: str, out: Path | None, as_json: bool) -> None:
+            quick: bool, seed: int, name: str | None, out: Path | None, as_json: bool) -> None:
     """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
+    name = name or model_result("serve_bench", model.name)
     if quick:
         rates, requests, tokens, rounds, prompts = (
             QUICK[k] for k in ("rates", "requests", "tokens", "rounds", "prompts"))
@@ -146,7 +157,8 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     steering = load_profile(steering_path)  # bad files fail first
     profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
-    target, draft = load_model(model_dir), load_model(draft_dir)
+    dtype = getattr(torch, model.dtype)
+    target, draft = load_model(model_dir, dtype), load_model(draft_dir, dtype)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     prompt_sets = model_prompts(model)
     domains = prompt_domains(prompt_sets)

@@ -66,9 +66,11 @@ def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     lp = lp_table(quick, seed)
     write_json(out / "lp.json", lp)
     rows = deploy["policies"]
+    models = read_json(out / "models.json", MAX_RECORD_BYTES, "models record", "resume the run")
     lines = [
         "# specblock pipeline report",
         "",
+        f"Model `{models['model']}` (target {models['target']}, draft {models['draft']}). "
         f"Run folder `{out}`; clock `{deploy['clock']}`; {deploy['prompts']} held-out prompts; predictions "
         f"from `{deploy['profile']}`, measured in the same process right before the live runs. Intervals "
         "are 95% bootstrap intervals: over held-out prompts for measurements, over the recorded "

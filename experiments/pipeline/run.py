@@ -148,10 +148,11 @@ class Run:
         if self.loaded is None:
             if self.plan.clock == "cpu":
                 torch.set_num_threads(1)
-            target = load_model(self.model_dir)
+            dtype = getattr(torch, self.model.dtype)
+            target = load_model(self.model_dir, dtype)
             self.loaded = {
                 "target": target,
-                "draft": load_model(self.draft_dir),
+                "draft": load_model(self.draft_dir, dtype),
                 "tokenizer": Tokenizer.load(self.model_dir, target.args.vocab_size, target.args.eos_token_id),
             }
         return self.loaded
@@ -218,6 +219,7 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
         draft_name=prof.model_name(m["draft"], run.draft_dir),
         grid=grid,
         feature=not plan.quick,
+        dtype=run.model.dtype,
         threads=1 if plan.clock == "cpu" else None,
         clock_kind=plan.clock,
         seed=plan.seed,
@@ -421,6 +423,7 @@ def _adaptation(run: Run) -> dict[str, Any]:
             prompts=model_prompts(run.model, domains),
             model=run.model.name,
             domains=domains,
+            dtype=run.model.dtype,
         )
     except InputError as err:
         return {"skipped": str(err)}
@@ -566,6 +569,7 @@ def run_pipeline(
         age = measurement_age(run.path("cost_profile.json"))
     return {
         "run_dir": str(out),
+        "model": model.name,
         "seconds": round(time.perf_counter() - start, 2),
         "steps": {k: v["seconds"] for k, v in state["steps"].items()},
         "profile_age_hours": None if age is None else round(age / 3600, 3),

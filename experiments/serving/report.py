@@ -3,6 +3,9 @@ and for docs/results.md (``RENDERERS``)."""
 
 from __future__ import annotations
 
+from core.models import TOY, registry
+from core.paths import repo_relative
+from experiments.cli import model_result
 from experiments.report_format import Lines, Record, Renderer, flag, interval, listed, table
 
 BENCH_DEFAULTS = {"requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "prompts": 8}
@@ -10,15 +13,21 @@ BENCH_DEFAULTS = {"requests": 16, "tokens": 32, "rounds": 4, "max_batch": 4, "pr
 
 def bench_command(name: str, config: Record) -> str:
     """The serve-bench command line that writes results file ``name`` with ``config``."""
+    model = config.get("model", TOY.name)  # files written before configs named their model: the toy's
+    spec = registry.get(model)
+    steering = None if spec is None or spec.serve_profile is None else repo_relative(spec.serve_profile)
     lengths = f" --lengths {config['lengths']}"  # its default depends on the prompt sets: always named
+    model_flags = (flag("--model", model, TOY.name)
+                   + flag("--steering-profile", config.get("steering_profile", steering), steering))
+    default_name = model_result("serve_bench", model)
     if config.get("quick"):
-        return f"specblock serve-bench --quick{lengths}{flag('--name', name, 'serve_bench')}"
-    line = f"specblock serve-bench --rates {listed(config['rates'])}"
+        return f"specblock serve-bench{model_flags} --quick{lengths}{flag('--name', name, default_name)}"
+    line = f"specblock serve-bench{model_flags} --rates {listed(config['rates'])}"
     for key, default in BENCH_DEFAULTS.items():
         line += flag(f"--{key.replace('_', '-')}", config[key], default)
     line += lengths
     line += "".join(f" --policy {path}" for path in config.get("policy_files", []))
-    return line + flag("--name", name, "serve_bench")
+    return line + flag("--name", name, default_name)
 
 
 def _ratio(cell: Record | None) -> str:
