@@ -221,9 +221,9 @@ def _line(row: dict[str, Any]) -> str:
             f"{row['verify_over_step']['16']['mean']:.2f}x a step")
 
 
-def _ci(s: dict[str, Any], fmt: str = "{:.1f}", scale: float = 1.0) -> str:
-    low, high = s["ci"]
-    return f"{fmt.format(s['mean'] / scale)} [{fmt.format(low / scale)}, {fmt.format(high / scale)}]"
+def _ci(summary: Record, fmt: str = ".1f", scale: float = 1.0) -> str:
+    """A summary's mean with its 95% interval, each divided by ``scale``."""
+    return md_interval(summary["mean"] / scale, [c / scale for c in summary["ci"]], fmt)
 
 
 def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
@@ -241,16 +241,16 @@ def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
         hf = row.get("hf_tokens_per_second")
         lines.append(f"| {row['dtype']} | {row['context']} | {_ci(row['ours_tokens_per_second'])} | "
                      f"{_ci(hf) if hf else '-'} | "
-                     f"{_ci(row['speedup_over_hf'], '{:.2f}') if hf else '-'} | "
+                     f"{_ci(row['speedup_over_hf'], '.2f') if hf else '-'} | "
                      f"{row['bytes_per_token']['total'] / 1e6:.0f} | "
-                     f"{_ci(row['bandwidth_fraction_copy'], '{:.2f}')} | "
-                     f"{_ci(row['bandwidth_fraction_read'], '{:.2f}')} |")
+                     f"{_ci(row['bandwidth_fraction_copy'], '.2f')} | "
+                     f"{_ci(row['bandwidth_fraction_read'], '.2f')} |")
     lines += ["", "Verifying a draft of n nodes (the root and n tokens in one forward) over one plain step:",
               "", "| dtype | context | step ms | " + " | ".join(f"{n} nodes" for n in TREE_NODES) + " |",
               "|---|---:|---:|" + "---:|" * len(TREE_NODES)]
     for row in results["rows"]:
-        cells = " | ".join(_ci(row["verify_over_step"][str(n)], "{:.2f}") for n in TREE_NODES)
-        lines.append(f"| {row['dtype']} | {row['context']} | {_ci(row['step_ms'], '{:.2f}')} | {cells} |")
+        cells = " | ".join(_ci(row["verify_over_step"][str(n)], ".2f") for n in TREE_NODES)
+        lines.append(f"| {row['dtype']} | {row['context']} | {_ci(row['step_ms'], '.2f')} | {cells} |")
     for row in results["rows"]:
         head = f"One step's ops, {row['dtype']} at context {row['context']} (torch profiler, self time):"
         lines += ["", head, "", "| op | ms per step | calls per step | share |", "|---|---:|---:|---:|"]
@@ -308,15 +308,10 @@ def _model_speed_command(name: str, config: Record) -> str:
             f"{flag('--rounds', config['rounds'], 5)}{flag('--threads', config['threads'], 2)}")
 
 
-def _ci(summary: Record, fmt: str) -> str:
-    return md_interval(summary["mean"], summary["ci"], fmt)
-
-
 def _model_speed_body(record: Record) -> Lines:
     results = record["results"]
     bw = results["bandwidth"]
-    copy, read = (md_interval(bw[k]["mean"] / 1e9, [c / 1e9 for c in bw[k]["ci"]], ".1f")
-                  for k in ("copy", "read"))
+    copy, read = (_ci(bw[k], scale=1e9) for k in ("copy", "read"))
     lines = [f"Vanilla greedy decoding; bandwidth measured in the same rounds: a 1 GiB copy {copy} GB/s "
              f"(bytes copied over time), a 1 GiB read-only sum {read} GB/s. The fraction "
              "is the bytes a step must read (weights as its kernels read them, and the KV cache) over its "
