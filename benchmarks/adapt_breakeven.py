@@ -24,7 +24,8 @@ by its kind's measured factor, as ``specblock adapt-live --overlap`` runs them. 
 (``benchmarks/results/adapt_live*.json`` that name it) sit on the map of their mode (overlapped or
 waited) at their re-timed update cost over the profile's and their stream length, and again where an
 update costs as many of the map's queries as of theirs.
-Writes ``adapt_breakeven.json`` (``_quick`` with ``--quick``), ``.md`` and ``.png``.
+Writes ``adapt_breakeven.json`` (``adapt_breakeven_<model>`` for a model other than the toy family;
+``_quick`` with ``--quick``), ``.md`` and ``.png``.
 
     specblock benchmark adapt_breakeven [--quick] [--model NAME|DIR] [--profile FILE] [--out DIR] [--json]
 """
@@ -56,7 +57,7 @@ from core.models import TOY, ModelSpec
 from core.paths import PAPER_PROFILE, PROFILES, RESULTS, repo_relative
 from experiments.adapt.live import MAX_PROMPT
 from experiments.adapt.plan import DEFAULT_PLAN, result_name
-from experiments.cli import OUT_FOLDER, model_option, model_profile
+from experiments.cli import OUT_FOLDER, model_option, model_profile, model_result
 from experiments.provenance import save_result
 from experiments.report_format import Lines, Record, Renderer, benchmark, flag
 from experiments.report_format import table as md_table
@@ -508,7 +509,9 @@ def markdown(result: dict[str, Any], config: dict[str, Any]) -> str:
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Map this cost profile only [default: the model's CPU profile and the A100 paper one].")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
-              show_default="benchmarks/results", help="Folder for adapt_breakeven.{json,md,png}.")
+              show_default="benchmarks/results",
+              help="Folder for adapt_breakeven.{json,md,png} (adapt_breakeven_<model> for a model other than "
+                   "the toy family).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(quick: bool, model: ModelSpec, profile_path: Path | None, out: Path, as_json: bool) -> None:
     """When adaptation pays: the bandit's gain over never against update cost and stream length."""
@@ -536,7 +539,7 @@ def command(quick: bool, model: ModelSpec, profile_path: Path | None, out: Path,
               "policies": {name: {"kind": kind, "params": params}
                            for name, (kind, params) in POLICIES.items()},
               "paper_dynamics": dataclasses.asdict(AdaptationDynamics())}
-    name = f"{NAME}_quick" if quick else NAME
+    name = f"{model_result(NAME, model.name)}{'_quick' if quick else ''}"  # another model's beside the toy's
     saved = save_result(name, result, config, 0, out)
     report = write_text(out / f"{name}.md", markdown(result, config))
     plot(maps, factors, lengths, out / f"{name}.png")
