@@ -412,3 +412,24 @@ def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool,
     assert figures["fidelity_error"] == pytest.approx(errors[2])  # the median of five
     assert sorted(result["new_tokens"]) != [4] * 8 and set(result["new_tokens"]) <= {4, 5, 6}
     assert all((tmp_path / f"tiny.{suffix}").is_file() for suffix in ("json", "md", "png"))
+
+
+def test_the_live_stream_loads_the_target_in_the_given_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from experiments.adapt import live
+
+    class Loaded(Exception):
+        pass
+
+    def fake(folder: object, dtype: torch.dtype = torch.float32) -> None:
+        raise Loaded(dtype)
+
+    monkeypatch.setattr(live, "load_model", fake)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Loaded) as caught:
+            live.run(TARGET, MODELS / "specblock", CPU_PROFILE, QUICK_PLAN, 0, "x", dtype="bfloat16")
+    finally:
+        torch.set_num_threads(threads)  # the stream pins one thread before it loads
+    assert caught.value.args[0] is torch.bfloat16

@@ -170,3 +170,32 @@ def test_a_bad_address_fails_before_any_step(tmp_path: Path, models: list[str]) 
     proc = specblock("pipeline", "--quick", "--out", str(tmp_path / "run"), "--address", "nowhere", *models)
     assert_one_line_exit_2(proc, "ray start --head")
     assert not (tmp_path / "run").exists()
+
+
+def test_every_step_loads_the_models_in_the_models_own_dtype(tmp_path: Path) -> None:
+    import dataclasses
+
+    import torch
+
+    from core.models import TOY
+
+    half = dataclasses.replace(TOY, dtype="bfloat16")  # as SmolLM2 is declared
+    run = pipeline.Run(tmp_path, QUICK, TOY.target, TOY.draft_model, model=half)
+    loaded = run.models()
+    assert loaded["target"].lm_head.weight.dtype is torch.bfloat16
+    assert loaded["draft"].lm_head.weight.dtype is torch.bfloat16
+
+
+def test_pipeline_runs_passes_the_model_to_each_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import pipeline_runs
+
+    seen = []
+
+    def fake(argv: list[str], **_: object) -> subprocess.CompletedProcess:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout='{"x": 1}', stderr="")
+
+    monkeypatch.setattr(pipeline_runs.subprocess, "run", fake)
+    assert pipeline_runs.run_once(tmp_path / "r", False, "smollm2-135m") == {"x": 1}
+    argv = seen[0]
+    assert argv[argv.index("--model") + 1] == "smollm2-135m" and "--quick" in argv
