@@ -275,6 +275,11 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
     assert retimed.prefill_cost(32) > 0 == paper.prefill_cost(32)
     one = timed["update_single"]["head"][0]
     assert retimed.update_cost("head", fill=0.2, windows=1.0) == pytest.approx(one)
+    # the never stream's re-timing times no update: the profile's update samples stay
+    decoding = with_samples(paper, {k: v for k, v in timed.items() if not k.startswith("update")})
+    assert decoding.update_seconds("full") == paper.update_seconds("full")
+    assert decoding.update_windows == paper.update_windows
+    assert decoding.vanilla_seconds(row["context"]) == retimed.vanilla_seconds(row["context"])
     never = {"head": 4.0, "full": 30.0, "head_single": 1.0, "full_single": 2.0,
              "windows": {"head": 4, "full": 16}}
     glance = {"vanilla_ms": 5.0, "verify9_ms": 8.0, "draft_ms": 9.0, "prefill128_ms": 40.0}
@@ -364,18 +369,19 @@ FIGURES = ("tokens_per_second", "tokens_per_second_ci", "tau", "updates", "updat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("overlap", "domains"),
-                         [(False, DOMAINS), (True, DOMAINS), (False, ("prose", "code"))])
+@pytest.mark.parametrize(("overlap", "domains", "retime"),
+                         [(False, DOMAINS, 0), (True, DOMAINS, 0), (False, ("prose", "code"), 1)])
 def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool,
-                                                      domains: tuple[str, ...]) -> None:
+                                                      domains: tuple[str, ...], retime: int) -> None:
     """The shipped target and SpecBlock drafter (a random one never fills the head buffer) on 8 queries,
     updates waited for or trained beside decoding on their own core; over the four domains, or over two
-    as a real model's stream (the first, the second, the first again)."""
+    as a real model's stream (the first, the second, the first again), its samples re-timed."""
     from experiments.adapt.live import POLICIES, run
 
     if overlap and len(usable_cores()) < 2:
         pytest.skip("training beside decoding needs two cores")
-    plan = StreamPlan(queries=8, shift=4, min_new_tokens=4, max_new_tokens=6, sim_seeds=2, retime_repeats=0)
+    plan = StreamPlan(queries=8, shift=4, min_new_tokens=4, max_new_tokens=6, sim_seeds=2,
+                      retime_repeats=retime)
     result = run(TARGET, MODELS / "specblock", CPU_PROFILE, plan, 0, "tiny", results=tmp_path,
                  overlap=overlap, domains=domains)
     assert (result["overlap"] is not None) == overlap and os.sched_getaffinity(0) == usable_cores()
@@ -389,11 +395,15 @@ def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool,
         assert set(beside["slowdown"]) == {"head", "full"} and min(beside["slowdown"].values()) >= 1.0
         assert all(len(beside["seconds"][k]) == 3 for k in ("alone", "head", "full"))
     assert 0 <= result["signals"]["head_share"] <= 1
+    if retime:  # updates re-timed before each training policy's stream; the never stream trains none
+        assert list(result["simulator_profile"]["retimed"]) == list(POLICIES)[1:]
+        assert set(result["simulator_profile"]["bracket"]) == set(POLICIES)
     figures = result["figures"]
     assert list(POLICIES) == ["never", "always_head", "always_full", "epsilon_greedy", "cost_aware_bandit"]
     assert list(figures["policies"]) == list(POLICIES)
     for name, f in figures["policies"].items():
-        assert set(f) == set(FIGURES), name
+        adjusted = {"tokens_per_second_at_never_speed", "tokens_per_second_at_never_speed_ci"}
+        assert set(f) == set(FIGURES) | (adjusted if retime else set()), name
         low, high = f["tokens_per_second_ci"]
         assert low <= f["tokens_per_second"] <= high, name
         rows = result["policies"][name]["rows"]

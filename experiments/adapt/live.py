@@ -346,11 +346,12 @@ def run(
         "never_shapes": shapes,
     }
     if timed:
+        trained = [kind for kind, t in timed.items() if "update" in t["before"]]  # never's times none
         costed["bracket"] = {kind: bracket_ms(profile, t, shapes) for kind, t in timed.items()}
         costed["retimed"] = {kind: {**p.fits["update"], "windows": dict(p.update_windows),
                                     **{f"{k}_single": v for k, v in p.fits["update_single"].items()},
                                     **decode_ms(p, shapes)}
-                             for kind, p in profiles.items()}
+                             for kind, p in profiles.items() if kind in trained}
         costed["shipped"] = decode_ms(profile, shapes)
     sim_tokens = round(float(np.mean(lengths)))  # AdaptStream takes one query length: the stream's mean
     sims = {

@@ -181,8 +181,8 @@ def update_text(costed: Mapping[str, Any]) -> str:
                             f"{t['windows']['head']} windows, {t['full_single']:.2f} / {t['full']:.2f} s "
                             f"full on {t['windows']['full']}" for kind, t in retimed.items())
         return ("updates linear in the buffered query windows between one window and the full buffer, at "
-                "the profile's update samples re-timed right before each policy's stream, on the `never` "
-                f"stream's last queries once it has run (one window / full buffer: {timings}).")
+                "the profile's update samples re-timed right before each training policy's stream, on the "
+                f"`never` stream's last queries once it has run (one window / full buffer: {timings}).")
     seconds, windows = costed["update_seconds"], costed.get("update_windows")
     single = costed.get("update_single")
     if windows and single:

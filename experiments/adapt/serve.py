@@ -121,12 +121,14 @@ def pooled(before: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, A
 
 
 def with_samples(profile: Any, timed: Mapping[str, Any] | None) -> Any:
-    """``profile`` with the samples ``retime`` measured in place of its own (its other drafters' kept);
-    itself for None."""
+    """``profile`` with the samples ``retime`` measured in place of its own (its other drafters' kept, and
+    its update samples where ``retime`` timed none); itself for None."""
     if timed is None:
         return profile
-    data = {**profile.to_json(), "fits": None, "update_windows": dict(timed["update_windows"])}
-    samples = {**data["samples"], **{key: timed[key] for key in REPLACED}}
+    data = {**profile.to_json(), "fits": None}
+    if "update_windows" in timed:  # a stream that never trains times no update: the profile's stay
+        data["update_windows"] = dict(timed["update_windows"])
+    samples = {**data["samples"], **{key: timed[key] for key in REPLACED if key in timed}}
     samples["draft"] = {**samples["draft"], **timed["draft"]}
     return profile_from_json({**data, "samples": samples})
 
@@ -145,11 +147,11 @@ def serve(
     """Each policy's rows on ``stream`` ((domain, prompt, new tokens) per query; ``config``: an
     ``AdaptConfig``; ``policies``: name -> policy-file content), the ``never`` stream's iterations as
     trace rows, each policy's drafting shapes, the profile samples ``retime`` measured right before
-    (``"before"``, updates included: after the ``never`` stream they train on that stream's last buffered
-    queries), between every ``plan.retime_every`` queries of (``"during"``, one round of decoding each, at
-    the first query boundary no update trains at: ``"at"`` lists those query indices) and right after
-    (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0), and the ``never``
-    stream's last buffered queries (``Feedback``). With ``overlap`` updates train beside
+    (``"before"``, updates included but for the ``never`` stream, which trains none: after it they train on
+    its last buffered queries), between every ``plan.retime_every`` queries of (``"during"``, one round of
+    decoding each, at the first query boundary no update trains at: ``"at"`` lists those query indices)
+    and right after (``"after"``, decoding only) each policy's stream (``plan.retime_repeats`` > 0), and
+    the ``never`` stream's last buffered queries (``Feedback``). With ``overlap`` updates train beside
     decoding (``StreamServer``) on ``config.trainer_core``, and the samples are timed on the decoding
     thread's CPU clock (the process's would count the trainer's work: twice the decoding time).
 
@@ -183,8 +185,10 @@ def serve(
                               seed=seed, overlap=overlap,
                               on_iteration=keep if kind == "never" else None)
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
+            # the never policy's stream charges no update: timing them (on synthetic feedback, as no
+            # stream has run yet) would only add minutes to the experiment
             timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback,
-                                            clock=clock),
+                                            updates=kind != "never", clock=clock),
                            "during": [], "at": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         due = plan.retime_every or len(stream)
