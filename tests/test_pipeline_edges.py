@@ -11,6 +11,7 @@ from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 from time_limits import limit
 
@@ -18,6 +19,7 @@ from core.errors import InputError
 from core.paths import REPO
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, hold
 from experiments.pipeline import run as pipeline
+from experiments.pipeline.deploy import against_best_fixed
 from experiments.pipeline.run import QUICK, STEPS, run_pipeline
 
 DEPLOY = {"policies": {}, "fidelity_error": 0.1, "fidelity_error_ci": [0.05, 0.2], "worst_error": 0.3,
@@ -199,3 +201,17 @@ def test_pipeline_runs_passes_the_model_to_each_run(tmp_path: Path, monkeypatch:
     assert pipeline_runs.run_once(tmp_path / "r", False, "smollm2-135m") == {"x": 1}
     argv = seen[0]
     assert argv[argv.index("--model") + 1] == "smollm2-135m" and "--quick" in argv
+
+
+def test_not_drafting_counts_as_the_fixed_length_0() -> None:
+    """Where vanilla beats every fixed length the adaptive policies are held to it (a fixed policy of
+    length 0 decodes alike but pays for its decisions); vanilla itself is no adaptive policy."""
+    speeds = {"vanilla": 64.0, "tuned-fixed": 61.0, "fixed-2": 52.0, "tuned-threshold": 60.0}
+    rows = {n: {"measured_tokens_per_second": v} for n, v in speeds.items()}
+    boot = {n: np.full(8, v) for n, v in speeds.items()}
+    kinds = {"tuned-fixed": "fixed", "fixed-2": "fixed", "tuned-threshold": "threshold"}
+    against = against_best_fixed(rows, boot, kinds)
+    assert against["best_fixed"] == "vanilla" and list(against["policies"]) == ["tuned-threshold"]
+    assert against["policies"]["tuned-threshold"]["ratio"] == pytest.approx(60 / 64)
+    faster = {**rows, "fixed-2": {"measured_tokens_per_second": 70.0}}
+    assert against_best_fixed(faster, {**boot, "fixed-2": np.full(8, 70.0)}, kinds)["best_fixed"] == "fixed-2"

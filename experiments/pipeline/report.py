@@ -55,7 +55,8 @@ def verdict(deploy: dict[str, Any]) -> list[str]:
         low, high = row["ratio_ci"]
         outcome = ("faster than" if low > 1 else "slower than" if high < 1
                    else "not told apart from")
-        lines.append(f"- **{name}** ran {row['ratio']:.3f}x the best fixed length ({against['best_fixed']}) "
+        lines.append(f"- **{name}** ran {row['ratio']:.3f}x the best fixed length ({against['best_fixed']}; "
+                     "not drafting counts as length 0) "
                      f"live, interval {_ci(row['ratio_ci'], '.3f')}: {outcome} it.")
     return lines
 
