@@ -148,7 +148,18 @@ def _pipeline_body(record: Record) -> Lines:
     for policy in policies:
         cells = [run["against_best_fixed"]["policies"].get(policy) for run in runs]
         rows.append([policy, *(interval(c["ratio"], c["ratio_ci"]) if c else "-" for c in cells)])
+    rows.append(["vanilla (not drafting; no interval kept)", *(_vanilla_ratio(run) for run in runs)])
     return lines + table(header, rows)
+
+
+def _vanilla_ratio(run: Record) -> str:
+    """Vanilla's measured tokens/s over the run's best fixed length's: 1 where not drafting is that length
+    (runs since it counts as length 0), above 1 where it beat every fixed policy of an older run."""
+    policies, best = run["policies"], run["against_best_fixed"]["best_fixed"]
+    if "vanilla" not in policies or best not in policies:
+        return "-"
+    speed = {name: policies[name]["measured_tokens_per_second"] for name in ("vanilla", best)}
+    return f"{speed['vanilla'] / speed[best]:.3f}"
 
 
 RENDERERS: dict[str, Renderer] = {

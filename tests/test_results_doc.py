@@ -31,7 +31,8 @@ def pipeline_run(error: float) -> dict:
     policy = {"measured_tokens_per_second": 500.0, "measured_ci": [450.0, 550.0],
               "predicted_tokens_per_second": 520.0, "predicted_ci": [500.0, 540.0], "error": error}
     return {"fidelity_error": error, "fidelity_error_ci": [0.011, 0.205], "worst_policy": "libraspec",
-            "worst_error": -0.1, "seconds": 120.0, "policies": {"fixed-3": policy},
+            "worst_error": -0.1, "seconds": 120.0,
+            "policies": {"fixed-3": policy, "vanilla": {**policy, "measured_tokens_per_second": 400.0}},
             "rank_agreement": {"kendall_tau": 0.75, "p_value": 0.01, "predicted_best": "fixed-3",
                                "measured_best": "fixed-3", "measured_best_lead_ci": [1.0, 1.0],
                                "predicted_best_within_interval": True},
@@ -85,6 +86,7 @@ def test_command_writes_sections_naming_command_and_commit(results_dir: Path, tm
     assert "[pipeline_quick.md](../results/pipeline_quick.md)" in pipeline  # the report beside the file
     assert "| 1 | 3.7% [1.1%, 20.5%] |" in pipeline and "| 2 | 4.4% [1.1%, 20.5%] |" in pipeline
     assert "| tuned-libraspec | 0.951 [0.903, 1.002] | 0.951 [0.903, 1.002] |" in pipeline
+    assert "| vanilla (not drafting; no interval kept) | 0.800 | 0.800 |" in pipeline  # over fixed-3
     adapt = page[page.index("### adapt_live_quick"):]
     assert "`specblock adapt-live --quick`" in adapt and f"commit `{ADAPT_COMMIT[:12]}`" in adapt
     assert "| cost_aware_bandit | 59.7 | 59.7 | 2.100 | 2.100 | 2.000 -> 2.250 | 3/1 |" in adapt
