@@ -195,7 +195,8 @@ for _option in (
     register_option(_option)
 
 register_drafter("ngram", "real_engine.drafters.ngram:build_ngram", options=("depth", "max_ngram"),
-                 summary="n-gram prompt lookup, no model",
+                 shape_options=("depth", "max_ngram"), summary="n-gram prompt lookup, no model",
+                 shapes="experiments.specbench.shapes:NGRAM_SHAPES",
                  profile="real_engine.drafter_profiles:NGRAM",
                  fidelity="experiments.pipeline.fidelity:ngram_configs")
 register_drafter("draft-model", "real_engine.drafters.draft_model:build_draft_model",

@@ -77,7 +77,7 @@ def test_the_deployed_shape_is_the_default_and_options_override_it(llama_dir: Pa
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--drafters", "ngram"], "no shapes to tune for 'ngram'"),
+    (["--drafters", "none"], "no shapes to tune for 'none'"),
     (["--prompts", "0"], "--prompts 0 is invalid"),
     (["--drafters", "eagle"], "no trained eagle drafter"),
     (["--drafters", "draft-model"], "no draft model in"),
@@ -116,6 +116,24 @@ def test_the_draft_model_is_swept_and_deployed_from_its_folder(llama_dir: Path, 
         (folder / "drafting.json").write_text(json.dumps({"shape": {"depth": 2, "min_confidence": bad}}))
         with pytest.raises(InputError, match=r"drafting\.json"):
             make_drafter("draft-model", target, target, folder=folder)
+
+
+def test_the_ngram_lookup_is_swept_and_deployed_without_weights(llama_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    target = load_model(llama_dir)
+    folder = tmp_path / "drafters" / "ngram"
+    plain = make_drafter("ngram", target, folder=folder)  # nothing deployed: the defaults
+    assert (plain.depth, plain.max_ngram) == (4, 3)
+    main(["shapes", "--model", str(llama_dir), "--drafters", "ngram", "--drafters-dir", str(folder.parent),
+          "--out", str(tmp_path), "--prompts", "1", "--rounds", "1", "--max-new-tokens", "4", "--apply",
+          "--json"])
+    result = json.loads(capsys.readouterr().out)
+    best = result["drafters"]["ngram"][0]["shape"]
+    assert len(result["drafters"]["ngram"]) == 15 and deployed_shape("ngram", folder) == best
+    drafter = make_drafter("ngram", target, folder=folder)
+    assert (drafter.depth, drafter.max_ngram) == (best["depth"], best["max_ngram"])
+    assert make_drafter("ngram", target, folder=folder, depth=5).depth == 5  # an option overrides it
+    assert make_drafter("ngram", target, folder=folder, deployed=False).depth == 4
 
 
 def test_a_deployed_specblock_chain_is_sampled_and_block_verified_at_temperature_one(

@@ -46,6 +46,9 @@ EAGLE_SHAPES = tuple({"depth": d, "width": w, "budget": n}
 """EAGLE's depth, top-k and total tokens."""
 MEDUSA_SHAPES = tuple({"budget": n} for n in (2, 4, 8, 16, 24))
 """Medusa's static-tree nodes."""
+NGRAM_SHAPES = tuple({"depth": d, "max_ngram": n} for d in (2, 4, 6, 8, 12) for n in (2, 3, 4))
+"""n-gram lookup's chain depth and longest n-gram: a deployed shape for a model lies in its drafters'
+``ngram/`` folder (no weights: the lookup has none)."""
 DRAFT_MODEL_SHAPES = (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
                       *({"depth": d, "width": 1, "min_confidence": c}
                         for d, c in ((4, 0.5), (6, 0.7), (6, 0.9))),
@@ -158,8 +161,8 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
         raise InputError(f"no shapes to tune for {unknown[0]!r}: use {', '.join(tried)}")
     uses_draft = {n: drafter_spec(n).needs_draft_model for n in names}  # tuned in the draft model's folder
     folders = {n: drafters_dir / drafter_spec(n).folder for n in names}
-    present = {n: (f / "config.json").is_file() if uses_draft[n] else trained_available(f)
-               for n, f in folders.items()}
+    present = {n: (f / "config.json").is_file() if uses_draft[n] else
+               trained_available(f) if drafter_spec(n).trained else True for n, f in folders.items()}
     missing = [n for n, ok in present.items() if not ok]
     if missing:
         kind = "draft model" if uses_draft[missing[0]] else f"trained {missing[0]} drafter"

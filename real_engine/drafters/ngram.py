@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from core.errors import InputError
+from real_engine.drafters.trained import deployed_shape
 from real_engine.model import Output, Transformer
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
@@ -99,7 +100,9 @@ class NgramDrafter:
 
 
 def build_ngram(target: Transformer, draft: Transformer | None, folder: str | Path | None, deployed: bool, *,
-                depth: int = 4, max_ngram: int = 3) -> NgramDrafter:
-    """The ``ngram`` drafter (``make_drafter``): chains of ``depth`` tokens looked up with n-grams of up to
-    ``max_ngram`` tokens; it runs no model and reads no folder."""
-    return NgramDrafter(depth, max_ngram)
+                depth: int | None = None, max_ngram: int | None = None) -> NgramDrafter:
+    """The ``ngram`` drafter (``make_drafter``): chains of ``depth`` (4) tokens looked up with n-grams of up
+    to ``max_ngram`` (3) tokens; it runs no model. Given a model's ``folder`` (and ``deployed``), options
+    left None take the shape `specblock shapes --apply` saved there for that model."""
+    saved = deployed_shape("ngram", folder) if deployed and folder is not None else {}
+    return NgramDrafter(depth or int(saved.get("depth", 4)), max_ngram or int(saved.get("max_ngram", 3)))
