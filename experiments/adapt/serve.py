@@ -185,10 +185,10 @@ def serve(
                               seed=seed, overlap=overlap,
                               on_iteration=keep if kind == "never" else None)
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
-            # the never policy's stream charges no update: timing them (on synthetic feedback, as no
-            # stream has run yet) would only add minutes to the experiment
+            # a policy of kind never charges no update: timing them (on synthetic feedback before any
+            # stream has run) would only add minutes to the experiment
             timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback,
-                                            updates=kind != "never", clock=clock),
+                                            updates=spec["kind"] != "never", clock=clock),
                            "during": [], "at": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         due = plan.retime_every or len(stream)

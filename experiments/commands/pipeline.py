@@ -37,7 +37,7 @@ def _latest() -> Path:
     help="Run folder [default: runs/pipeline/<date-time>; with --resume, the latest one].",
 )
 @click.option("--quick", is_flag=True,
-              help="Small sizes: the whole loop in about 10 minutes on 2 CPU cores on the real model "
+              help="Small sizes: the whole loop within 10 minutes on 2 CPU cores on the real model "
               "(`make run`), 5 on the toy family.")
 @click.option("--smoke", is_flag=True,
               help="The fewest prompts and queries that still run every step (under a minute; the tests): "
