@@ -1,12 +1,13 @@
 """How the profiler times each shipped drafter: its model and its ``samples.draft`` series.
 
-A drafter's registration (``core.names``) names its ``Profiler`` here; ``real_engine.profile`` loops over
-the registry, so a new drafter is timed by naming one of its own. ``load(target, folder)`` reads trained
+A drafter's registration (``core.names``) names its ``Profiler`` here; ``real_engine.profile`` loops over the
+registry, so a new drafter is timed by naming one of its own. ``load(target, folder)`` reads trained
 weights (a model folder) and ``fresh(target, seed)`` builds seeded random ones of the shipped shape
 (timing does not depend on the values); a drafter with neither needs no model, and one that drafts with
-the draft model gets it. ``series(target, net, timer)`` adds its timed configurations to ``timer`` (a
-``DraftTimer``: ``run(drafter, depth)`` queues one iteration's propose + accept and returns the list its
-seconds land in) and returns its rows, its tree rows and the settings its series holds fixed.
+the draft model gets it with the token ids it drafts (None: every token). ``series(target, net, timer)``
+adds its timed configurations to ``timer`` (a ``DraftTimer``: ``run(drafter, depth)`` queues one
+iteration's propose + accept and returns the list its seconds land in) and returns its rows, its tree rows
+and the settings its series holds fixed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import torch
 
 from real_engine.decode import MAX_TREE_NODES
 from real_engine.drafters.base import Drafter
@@ -62,12 +65,14 @@ def _ngram(target: Transformer, net: Any, timer: DraftTimer) -> DraftSeries:
     return DraftSeries([{"seconds": timer.run(NgramDrafter(depth=8), 8)}])
 
 
-def _draft_model(target: Transformer, draft: Transformer, timer: DraftTimer) -> DraftSeries:
+def _draft_model(target: Transformer, net: tuple[Transformer, torch.Tensor | None], timer: DraftTimer
+                 ) -> DraftSeries:
+    draft, vocab = net  # the draft model and the token ids it drafts (None: every token)
     grid = timer.grid
-    rows = [{"tokens": n, "seconds": timer.run(DraftModelDrafter(draft, "chain", n), n)}
+    rows = [{"tokens": n, "seconds": timer.run(DraftModelDrafter(draft, "chain", n, vocab=vocab), n)}
             for n in grid.draft_tokens]
     trees = [{"depth": d, "width": w,
-              "seconds": timer.run(DraftModelDrafter(draft, "tree", d, w, grid.tree_budget), d)}
+              "seconds": timer.run(DraftModelDrafter(draft, "tree", d, w, grid.tree_budget, vocab=vocab), d)}
              for d in grid.tree_depths for w in grid.tree_widths]
     return DraftSeries(rows, trees, {"tree_budget": grid.tree_budget})
 

@@ -252,16 +252,18 @@ class _Session:
 
 
 def batch_draft_samples(target: Transformer, draft: Transformer, grid: ProfileGrid, bench: Bench,
-                        seed: int = 0) -> list[dict]:
+                        seed: int = 0, vocab: torch.Tensor | None = None) -> list[dict]:
     """Rows of ``samples.batch_draft``: ``requests`` draft-model chains of ``tokens`` positions, each on its
     own context, drafted in lockstep as the batched engine drafts them (one request: alone), each then
-    accepting half its chain; timed when ``bench`` runs, right after a target verify as in the engine."""
+    accepting half its chain (drafting the token ids ``vocab``, None: every token); timed when ``bench``
+    runs, right after a target verify as in the engine."""
     context = min(grid.draft_context, _contexts(grid, target)[-1])
     room = (grid.repeats + grid.warmup) * 33  # each step commits at most 17 tokens (16 deep, bonus)
     before = warm_step(target, context, 4, seed)
     rows = []
     for requests, tokens in ((r, k) for r in grid.batch_requests for k in grid.draft_tokens):
-        sessions = [_Session(target, DraftModelDrafter(draft, "chain", tokens), context, room, seed + i)
+        sessions = [_Session(target, DraftModelDrafter(draft, "chain", tokens, vocab=vocab), context, room,
+                             seed + i)
                     for i in range(requests)]
 
         @torch.inference_mode()
@@ -277,7 +279,7 @@ def batch_draft_samples(target: Transformer, draft: Transformer, grid: ProfileGr
 
 
 def draft_backlog_samples(target: Transformer, draft: Transformer, grid: ProfileGrid, bench: Bench,
-                          seed: int = 0) -> list[dict]:
+                          seed: int = 0, vocab: torch.Tensor | None = None) -> list[dict]:
     """Rows of ``samples.draft_backlog``: a one-position proposal of a draft-model chain started on a
     prompt of ``tokens`` + 1 tokens, so that it first runs the ``tokens`` its model has not (a request's first
     proposal), then accepting it; for one token and each of ``grid.prefill_tokens``, timed when ``bench``
@@ -286,7 +288,7 @@ def draft_backlog_samples(target: Transformer, draft: Transformer, grid: Profile
     verified = warm_step(target, min(grid.draft_context, _contexts(grid, target)[-1]), 4, seed)
     rows = []
     for tokens in sorted({1, *(n for n in grid.prefill_tokens if n <= limit)}):
-        session = _Session(target, DraftModelDrafter(draft, "chain", 1), tokens + 1, 2, seed)
+        session = _Session(target, DraftModelDrafter(draft, "chain", 1, vocab=vocab), tokens + 1, 2, seed)
 
         def start(session: _Session = session) -> None:
             verified()
@@ -320,7 +322,8 @@ def draft_samples(target: Transformer, nets: dict[str, Any], grid: ProfileGrid, 
                   recording: bool = False) -> dict[str, DraftSeries]:
     """Each registered drafter's series (``DraftSeries``: rows of ``samples.draft`` and ``draft_trees``, its
     ``draft_shapes`` entry), timed when ``bench`` runs: every drafter with a profiler whose model is in
-    ``nets`` (kind -> its model or net; the draft model for a drafter drafting with it) or that needs none.
+    ``nets`` (kind -> its model or net; for a drafter drafting with the draft model, it and the token ids
+    it drafts, None: every token) or that needs none.
     With ``recording``, drafters draft as a stream that adapts online runs them (feedback recorded)."""
     timer = _Timer(target, grid, bench, seed, recording)
     out = {}
@@ -386,12 +389,13 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
             draft_name: str | None = None, grid: ProfileGrid = FULL, feature: bool = True,
             dtype: str = "float32", threads: int | None = None, clock_kind: str = "wall", seed: int = 0,
             models_dir: Path | None = None, between: Callable[[int], Any] | None = None,
-            estimator: str = "mean") -> dict[str, Any]:
+            estimator: str = "mean", draft_vocab: torch.Tensor | None = None) -> dict[str, Any]:
     """The profile of ``target`` on ``grid`` (and ``draft``; n-gram always; SpecBlock, EAGLE and Medusa
     when ``feature``, from ``models_dir``) as a JSON-ready dict, validated by ``core.cost_profile``;
     ``between(k)`` runs after the k-th timed round of the decoding samples (``Bench.run``); ``estimator``
     (mean: the loop's expected cost, which pays its slow iterations too; median: robust to a burst of
-    load on a shared machine) reads the repeats."""
+    load on a shared machine) reads the repeats; ``draft_vocab``, the token ids the draft model drafts
+    (None: every token), as the drafter it is timed for drafts them."""
     device = target.lm_head.weight.device
     timer = make_timer(device, clock_kind)
     bench = Bench(timer, grid.repeats, grid.warmup)
@@ -404,7 +408,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
     names: dict[str, str] = {}
     if draft is not None:
         kinds = [kind for kind, spec in registry.items() if spec.needs_draft_model]
-        nets.update(dict.fromkeys(kinds, draft))
+        nets.update(dict.fromkeys(kinds, (draft, draft_vocab)))
         names.update(dict.fromkeys(kinds, draft_name or model_name(draft, None)))
     if feature:
         more, more_names = feature_drafters(target, models_dir, seed)
@@ -431,8 +435,8 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
                **({"prefill": prefill_rows} if prefill_rows else {}),
                "steering": steering_samples(target, grid.draft_tokens, grid.draft_context, bench, seed),
                "batch_verify": batch_verify_samples(target, grid, bench, seed, drafting),
-               **({"batch_draft": batch_draft_samples(target, draft, grid, bench, seed),
-                   "draft_backlog": draft_backlog_samples(target, draft, grid, bench, seed)}
+               **({"batch_draft": batch_draft_samples(target, draft, grid, bench, seed, draft_vocab),
+                   "draft_backlog": draft_backlog_samples(target, draft, grid, bench, seed, draft_vocab)}
                   if draft is not None else {}),
                "draft_trees": {kind: one.trees for kind, one in series.items() if one.trees}}
     bench.run(between)  # decoding jobs interleave with each other as target and drafter do in the loop

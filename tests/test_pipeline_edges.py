@@ -215,3 +215,19 @@ def test_not_drafting_counts_as_the_fixed_length_0() -> None:
     assert against["policies"]["tuned-threshold"]["ratio"] == pytest.approx(60 / 64)
     faster = {**rows, "fixed-2": {"measured_tokens_per_second": 70.0}}
     assert against_best_fixed(faster, {**boot, "fixed-2": np.full(8, 70.0)}, kinds)["best_fixed"] == "fixed-2"
+
+
+def test_the_pipeline_drafts_over_the_draft_models_deployed_vocabulary(tmp_path: Path) -> None:
+    import shutil
+
+    from core.models import TOY
+    from real_engine.drafters.trained import write_shape
+
+    folder = tmp_path / "draft"
+    shutil.copytree(TOY.draft_model, folder)
+    assert pipeline.Run(tmp_path, QUICK, TOY.target, folder, model=TOY).drafter().vocab is None
+    write_shape("draft-model", folder, {"depth": 8, "width": 1, "staged": 1, "lookup": 3, "vocab": 64},
+                {"source": "a test"})
+    drafter = pipeline.Run(tmp_path, QUICK, TOY.target, folder, model=TOY).drafter()
+    assert drafter.vocab.numel() == 64  # the deployed vocabulary
+    assert (drafter.depth, drafter.staged, drafter.lookup) == (QUICK.depth, 0, 0)  # the policies set the chain

@@ -241,3 +241,29 @@ def test_frozen_heap_keeps_set_up_objects_out_of_collections_until_the_outermost
             assert gc.get_freeze_count() >= outer + len(kept)
         assert gc.get_freeze_count() > 0  # the inner one left everything frozen
     assert gc.get_freeze_count() == 0
+
+
+def test_the_draft_model_is_timed_drafting_the_vocabulary_it_is_given(
+        llama_dir: Path, draft_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from real_engine import drafter_profiles
+
+    target, draft = load_model(llama_dir), load_model(draft_dir)
+    ids = torch.arange(16)
+    made: list[torch.Tensor | None] = []
+    real = drafter_profiles.DraftModelDrafter
+
+    def spy(*args: object, **kwargs: object) -> object:
+        drafter = real(*args, **kwargs)
+        made.append(drafter.vocab)
+        return drafter
+
+    monkeypatch.setattr(drafter_profiles, "DraftModelDrafter", spy)
+    grid = dataclasses.replace(TINY, draft_tokens=(2,), tree_depths=(2,), tree_widths=(2,))
+    for vocab in (None, ids):
+        made.clear()
+        bench = Bench(make_timer(target.lm_head.weight.device, "cpu"), grid.repeats, 0)
+        series = prof.draft_samples(target, {"draft-model": (draft, vocab)}, grid, bench, 0)
+        bench.run()
+        assert len(series["draft-model"].rows[0]["seconds"]) == grid.repeats
+        assert len(made) == 2  # the chain and the tree
+        assert all((v is None) if vocab is None else torch.equal(v, ids) for v in made)

@@ -61,6 +61,11 @@ def verdict(deploy: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _drafting(vocab: int | None) -> str:
+    """What the run's draft model drafts over: its deployed vocabulary, or every token."""
+    return "every token" if vocab is None else f"its {vocab:,} most frequent tokens"
+
+
 def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     """Write the report of the run in ``out`` (its ``deploy.json`` and ``policies/``)."""
     deploy = read_json(out / "deploy.json", MAX_RECORD_BYTES, "deploy result", "resume the run")
@@ -71,7 +76,8 @@ def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     lines = [
         "# specblock pipeline report",
         "",
-        f"Model `{models['model']}` (target {models['target']}, draft {models['draft']}). "
+        f"Model `{models['model']}` (target {models['target']}, draft {models['draft']}, drafting "
+        f"{_drafting(models.get('draft_vocab'))}). "
         f"Run folder `{out}`; clock `{deploy['clock']}`; {deploy['prompts']} held-out prompts; predictions "
         f"from `{deploy['profile']}`, measured in the same process right before the live runs. Intervals "
         "are 95% bootstrap intervals: over held-out prompts for measurements, over the recorded "

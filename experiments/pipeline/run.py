@@ -60,6 +60,8 @@ from policies import (
 )
 from real_engine import profile as prof
 from real_engine.decode import make_drafter
+from real_engine.drafters.trained import deployed_shape
+from real_engine.drafters.vocab import load_vocab
 from real_engine.model import load_model
 from real_engine.prompts import Prompt, encode_row, interleave, read_prompt_file, select_part
 from real_engine.speculate import LengthControlled
@@ -143,8 +145,9 @@ class Run:
         return self.out / name
 
     def models(self) -> dict[str, Any]:
-        """The target, the draft model and the tokenizer, loaded once (on one torch thread for the CPU
-        clock, so measurements do not depend on how busy the other core is)."""
+        """The target, the draft model, how many tokens it drafts (its deployed drafting vocabulary, None:
+        every token) and the tokenizer, loaded once (on one torch thread for the CPU clock, so measurements
+        do not depend on how busy the other core is)."""
         if self.loaded is None:
             if self.plan.clock == "cpu":
                 torch.set_num_threads(1)
@@ -153,9 +156,18 @@ class Run:
             self.loaded = {
                 "target": target,
                 "draft": load_model(self.draft_dir, dtype),
+                "draft_vocab": deployed_shape(DRAFTER, self.draft_dir).get("vocab"),
                 "tokenizer": Tokenizer.load(self.model_dir, target.args.vocab_size, target.args.eos_token_id),
             }
         return self.loaded
+
+    def drafter(self) -> Any:
+        """A fresh drafter as every step drafts: the draft model's chain ``plan.depth`` deep over its
+        deployed drafting vocabulary (the head over a real model's whole vocabulary can cost more than the
+        layers), its other deployed options (lookup) left out, since the length policies set the chain."""
+        m = self.models()
+        return make_drafter(DRAFTER, m["target"], m["draft"], folder=self.draft_dir, deployed=False,
+                            depth=self.plan.depth, vocab=m["draft_vocab"])
 
     def prompts(self, part: str) -> list[Any]:
         """The plan's calibration or evaluation prompts, domains interleaved: of the model's prompt sets,
@@ -188,6 +200,7 @@ def step_models(run: Run) -> dict[str, Any]:
         "target_fingerprint": target_fingerprint(m["target"]),
         "draft": prof.model_name(m["draft"], run.draft_dir),
         "draft_dir": repo_relative(run.draft_dir),
+        "draft_vocab": m["draft_vocab"],
     }
     write_json(run.path("models.json"), info)
     return info
@@ -212,6 +225,7 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
     )
     if rounds is not None:
         grid = replace(grid, repeats=rounds)
+    vocab = m["draft_vocab"]
     data = prof.measure(
         m["target"],
         target_name=prof.model_name(m["target"], run.model_dir),
@@ -225,6 +239,7 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
         seed=plan.seed,
         models_dir=run.model.drafters,
         between=between,
+        draft_vocab=None if vocab is None else load_vocab(run.draft_dir, int(vocab)),
     )
     prof.save(data, path)
     return prof.summary(data)
@@ -243,7 +258,7 @@ def step_traces(run: Run) -> dict[str, Any]:
     rec = record(
         m["target"],
         prompts,
-        lambda: make_drafter(DRAFTER, m["target"], m["draft"], depth=plan.depth),
+        run.drafter,
         DRAFTER,
         max_new_tokens=plan.max_new_tokens,
         eos_id=None,
@@ -362,7 +377,7 @@ def step_deploy(run: Run) -> dict[str, Any]:
     prompts = run.prompts("evaluation")
 
     def builder(policy: Any) -> Any:
-        return lambda i: LengthControlled(make_drafter(DRAFTER, m["target"], m["draft"], depth=plan.depth),
+        return lambda i: LengthControlled(run.drafter(),
                                           policy_from_dict(policy_to_dict(policy), seed=plan.seed + i),
                                           tuned, DRAFTER)
 

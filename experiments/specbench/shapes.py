@@ -57,12 +57,16 @@ DRAFT_MODEL_SHAPES = (*({"depth": d, "width": 1} for d in (1, 2, 3, 4)),
                       *({"depth": d, "width": 1, "staged": f} for d, f in ((4, 4), (6, 1), (8, 1), (6, 2))),
                       *({"depth": d, "width": 1, "staged": f, "lookup": m}
                         for d, f, m in ((6, 1, 3), (8, 1, 3), (8, 1, 2), (8, 2, 3))),
+                      *({"depth": d, "width": 1, "vocab": 2048} for d in (2, 3, 4)),
+                      *({"depth": d, "width": 1, "staged": f, "lookup": m, "vocab": 2048}
+                        for d, f, m in ((6, 1, 3), (8, 1, 3), (8, 1, 2), (12, 1, 2))),
                       *({"depth": d, "width": w, "budget": n}
                         for d, w, n in ((2, 2, 4), (3, 2, 6), (4, 4, 16))))
 """The draft model's chain depth (fixed, or at most that deep while its top probability stays at
 ``min_confidence``), also over only its ``vocab`` most frequent tokens, or guessing ahead by n-gram lookup
 within ``staged`` forwards, and then proposing the lookup's chain alone where the context's last ``lookup``
-tokens occurred before; or its top-k tree's depth, width and nodes."""
+tokens occurred before (over every token or its ``vocab`` most frequent: the head over a real model's
+whole vocabulary can cost more than the layers); or its top-k tree's depth, width and nodes."""
 
 
 def shape_grids() -> dict[str, tuple[dict[str, float], ...]]:
