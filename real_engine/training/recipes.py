@@ -60,7 +60,7 @@ MEDUSA = BaselineConfig(steps=1200, batch_size=4, lr=2e-3, warmup=0.05, checkpoi
 EAGLE_TREE = TreeShape(depth=8, top_k=4, total_tokens=32)  # unrolled as deep in training
 MEDUSA_HEADS, MEDUSA_TREE = 4, 24  # heads and static-tree nodes
 # A real target's draft model: its first CUT_LAYERS layers, distilled on the same rows (``distil_rows``).
-CUT = BaselineConfig(steps=800, batch_size=4, lr=5e-4, warmup=0.02, checkpoint_every=20, scored=64)
+CUT = BaselineConfig(steps=8000, batch_size=4, lr=5e-4, warmup=0.02, checkpoint_every=20, scored=64)
 CUT_LAYERS = 2
 
 
