@@ -230,4 +230,4 @@ def test_the_pipeline_drafts_over_the_draft_models_deployed_vocabulary(tmp_path:
                 {"source": "a test"})
     drafter = pipeline.Run(tmp_path, QUICK, TOY.target, folder, model=TOY).drafter()
     assert drafter.vocab.numel() == 64  # the deployed vocabulary
-    assert (drafter.depth, drafter.staged, drafter.lookup) == (QUICK.depth, 0, 0)  # the policies set the chain
+    assert (drafter.depth, drafter.staged, drafter.lookup) == (QUICK.depth, 0, 0)  # policies set the chain
