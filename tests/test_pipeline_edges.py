@@ -217,8 +217,11 @@ def test_not_drafting_counts_as_the_fixed_length_0() -> None:
     assert against_best_fixed(faster, {**boot, "fixed-2": np.full(8, 70.0)}, kinds)["best_fixed"] == "fixed-2"
 
 
-def test_the_pipeline_drafts_over_the_draft_models_deployed_vocabulary(tmp_path: Path) -> None:
+def test_the_pipeline_drafts_over_the_draft_models_deployed_vocabulary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
+
+    import torch
 
     from core.models import TOY
     from real_engine.drafters.trained import write_shape
@@ -228,6 +231,18 @@ def test_the_pipeline_drafts_over_the_draft_models_deployed_vocabulary(tmp_path:
     assert pipeline.Run(tmp_path, QUICK, TOY.target, folder, model=TOY).drafter().vocab is None
     write_shape("draft-model", folder, {"depth": 8, "width": 1, "staged": 1, "lookup": 3, "vocab": 64},
                 {"source": "a test"})
-    drafter = pipeline.Run(tmp_path, QUICK, TOY.target, folder, model=TOY).drafter()
+    run = pipeline.Run(tmp_path, QUICK, TOY.target, folder, model=TOY)
+    drafter = run.drafter()
     assert drafter.vocab.numel() == 64  # the deployed vocabulary
     assert (drafter.depth, drafter.staged, drafter.lookup) == (QUICK.depth, 0, 0)  # policies set the chain
+
+    class Timed(Exception):
+        pass
+
+    def measure(*_: object, draft_vocab: object = None, **__: object) -> None:
+        raise Timed(draft_vocab)
+
+    monkeypatch.setattr(pipeline.prof, "measure", measure)
+    with pytest.raises(Timed) as timed:  # the profile times the chain the steps draft
+        pipeline._measure_profile(run, tmp_path / "profile.json")
+    assert torch.equal(timed.value.args[0], drafter.vocab)

@@ -249,21 +249,23 @@ def test_the_draft_model_is_timed_drafting_the_vocabulary_it_is_given(
 
     target, draft = load_model(llama_dir), load_model(draft_dir)
     ids = torch.arange(16)
-    made: list[torch.Tensor | None] = []
-    real = drafter_profiles.DraftModelDrafter
+    made: dict[str, list[torch.Tensor | None]] = {"series": [], "batch": []}
+    for module, key in ((drafter_profiles, "series"), (prof, "batch")):  # every draft-model timing
+        class Spy(module.DraftModelDrafter):  # the class itself: the batched engine calls its classmethod
+            def __init__(self, *args: object, key: str = key, **kwargs: object) -> None:
+                super().__init__(*args, **kwargs)
+                made[key].append(self.vocab)
 
-    def spy(*args: object, **kwargs: object) -> object:
-        drafter = real(*args, **kwargs)
-        made.append(drafter.vocab)
-        return drafter
-
-    monkeypatch.setattr(drafter_profiles, "DraftModelDrafter", spy)
-    grid = dataclasses.replace(TINY, draft_tokens=(2,), tree_depths=(2,), tree_widths=(2,))
+        monkeypatch.setattr(module, "DraftModelDrafter", Spy)
+    grid = dataclasses.replace(TINY, draft_tokens=(2,), tree_depths=(2,), tree_widths=(2,),
+                               batch_requests=(1, 2), prefill_tokens=(8,))
     for vocab in (None, ids):
-        made.clear()
-        bench = Bench(make_timer(target.lm_head.weight.device, "cpu"), grid.repeats, 0)
-        series = prof.draft_samples(target, {"draft-model": (draft, vocab)}, grid, bench, 0)
-        bench.run()
-        assert len(series["draft-model"].rows[0]["seconds"]) == grid.repeats
-        assert len(made) == 2  # the chain and the tree
-        assert all((v is None) if vocab is None else torch.equal(v, ids) for v in made)
+        for kept in made.values():
+            kept.clear()
+        data = prof.measure(target, target_name="t", draft=draft, grid=grid, feature=False, clock_kind="cpu",
+                            draft_vocab=vocab)
+        assert [r["tokens"] for r in data["samples"]["draft"]["draft-model"]] == [2]
+        assert len(made["series"]) == 2  # the chain and the tree
+        assert len(made["batch"]) == 3 + 2  # lockstep chains of 1 and 2 requests, backlog of 1 and 8 tokens
+        every = made["series"] + made["batch"]
+        assert all((v is None) if vocab is None else torch.equal(v, ids) for v in every)
