@@ -460,6 +460,7 @@ def measure(target: Transformer, *, target_name: str, draft: Transformer | None 
         "torch": torch.__version__, "seed": seed,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "update_model": update_name,
+        "draft_vocab": None if draft is None or draft_vocab is None else int(draft_vocab.numel()),
         "verify": "greedy verify step of a chain (tree forward, verification, cache compaction)",
         "draft": "one iteration's propose + accept at the draft context; the first half of the first "
                  "path accepted"}}

@@ -85,6 +85,8 @@ def test_smoke_pipeline_writes_every_step_and_the_summary(smoke_run: tuple[Path,
     assert "Fidelity error" in report and "Kendall's tau" in report and "LP bound" in report
     assert "| never |" in report  # the adaptation table keeps the row it is measured against
     assert report.splitlines()[2].startswith("Model `toy-16m` (target ")  # whose run it reports
+    tuned = [line for line in report.splitlines() if line.startswith("- `tuned-")]
+    assert tuned and all('"params"' in line and '"calibration"' not in line for line in tuned)  # no knots
 
 
 def test_resume_skips_finished_steps(smoke_run: tuple[Path, dict]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -101,6 +102,22 @@ def test_cli_quick_json(llama_dir: Path, draft_dir: Path, tmp_path: Path,
     assert set(result["drafters"]) == {"ngram", "draft-model"}
     assert {"vanilla", "verify_2", "verify_17", "update_head", "update_full"} <= result["milliseconds"].keys()
     assert set(load_profile(out).drafters) == {"ngram", "draft-model"}
+    assert result["draft_vocab"] is None  # a draft model without a deployed vocabulary drafts every token
+
+
+def test_cli_times_the_draft_model_over_its_deployed_vocabulary(
+        llama_dir: Path, draft_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft model deployed drafting its most frequent tokens (``drafting.json``) is profiled drafting
+    them, as ``generate`` and ``bench`` deploy it, and the profile says how many."""
+    folder = shutil.copytree(draft_dir, tmp_path / "draft")
+    (folder / "drafting.json").write_text(json.dumps({"shape": {"depth": 3, "vocab": 8}}))
+    (folder / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
+    out = tmp_path / "p.json"
+    code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(folder), "--out", str(out),
+                             "--quick", "--repeats", "1", "--no-feature-drafters", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["draft_vocab"] == 8
+    assert json.loads(out.read_text())["measurement"]["draft_vocab"] == 8
 
 
 @pytest.mark.parametrize("args", [["--model", "{missing}"], ["--draft-model", "{missing}"],

@@ -14,6 +14,8 @@ from core.errors import InputError
 from core.names import VANILLA
 from core.paths import CPU_PROFILE
 from experiments.serving.bench import (
+    ServedDraft,
+    chain_drafter,
     default_settings,
     draw_arrivals,
     serve_live,
@@ -90,8 +92,24 @@ def test_the_live_engine_asks_each_request_its_own_length(target: Transformer, d
     prompts = [Prompt(f"p{i}", "chat", tuple(range(1, 5 + i))) for i in range(3)]
     arrivals = Arrivals(np.zeros(3), np.array([4, 5, 6]), np.array([3, 6, 2]), np.zeros(3, dtype=np.int64))
     for policy in (None, make_policy("threshold-batch")):
-        out = serve_live(target, draft, policy, resolve_profile(CPU_PROFILE), arrivals, prompts, 2)
+        out = serve_live(target, ServedDraft(draft), policy, resolve_profile(CPU_PROFILE), arrivals, prompts,
+                         2)
         assert out["tokens"] == 11 and len(out["tpot"]) == 3
+
+
+def test_the_served_chain_drafts_the_draft_models_deployed_vocabulary(target: Transformer, draft: Transformer,
+                                                                      tmp_path: Path) -> None:
+    """A draft model deployed over its most frequent tokens serves, is timed and is traced drafting them;
+    one without a saved shape drafts every token."""
+    assert ServedDraft.deployed(draft, tmp_path).vocab is None
+    assert ServedDraft.deployed(draft, tmp_path).ids() is None
+    (tmp_path / "drafting.json").write_text(json.dumps({"shape": {"depth": 4, "vocab": 8}}))
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
+    served = ServedDraft.deployed(draft, tmp_path)
+    assert served.vocab == 8 and served.ids().tolist() == list(range(95, 87, -1))
+    drafter = chain_drafter(target, served)
+    assert drafter.vocab.tolist() == list(range(95, 87, -1))
+    assert drafter.depth == 8  # the serving depth, not the saved shape's: the policies set each chain
 
 
 def test_figures_pool_rounds_and_compare_with_the_simulator() -> None:
@@ -138,8 +156,8 @@ def test_steering_is_timed_per_iteration_of_the_engine(target: Transformer, draf
     at least once (its lengths) and timed; the batches drain to one request in each wave."""
     prompts = [Prompt(f"p{i}", "chat", tokens) for i, tokens in
                enumerate([(5, 9, 2, 5, 9, 2, 7), (7, 7, 3, 1), (3, 1, 4, 1)])]
-    rows = steering_samples(make_policy("threshold-batch"), resolve_profile(CPU_PROFILE), 3, target, draft,
-                            prompts * 2, 9)
+    rows = steering_samples(make_policy("threshold-batch"), resolve_profile(CPU_PROFILE), 3, target,
+                            ServedDraft(draft), prompts * 2, 9)
     asked, seconds = np.array(rows).T
     assert len(rows) >= 6 and asked.min() >= 1 and seconds.min() > 0
 

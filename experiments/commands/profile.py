@@ -1,8 +1,9 @@
 """`specblock profile`: measure this device's decoding costs and write a cost profile (JSON).
 
 Times the target's verify step over tree sizes and contexts, its vanilla step, every available
-drafter's drafting per iteration (draft model, n-gram, and SpecBlock/EAGLE/Medusa with the weights trained
-for ``--model`` or random weights of the shipped shape) and a head-only and a full drafter update; see
+drafter's drafting per iteration (the draft model over its deployed drafting vocabulary, n-gram, and
+SpecBlock/EAGLE/Medusa with the weights trained for ``--model`` or random weights of the shipped shape)
+and a head-only and a full drafter update; see
 ``real_engine.profile``. The profile is written to the model's own (``--out`` for a model without one).
 ``--quick`` measures a small grid with few repeats (seconds, not minutes); ``--only-updates`` re-times
 the SpecBlock updates of an existing profile and keeps the rest.
@@ -79,6 +80,7 @@ def command(model: ModelSpec, draft_dir: Path | None, out: Path | None, quick: b
     import torch  # torch and the engine: not for --help
 
     from real_engine import profile as prof
+    from real_engine.drafters.vocab import deployed_vocab
     from real_engine.model import load_model
 
     if only_updates:
@@ -90,6 +92,7 @@ def command(model: ModelSpec, draft_dir: Path | None, out: Path | None, quick: b
     device = resolve_device(device)
     target = load_model(model_dir, getattr(torch, dtype), device)
     draft = None if draft_dir is None else load_model(draft_dir, getattr(torch, dtype), device)
+    vocab = None if draft_dir is None else deployed_vocab(draft_dir)  # timed drafting as it is deployed
     grid = prof.QUICK if quick else prof.FULL
     if repeats is not None:
         grid = dataclasses.replace(grid, repeats=repeats)
@@ -101,11 +104,12 @@ def command(model: ModelSpec, draft_dir: Path | None, out: Path | None, quick: b
         data = prof.measure(target, target_name=prof.model_name(target, model_dir), draft=draft,
                             draft_name=None if draft is None else prof.model_name(draft, draft_dir),
                             grid=grid, feature=not no_feature_drafters, dtype=dtype, threads=threads,
-                            clock_kind=clock_kind, seed=seed, models_dir=model.drafters)
+                            clock_kind=clock_kind, seed=seed, models_dir=model.drafters, draft_vocab=vocab)
     data["measurement"] = {**data["measurement"], "model": model.name}  # which --model it times
     prof.save(data, out)
     result = {"out": str(out), "model": model.name, **prof.summary(data), "clock": clock_kind,
               "drafters": data["models"]["drafters"], "verify_rows": len(data["samples"]["verify"]),
+              "draft_vocab": data["measurement"].get("draft_vocab"),
               "quick": quick}
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")

@@ -143,6 +143,7 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     from experiments.provenance import save_result
     from experiments.serving.bench import (
         ServeBench,
+        ServedDraft,
         default_settings,
         measure_profile,
         record_acceptance,
@@ -158,7 +159,8 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     profile = None if profile_path is None else load_profile(profile_path)
     torch.set_num_threads(threads)
     dtype = getattr(torch, model.dtype)
-    target, draft = load_model(model_dir, dtype), load_model(draft_dir, dtype)
+    target = load_model(model_dir, dtype)
+    draft = ServedDraft.deployed(load_model(draft_dir, dtype), draft_dir)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     prompt_sets = model_prompts(model)
     domains = prompt_domains(prompt_sets)
@@ -198,7 +200,8 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     if profile_out is not None:
         prof.save(measured, profile_out)
     config = {"model": model.name, "model_dir": repo_relative(model_dir),
-              "draft_model": repo_relative(draft_dir), "prompts_dir": repo_relative(prompt_sets),
+              "draft_model": repo_relative(draft_dir), "draft_vocab": draft.vocab,
+              "prompts_dir": repo_relative(prompt_sets),
               "rates": list(rate_list), "requests": requests, "tokens": tokens, "lengths": lengths,
               "drawn_lengths": bench.drawn_lengths(), "rounds": rounds,
               "max_batch": max_batch, "prompts": prompts, "context_tokens": CONTEXT_TOKENS,

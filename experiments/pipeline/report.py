@@ -106,7 +106,9 @@ def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     lines += ["", "## Tuned policies", ""]
     for path in sorted((out / "policies").glob("*.json")):
         spec = read_json(path, MAX_POLICY_BYTES, "policy file", "delete it to tune it again")
-        lines.append(f"- `{path.name}`: `{json.dumps(spec)}`")
+        shown = {k: v for k, v in spec.items() if k != "calibration"}  # its knots are the run's calibration
+        with_calibration = " with the run's confidence calibration" if "calibration" in spec else ""
+        lines.append(f"- `{path.name}`: `{json.dumps(shown)}`{with_calibration}")
     lines += [
         "",
         "## Verification LP (expected accepted draft tokens, vocabulary 3, mean of random instances)",

@@ -61,7 +61,7 @@ from policies import (
 from real_engine import profile as prof
 from real_engine.decode import make_drafter
 from real_engine.drafters.trained import deployed_shape
-from real_engine.drafters.vocab import load_vocab
+from real_engine.drafters.vocab import deployed_vocab
 from real_engine.model import load_model
 from real_engine.prompts import Prompt, encode_row, interleave, read_prompt_file, select_part
 from real_engine.speculate import LengthControlled
@@ -84,7 +84,7 @@ class PipelinePlan:
     quick: bool
     domains: tuple[str, ...] = ("code", "tests", "prose", "text")
     depth: int = 6  # the draft-model chain the engine drafts each iteration
-    calibration: int = 6  # calibration prompts per domain (traces)
+    calibration: int = 24  # calibration prompts per domain (traces): fewer let a few easy prompts set tau
     evaluation: int = 6  # held-out prompts per domain (deployment)
     max_new_tokens: int = 96
     prompt_tokens: int = 256  # each prompt's last tokens
@@ -102,8 +102,6 @@ class PipelinePlan:
 FULL = PipelinePlan(quick=False)
 QUICK = PipelinePlan(
     quick=True,
-    calibration=6,
-    evaluation=4,
     max_new_tokens=64,
     prompt_tokens=128,
     tune_samples=4,
@@ -225,7 +223,6 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
     )
     if rounds is not None:
         grid = replace(grid, repeats=rounds)
-    vocab = m["draft_vocab"]
     data = prof.measure(
         m["target"],
         target_name=prof.model_name(m["target"], run.model_dir),
@@ -239,7 +236,7 @@ def _measure_profile(run: Run, path: Path, rounds: int | None = None,
         seed=plan.seed,
         models_dir=run.model.drafters,
         between=between,
-        draft_vocab=None if vocab is None else load_vocab(run.draft_dir, int(vocab)),
+        draft_vocab=deployed_vocab(run.draft_dir),
     )
     prof.save(data, path)
     return prof.summary(data)

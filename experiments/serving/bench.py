@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,8 @@ from real_engine import profile as prof
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import make_drafter
 from real_engine.drafters.base import Drafter
+from real_engine.drafters.trained import deployed_shape
+from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Transformer
 from real_engine.prompts import Prompt
 from real_engine.speculate import ServeSteering
@@ -60,6 +63,26 @@ SIM_SEEDS = 8  # simulated episodes per round's arrivals (acceptance draws)
 STEERING_WAVES = 2  # waves of the batch cap's requests per setting and round that time the steering
 
 
+@dataclasses.dataclass(frozen=True)
+class ServedDraft:
+    """The draft model as it serves: its weights and how many of its folder's most frequent tokens it
+    drafts (its deployed drafting vocabulary, ``deployed``; None: every token), timed and served alike."""
+
+    net: Transformer
+    folder: Path | None = None
+    vocab: int | None = None
+
+    @classmethod
+    def deployed(cls, net: Transformer, folder: Path) -> ServedDraft:
+        """The draft model in ``folder`` drafting the vocabulary its saved shape names."""
+        vocab = deployed_shape(KIND, folder).get("vocab")
+        return cls(net, folder, None if vocab is None else int(vocab))
+
+    def ids(self) -> torch.Tensor | None:
+        """The token ids it drafts (None: every token)."""
+        return None if self.vocab is None or self.folder is None else load_vocab(self.folder, self.vocab)
+
+
 def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.ProfileGrid:
     """The profile grid serving needs: the batched verify up to ``max_batch`` requests of up to a
     chain's nodes, the draft model's chains up to ``DEPTH``, prefill at the prompts' lengths."""
@@ -72,16 +95,16 @@ def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.Pr
         batch_nodes=(1, 2, 3, 5, 9))
 
 
-def measure_profile(target: Transformer, draft: Transformer, max_batch: int, tokens: int, repeats: int,
+def measure_profile(target: Transformer, draft: ServedDraft, max_batch: int, tokens: int, repeats: int,
                     seed: int, between: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """A wall-clock cost profile of this process's machine on the serving grid (JSON-ready): the median
     of the repeats, which a burst of other load on a shared machine barely moves; ``between(k)`` runs
     after its k-th measuring round."""
     contexts = (CONTEXT_TOKENS, CONTEXT_TOKENS + tokens)
-    return prof.measure(target, target_name="target", draft=draft, draft_name="draft",
+    return prof.measure(target, target_name="target", draft=draft.net, draft_name="draft",
                         grid=serve_grid(max_batch, contexts, repeats), feature=False,
                         threads=torch.get_num_threads(), clock_kind="wall", seed=seed,
-                        estimator="median", between=between)
+                        estimator="median", between=between, draft_vocab=draft.ids())
 
 
 def draw_arrivals(prompts: Sequence[Prompt], domains: Sequence[str], rate: float, requests: int,
@@ -99,12 +122,14 @@ def draw_arrivals(prompts: Sequence[Prompt], domains: Sequence[str], rate: float
     return arrivals, picked
 
 
-def chain_drafter(target: Transformer, draft: Transformer) -> Drafter:
-    """A fresh draft-model chain drafter, ``DEPTH`` deep, never stopping on its own."""
-    return make_drafter(KIND, target, draft, deployed=False, depth=DEPTH)
+def chain_drafter(target: Transformer, draft: ServedDraft) -> Drafter:
+    """A fresh draft-model chain drafter, ``DEPTH`` deep over ``draft``'s vocabulary, never stopping on
+    its own."""
+    return make_drafter(KIND, target, draft.net, folder=draft.folder, deployed=False, depth=DEPTH,
+                        vocab=draft.vocab)
 
 
-def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence[Prompt], tokens: int,
+def record_acceptance(target: Transformer, draft: ServedDraft, prompts: Sequence[Prompt], tokens: int,
                       seed: int) -> TraceReplay:
     """Acceptance traces of the draft model's ``DEPTH``-deep chains on ``prompts`` (calibration prompts,
     cut as the served ones are), each decoded alone for ``tokens`` tokens (the output cap: as long as the
@@ -115,7 +140,7 @@ def record_acceptance(target: Transformer, draft: Transformer, prompts: Sequence
 
 
 def steering_samples(policy: Policy, profile: CostProfile, max_batch: int, target: Transformer,
-                     draft: Transformer, prompts: Sequence[Prompt], tokens: int) -> list[tuple[int, float]]:
+                     draft: ServedDraft, prompts: Sequence[Prompt], tokens: int) -> list[tuple[int, float]]:
     """(questions put to the policy, seconds spent steering) of each iteration of the batched engine
     steered by ``policy`` (``BatchEngine.steering``: the plan, the chains' questions, ranking and trimming
     the real drafts), serving ``prompts`` in waves of ``max_batch`` requests of staggered lengths up to
@@ -147,7 +172,7 @@ def steering_fit(rows: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return max(float(per_iteration), 0.0), max(float(per_question), 0.0)
 
 
-def serve_live(target: Transformer, draft: Transformer, policy: Policy | None, profile: CostProfile,
+def serve_live(target: Transformer, draft: ServedDraft, policy: Policy | None, profile: CostProfile,
                arrivals: Arrivals, prompts: Sequence[Prompt], max_batch: int) -> dict[str, Any]:
     """Replay ``arrivals`` through the batched engine (steered by ``policy``; None: vanilla), each request
     asking for its own output length."""
@@ -280,7 +305,7 @@ class ServeBench:
     live and simulated alike."""
 
     target: Transformer
-    draft: Transformer
+    draft: ServedDraft
     steering: CostProfile
     acceptance: AcceptanceModel
     settings: Sequence[Setting]

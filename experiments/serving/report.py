@@ -50,6 +50,12 @@ def _requests(config: Record) -> str:
             f"each cut to its last {config['context_tokens']} tokens: {spread('prompt')}), {output}")
 
 
+def _vocab(config: Record) -> str:
+    """Which tokens the draft model drafts, when not every one (results before it was recorded: every one)."""
+    vocab = config.get("draft_vocab")
+    return "" if vocab is None else f" (drafting its {vocab:,} most frequent tokens)"
+
+
 def bench_body(record: Record) -> Lines:
     """Per arrival rate: every setting's live figures beside the simulator's, and the fidelity."""
     results, config = record["results"], record["config"]
@@ -57,8 +63,8 @@ def bench_body(record: Record) -> Lines:
     rates = list(next(iter(policies.values()))["rates"])
     lines = [
         f"{_requests(config)}, greedy, batch cap {config['max_batch']}, {config['rounds']} rounds of Poisson "
-        "arrivals per rate, settings interleaved; draft-model chains steered by each serving policy; wall "
-        "clock, one torch thread. "
+        "arrivals per rate, settings interleaved; draft-model chains"
+        f"{_vocab(config)} steered by each serving policy; wall clock, one torch thread. "
         "[95% CI]: bootstrap over rounds (tokens/s) or rounds' requests (TPOT). Ratios: tokens/s over the "
         "named setting's on the same arrivals. Simulated: `SpecServe-v0` on the same arrivals with the cost "
         "profile measured in the same process. Fidelity (median absolute relative error over settings and "

@@ -18,6 +18,7 @@ import torch
 
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, read_json, write_json
+from real_engine.drafters.trained import deployed_shape
 
 VOCAB_FILE = "draft_vocab.json"
 
@@ -56,3 +57,10 @@ def drafting_vocab(folder: str | Path, kind: str, vocab_size: int, count: int | 
     if count == vocab_size:
         return torch.arange(vocab_size)
     return load_vocab(folder, count, kind)
+
+
+def deployed_vocab(folder: str | Path, kind: str = "draft-model") -> torch.Tensor | None:
+    """The tokens the ``kind`` drafter in ``folder`` drafts as deployed (the ``vocab`` of its saved shape,
+    ``trained.deployed_shape``), None where it drafts every token: what a profile times it drafting."""
+    count = deployed_shape(kind, folder).get("vocab")
+    return None if count is None else load_vocab(folder, int(count), kind)
