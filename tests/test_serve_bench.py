@@ -37,8 +37,9 @@ def test_a_small_run_reports_every_policy_live_and_simulated(tmp_path: Path, cli
     table = save_policy(make_policy("batch-table", {"l1": 2, "l2": 1}), tmp_path / "table.json")
     per_request = save_policy(make_policy("threshold-batch"), tmp_path / "per-request.json")
     code, out, err = cli(["serve-bench", "--rates", "40", "--requests", "3", "--tokens", "4", "--rounds",
-                             "2", "--prompts", "1", "--max-batch", "2", "--profile-repeats", "1", "--policy",
-                             str(table), "--policy", str(per_request), "--out", str(tmp_path), "--json",
+                             "2", "--prompts", "1", "--calibration-prompts", "2", "--max-batch", "2",
+                             "--profile-repeats", "1", "--policy", str(table), "--policy", str(per_request),
+                             "--out", str(tmp_path), "--json",
                              "--profile-out", str(tmp_path / "profile.json")])
     assert code == 0, err
     report = json.loads(out)
@@ -50,6 +51,7 @@ def test_a_small_run_reports_every_policy_live_and_simulated(tmp_path: Path, cli
     assert set(report["policies"]["table"]["over_none"]) == {"40"}
     saved = json.loads((tmp_path / "serve_bench.json").read_text())
     assert saved["config"]["requests"] == 3 and saved["seed"] == 0 and "git_commit" in saved
+    assert saved["config"]["traces"] == "recorded: draft-model chains on 8 calibration prompts"  # 4 domains
     config, drawn = saved["config"], saved["config"]["drawn_lengths"]
     assert config["lengths"] == "fixed"  # the toy family's prompts carry no reference answers
     assert drawn["output"] == {"mean": 4, "min": 4, "max": 4}
@@ -136,6 +138,7 @@ def test_vanilla_runs_first_and_each_serving_kind_by_default() -> None:
 @pytest.mark.parametrize("argv, message", [
     (["--rates", "0"], "--rates"),
     (["--rounds", "1"], "--rounds"),
+    (["--calibration-prompts", "0"], "--calibration-prompts"),
     (["--profile-out", "/nonexistent/p.json"], "--profile-out"),
     (["--lengths", "dataset"], "--lengths fixed"),  # the toy family's prompts carry no answers
 ])

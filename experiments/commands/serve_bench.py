@@ -89,6 +89,9 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
               help="Requests decoded together at most.")
 @click.option("--prompts", type=int, default=8, show_default=True,
               help="Held-out prompts per domain to draw from.")
+@click.option("--calibration-prompts", "calibration_count", type=int, default=24, show_default=True,
+              help="Calibration prompts per domain whose acceptance the simulator replays (fewer let a few "
+                   "easy prompts set it).")
 @click.option("--steering-profile", "steering_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None,
               show_default="the model's serving profile (toy-16m: data/profiles/cpu_serve.json)",
@@ -113,9 +116,10 @@ def _steering(model: ModelSpec, given: Path | None) -> Path:
                    "runs/serve-bench].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, requests: int, tokens: int,
-            lengths: str | None, rounds: int, max_batch: int, prompts: int, steering_path: Path | None,
-            profile_path: Path | None, profile_out: Path | None, profile_repeats: int, threads: int,
-            quick: bool, seed: int, name: str | None, out: Path | None, as_json: bool) -> None:
+            lengths: str | None, rounds: int, max_batch: int, prompts: int, calibration_count: int,
+            steering_path: Path | None, profile_path: Path | None, profile_out: Path | None,
+            profile_repeats: int, threads: int, quick: bool, seed: int, name: str | None, out: Path | None,
+            as_json: bool) -> None:
     """Serve Poisson arrivals with each serving policy in the batched engine; compare with the simulator."""
     name = name or model_result("serve_bench", model.name)
     if quick:
@@ -126,6 +130,7 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     rate_list = _rates(rates)
     for flag, value, low in (("--requests", requests, 1), ("--tokens", tokens, 2), ("--rounds", rounds, 2),
                              ("--max-batch", max_batch, 1), ("--prompts", prompts, 1),
+                             ("--calibration-prompts", calibration_count, 1),
                              ("--profile-repeats", profile_repeats, 1), ("--threads", threads, 1)):
         if value < low:
             raise InputError(f"{flag} {value} is too small: give {low} or more")
@@ -166,7 +171,7 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     domains = prompt_domains(prompt_sets)
     held_out = load_prompts(domains, prompts, tokenizer.encode, "evaluation", CONTEXT_TOKENS,
                             folder=prompt_sets, chat_encode=tokenizer.chat_encoder())
-    calibration = load_prompts(domains, prompts, tokenizer.encode, "calibration", CONTEXT_TOKENS,
+    calibration = load_prompts(domains, calibration_count, tokenizer.encode, "calibration", CONTEXT_TOKENS,
                                folder=prompt_sets, chat_encode=tokenizer.chat_encoder())
     lengths = lengths or default_lengths(held_out)
     held_out = servable(held_out, lengths)  # refused here, before the long part, when none is
