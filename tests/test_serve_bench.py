@@ -18,6 +18,7 @@ from experiments.serving.bench import (
     chain_drafter,
     default_settings,
     draw_arrivals,
+    measure_profile,
     serve_live,
     steering_fit,
     steering_samples,
@@ -25,6 +26,7 @@ from experiments.serving.bench import (
 )
 from experiments.serving.lengths import MIN_OUTPUT, default_lengths, servable
 from policies import make_policy, save_policy
+from real_engine import profile as prof
 from real_engine.model import Transformer
 from real_engine.prompts import Prompt
 from simulator.spec_serve import Arrivals
@@ -99,19 +101,29 @@ def test_the_live_engine_asks_each_request_its_own_length(target: Transformer, d
         assert out["tokens"] == 11 and len(out["tpot"]) == 3
 
 
-def test_the_served_chain_drafts_the_draft_models_deployed_vocabulary(target: Transformer, draft: Transformer,
-                                                                      tmp_path: Path) -> None:
+def test_the_served_chain_drafts_the_draft_models_deployed_vocabulary(
+        target: Transformer, draft: Transformer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A draft model deployed over its most frequent tokens serves, is timed and is traced drafting them;
     one without a saved shape drafts every token."""
-    assert ServedDraft.deployed(draft, tmp_path).vocab is None
-    assert ServedDraft.deployed(draft, tmp_path).ids() is None
+    assert ServedDraft(draft, tmp_path).vocab is None and ServedDraft(draft, tmp_path).ids() is None
     (tmp_path / "drafting.json").write_text(json.dumps({"shape": {"depth": 4, "vocab": 8}}))
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"ids": list(range(95, -1, -1))}))
-    served = ServedDraft.deployed(draft, tmp_path)
+    served = ServedDraft(draft, tmp_path)
     assert served.vocab == 8 and served.ids().tolist() == list(range(95, 87, -1))
     drafter = chain_drafter(target, served)
     assert drafter.vocab.tolist() == list(range(95, 87, -1))
     assert drafter.depth == 8  # the serving depth, not the saved shape's: the policies set each chain
+
+    class Timed(Exception):
+        pass
+
+    def measure(*_: object, draft_vocab: object = None, **__: object) -> None:
+        raise Timed(draft_vocab)
+
+    monkeypatch.setattr(prof, "measure", measure)
+    with pytest.raises(Timed) as timed:  # the serving profile times the chain that serves
+        measure_profile(target, served, 2, 4, 1, 0)
+    assert timed.value.args[0].tolist() == list(range(95, 87, -1))
 
 
 def test_figures_pool_rounds_and_compare_with_the_simulator() -> None:

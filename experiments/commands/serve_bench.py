@@ -165,7 +165,7 @@ def command(model: ModelSpec, policy_paths: tuple[Path, ...], rates: str, reques
     torch.set_num_threads(threads)
     dtype = getattr(torch, model.dtype)
     target = load_model(model_dir, dtype)
-    draft = ServedDraft.deployed(load_model(draft_dir, dtype), draft_dir)
+    draft = ServedDraft(load_model(draft_dir, dtype), draft_dir)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     prompt_sets = model_prompts(model)
     domains = prompt_domains(prompt_sets)

@@ -60,8 +60,7 @@ from policies import (
 )
 from real_engine import profile as prof
 from real_engine.decode import make_drafter
-from real_engine.drafters.trained import deployed_shape
-from real_engine.drafters.vocab import deployed_vocab
+from real_engine.drafters.vocab import deployed_count, deployed_vocab
 from real_engine.model import load_model
 from real_engine.prompts import Prompt, encode_row, interleave, read_prompt_file, select_part
 from real_engine.speculate import LengthControlled
@@ -154,7 +153,7 @@ class Run:
             self.loaded = {
                 "target": target,
                 "draft": load_model(self.draft_dir, dtype),
-                "draft_vocab": deployed_shape(DRAFTER, self.draft_dir).get("vocab"),
+                "draft_vocab": deployed_count(self.draft_dir, DRAFTER),
                 "tokenizer": Tokenizer.load(self.model_dir, target.args.vocab_size, target.args.eos_token_id),
             }
         return self.loaded

@@ -44,8 +44,7 @@ from real_engine import profile as prof
 from real_engine.batch import BatchEngine, Request
 from real_engine.decode import make_drafter
 from real_engine.drafters.base import Drafter
-from real_engine.drafters.trained import deployed_shape
-from real_engine.drafters.vocab import load_vocab
+from real_engine.drafters.vocab import deployed_count, deployed_vocab
 from real_engine.model import Transformer
 from real_engine.prompts import Prompt
 from real_engine.speculate import ServeSteering
@@ -65,22 +64,20 @@ STEERING_WAVES = 2  # waves of the batch cap's requests per setting and round th
 
 @dataclasses.dataclass(frozen=True)
 class ServedDraft:
-    """The draft model as it serves: its weights and how many of its folder's most frequent tokens it
-    drafts (its deployed drafting vocabulary, ``deployed``; None: every token), timed and served alike."""
+    """The draft model as it serves, is traced and is timed: its weights, drafting the vocabulary its folder's
+    saved shape names (``vocab.deployed_count``); every token without a folder or a saved vocabulary."""
 
     net: Transformer
     folder: Path | None = None
-    vocab: int | None = None
 
-    @classmethod
-    def deployed(cls, net: Transformer, folder: Path) -> ServedDraft:
-        """The draft model in ``folder`` drafting the vocabulary its saved shape names."""
-        vocab = deployed_shape(KIND, folder).get("vocab")
-        return cls(net, folder, None if vocab is None else int(vocab))
+    @property
+    def vocab(self) -> int | None:
+        """How many of its most frequent tokens it drafts (None: every token)."""
+        return None if self.folder is None else deployed_count(self.folder, KIND)
 
     def ids(self) -> torch.Tensor | None:
         """The token ids it drafts (None: every token)."""
-        return None if self.vocab is None or self.folder is None else load_vocab(self.folder, self.vocab)
+        return None if self.folder is None else deployed_vocab(self.folder, KIND)
 
 
 def serve_grid(max_batch: int, contexts: Sequence[int], repeats: int) -> prof.ProfileGrid:
