@@ -8,12 +8,19 @@ its rank bucket (-1: the tree carries none), whether it is on the accepted path;
 context length, the accepted count and the draft and verify seconds. Traces are recorded on each
 domain's *calibration* prompts, and its *evaluation* prompts are held out for measuring policies
 (``real_engine.prompts``: by the rows' split, else by the file's halves).
+
+A *probed* trace (``record(probe=True)``, greedy decoding only) has a row at every text position: the
+drafter drafts at each step while the target decodes plainly (``Probe``), and each draft's accepted
+path is the greedy verifier's, read off the generated text afterwards (``greedy_path``). Greedy text
+does not depend on how much is speculated, so a simulated length policy can walk such a trace as the
+engine walks the text (``simulator.replay``), where the rows of a decode that verified its drafts only
+hold the positions that decode started iterations at.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +32,9 @@ from core.errors import InputError
 from core.paths import PROMPTS
 from real_engine.decode import GREEDY, Iteration, Stats, generate
 from real_engine.drafters.base import Drafter
-from real_engine.model import Transformer
+from real_engine.model import Output, Transformer
 from real_engine.prompts import PARTS, Prompt, encode_row, interleave, read_prompt_set, select_part
+from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
 
@@ -108,28 +116,78 @@ class Recording:
     prompts: tuple[Prompt, ...]
 
 
+class Probe:
+    """A drafter that drafts at every position and verifies nothing: each step it keeps ``drafter``'s
+    proposal (``trees``) and hands the decode loop the root alone, so the target decodes plainly; it then
+    tells ``drafter`` that none of its draft was accepted, as a rejection at the first node would."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.trees: list[DraftTree] = []
+
+    @property
+    def model_seconds(self) -> float:
+        """The wrapped drafter's model time."""
+        return self.drafter.model_seconds
+
+    def begin(self, prompt: torch.Tensor, target: Output, sampling: Sampling, generator: torch.Generator,
+              max_length: int) -> None:
+        """Start the wrapped drafter."""
+        self.drafter.begin(prompt, target, sampling, generator, max_length)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """Keep the wrapped drafter's proposal; propose nothing."""
+        tree = self.drafter.propose(max_depth)
+        self.trees.append(tree)
+        return DraftTree(tree.tokens[:1], tree.parents[:1])
+
+    def accept(self, path: Sequence[int], token: int, target: Output) -> None:
+        """The plain step's token follows a draft none of which was accepted."""
+        self.drafter.accept((), token, target)
+
+
+def greedy_path(tree: DraftTree, text: Sequence[int]) -> tuple[int, ...]:
+    """The nodes the greedy verifier accepts of ``tree`` when the target's greedy text after its root is
+    ``text``: from the root, the first child holding the next token of the text, as deep as they go."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    path: list[int] = []
+    node = 0
+    for token in text:
+        node = next((i for i in range(node + 1, len(tokens)) if parents[i] == node and tokens[i] == token), 0)
+        if not node:
+            break
+        path.append(node)
+    return tuple(path)
+
+
 @torch.inference_mode()
 def record(target: Transformer, prompts: Sequence[Prompt], new_drafter: Callable[[], Drafter], drafter: str,
            *, verifier: str = "greedy", sampling: Sampling = GREEDY, max_new_tokens: int = 128,
-           eos_id: int | None = None, seed: int = 0,
+           eos_id: int | None = None, seed: int = 0, probe: bool = False,
            progress: Callable[[int, Stats], None] | None = None) -> Recording:
-    """Decode every prompt with a fresh drafter from ``new_drafter`` and record each iteration.
+    """Decode every prompt with a fresh drafter from ``new_drafter`` and record each iteration; with
+    ``probe``, decode plainly and record a draft at every position (``Probe``; greedy decoding only).
 
     Query ``i`` uses seed ``seed + i``; ``progress`` is called after each query.
     """
     if not prompts:
         raise InputError("no prompts to trace: give at least one domain with prompts")
+    if probe and (verifier != "greedy" or sampling != GREEDY):
+        raise InputError("a probed trace reads each draft's accepted path off the greedy text: record it "
+                         "with the greedy verifier at temperature 0, or without probing")
     rows: list[dict[str, Any]] = []
     stats = []
     for query, prompt in enumerate(prompts):
-        start = len(rows)
-
-        def keep(it: Iteration, query: int = query, prompt: Prompt = prompt, start: int = start) -> None:
-            rows.append(iteration_row(it, query, prompt.domain, drafter, len(rows) - start))
-
-        out = generate(target, list(prompt.tokens), drafter=new_drafter(), verifier=verifier,
-                       sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed + query,
-                       on_iteration=keep)
+        made = new_drafter()
+        probed = Probe(made) if probe else None
+        steps: list[Iteration] = []
+        out = generate(target, list(prompt.tokens), drafter=made if probed is None else probed,
+                       verifier=verifier, sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                       seed=seed + query, on_iteration=steps.append)
+        if probed is not None:
+            steps = [replace(it, tree=tree, path=greedy_path(tree, out.tokens[i:]))
+                     for i, (it, tree) in enumerate(zip(steps, probed.trees, strict=True))]
+        rows.extend(iteration_row(it, query, prompt.domain, drafter, i) for i, it in enumerate(steps))
         stats.append(out.stats)
         if progress is not None:
             progress(query, out.stats)

@@ -263,18 +263,21 @@ def default_acceptance() -> ParametricAcceptance:
 def synthetic_traces(model: ParametricAcceptance, queries: int, iterations: int, seed: int,
                      drafter: str = "synthetic") -> pd.DataFrame:
     """Chain traces drawn from ``model`` (times 0.0): ``iterations`` rows for each of ``queries`` queries,
-    the domains taken in turn. For tests and benchmarks of the replay and fitting paths."""
+    the domains taken in turn, each row starting where the previous one's tokens left off (a 128-token
+    prompt). For tests and benchmarks of the replay and fitting paths."""
     rng = np.random.default_rng(seed)
     rows = queries * iterations
     domain = np.arange(rows) // iterations % len(model.domains)
     draws = model.sample(rng, domain)
     drafted, accepted = draws.drafted, draws.accepted_all
+    moved = (accepted + 1).reshape(queries, iterations)
+    before = (np.cumsum(moved, axis=1) - moved).reshape(-1)  # tokens each query emitted before the row
     return pd.DataFrame({
         "query_id": np.arange(rows) // iterations,
         "domain": np.asarray(model.domains)[domain],
         "drafter": drafter,
         "iteration": np.arange(rows) % iterations,
-        "context_length": 128 + 4 * (np.arange(rows) % iterations),
+        "context_length": 128 + before,
         "depths": [np.arange(1, k + 1) for k in drafted],
         "parents": [np.arange(-1, k - 1) for k in drafted],
         "confidences": [c[:k].astype(np.float64) for c, k in zip(draws.confidences, drafted, strict=True)],

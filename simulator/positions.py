@@ -27,14 +27,34 @@ class PositionTable:
     need: np.ndarray  # (R, cap) n that first includes the k-th accepted-path node; cap + 1 when none
     drafted: np.ndarray  # (R,)
     query: np.ndarray | None = None  # (R,) index of the recorded query; None: each domain is one query
-    tokens: np.ndarray | None = None  # (R,) positions the iteration advanced (accepted + 1); None: from need
+    tokens: np.ndarray | None = None  # (R,) positions the recorded decode moved on (``advances``); None: need
     cut: np.ndarray | None = None  # (R,) bool: the draft was cut short (accepted < its deepest node's depth)
+    context: np.ndarray | None = None  # (R,) the iteration's text position (context length); None: unknown
 
     @property
     def chain_accepted(self) -> np.ndarray:
         """Leading positions accepted in a row: the accepted length if the positions were a chain."""
         k = np.arange(1, self.need.shape[1] + 1)
         return np.logical_and.accumulate(self.need == k, axis=1).sum(axis=1)
+
+
+def advances(traces: pd.DataFrame) -> np.ndarray:
+    """(R,) the positions the recorded decode moved its query on at each row: the next iteration's context
+    length less the row's own; the accepted tokens plus one where that is not a positive step (a query's
+    last row, rows not recorded as a decode) but one for the last row of a probed query
+    (``real_engine.trace.Probe``: its target verified nothing, so its rows moved on fewer positions)."""
+    frame = pd.DataFrame({"domain": traces["domain"].to_numpy(dtype=str),
+                          "query": traces["query_id"].to_numpy(dtype=np.int64),
+                          "iteration": traces["iteration"].to_numpy(dtype=np.int64),
+                          "context": traces["context_length"].to_numpy(dtype=np.int64),
+                          "verified": traces["accepted"].to_numpy(dtype=np.int64) + 1})
+    frame = frame.sort_values(["domain", "query", "iteration"], kind="stable")
+    keys = [frame["domain"], frame["query"]]
+    step = (frame.groupby(keys, sort=False)["context"].shift(-1) - frame["context"]).fillna(0)
+    probed = ((step > 0) & (step < frame["verified"])).groupby(keys, sort=False).transform("any")
+    last = frame.groupby(keys, sort=False).cumcount(ascending=False) == 0
+    moved = np.where(step > 0, step, np.where(last & probed, 1, frame["verified"]))
+    return pd.Series(moved, index=frame.index).sort_index().to_numpy(dtype=np.int64)
 
 
 def end_limited(traces: pd.DataFrame) -> np.ndarray:
@@ -52,7 +72,7 @@ def end_limited(traces: pd.DataFrame) -> np.ndarray:
     frame = pd.DataFrame({"domain": traces["domain"].to_numpy(dtype=str),
                           "query": traces["query_id"].to_numpy(dtype=np.int64),
                           "iteration": traces["iteration"].to_numpy(dtype=np.int64),
-                          "tokens": traces["accepted"].to_numpy(dtype=np.int64) + 1, "deepest": deepest})
+                          "tokens": advances(traces), "deepest": deepest})
     frame = frame.sort_values(["domain", "query", "iteration"], kind="stable")
     by_query = frame.groupby(["domain", "query"], sort=False)
     left = by_query["tokens"].transform("sum") - by_query["tokens"].cumsum() + frame["tokens"]
@@ -64,7 +84,9 @@ def end_limited(traces: pd.DataFrame) -> np.ndarray:
 def positions(traces: pd.DataFrame, cap: int = LENGTH_CAP) -> PositionTable:
     """Turn trace rows (draft trees) into position form: nodes ranked by path product, top ``cap`` kept;
     the iterations the end of their query cut short (``end_limited``) are left out."""
-    traces = traces[~end_limited(traces)]
+    kept = ~end_limited(traces)
+    moved = advances(traces)[kept]
+    traces = traces[kept]
     nodes = node_arrays(traces)
     product = nodes.confidences.astype(np.float64).copy()
     for depth in range(2, int(nodes.depths.max(initial=1)) + 1):
@@ -90,5 +112,5 @@ def positions(traces: pd.DataFrame, cap: int = LENGTH_CAP) -> PositionTable:
     pairs = np.stack((domain, traces["query_id"].to_numpy(dtype=np.int64)), axis=1)
     query = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
     return PositionTable(tuple(str(d) for d in domains), domain.astype(np.int64), confidences, need,
-                         np.minimum(nodes.count, cap), query.astype(np.int64),
-                         traces["accepted"].to_numpy(dtype=np.int64) + 1, accepted < deepest)
+                         np.minimum(nodes.count, cap), query.astype(np.int64), moved, accepted < deepest,
+                         traces["context_length"].to_numpy(dtype=np.int64))

@@ -41,13 +41,23 @@ class TraceReplay:
        uniformly random position (q with probability T_q / sum T within its domain) and
        ``sample(rng, domain, episode)`` draws that query's rows uniformly: exact for every n and every
        policy under 1; only the variation of acceptance inside one query is left unmodelled.
+    4. That variation matters to a policy that stops where the drafter is unsure: the positions its
+       iterations start at follow its own stops (after a plain step, often another hard position), not
+       the rejections of the recording. ``walk`` replays a query as the engine decodes it: from the
+       query's first row, each iteration moves on the tokens it emitted to the row recorded at that text
+       position, and only where none was recorded to a uniformly random row of the query. On a probed
+       trace (``real_engine.trace.Probe``: a row at every position of greedy text, the same text whatever
+       the policy) this is the engine's own sequence of iterations. A decode's trace holds only the
+       positions where that decode's iterations started, which a policy that stops elsewhere does not
+       reach, so its queries are walked as under 3., each iteration at a uniformly random row.
 
     A table without query ids treats each domain as one query (rows drawn uniformly within a domain).
     """
 
     def __init__(self, table: PositionTable) -> None:
         query = table.domain if table.query is None else table.query
-        order = np.lexsort((query, table.domain))
+        context = np.arange(table.domain.size) if table.context is None else table.context
+        order = np.lexsort((context, query, table.domain))
         self.domains = table.domains
         self.cap = table.confidences.shape[1]
         self.counts = np.bincount(table.domain, minlength=len(table.domains))
@@ -68,6 +78,12 @@ class TraceReplay:
         self.query_tokens = np.add.reduceat(tokens.astype(np.float64), first)
         self.query_cut = np.add.reduceat(self.cut.astype(np.float64), first) / self.query_rows
         query_domain = key[first, 0]
+        # The walk's lookup: (query, context) as one sorted key, so a text position is found by bisection.
+        self.row_query = np.repeat(np.arange(first.size), self.query_rows)
+        # A probed query's rows moved on fewer positions than their decode would have (one each).
+        self.query_probed = np.logical_or.reduceat(tokens < self.accepted_all + 1, first)
+        span = int(context.max(initial=0)) + self.cap + 2  # past any position a walk moves to
+        self._position_key = self.row_query * span + context[order]
         self.weights = np.repeat(self.query_tokens / self.query_rows, self.query_rows)  # tau_q(D) per row
         self._row_cumulative = np.cumsum(self.weights)
         self._query_cumulative = np.cumsum(self.query_tokens)
@@ -91,10 +107,31 @@ class TraceReplay:
         u = rng.random(domain.size)
         if episode is None:
             first, count = np.take(self.offsets, domain), np.take(self.counts, domain)
-            row = _weighted_pick(self._row_cumulative, first, count, u)
-        else:
-            pick = (u * np.take(self.query_rows, episode)).astype(np.int64)
-            row = np.take(self.query_offsets, episode) + pick
+            return self.at(_weighted_pick(self._row_cumulative, first, count, u))
+        return self.at(self._any_row(episode, u))
+
+    def first_rows(self, rng: np.random.Generator, episode: np.ndarray) -> np.ndarray:
+        """Where a walk of each episode's query starts: a probed query's first row (its earliest text
+        position), a uniformly random row of any other."""
+        random = self._any_row(episode, rng.random(episode.size))
+        return np.where(np.take(self.query_probed, episode), np.take(self.query_offsets, episode), random)
+
+    def walk(self, rng: np.random.Generator, row: np.ndarray, moved: np.ndarray) -> np.ndarray:
+        """The rows after ``row`` once each has moved its query on ``moved`` tokens: in a probed query the row
+        recorded at that text position, else (past its end, or in a decode's trace, whose rows sit where that
+        decode's own iterations happened to start) a uniformly random row of the query (4. above)."""
+        query = np.take(self.row_query, row)
+        want = np.take(self._position_key, row) + moved
+        found = np.minimum(np.searchsorted(self._position_key, want), self._position_key.size - 1)
+        hit = (np.take(self._position_key, found) == want) & np.take(self.query_probed, query)
+        return np.where(hit, found, self._any_row(query, rng.random(row.size)))
+
+    def _any_row(self, query: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """A uniformly random row of each ``query`` (one uniform ``u`` each)."""
+        return np.take(self.query_offsets, query) + (u * np.take(self.query_rows, query)).astype(np.int64)
+
+    def at(self, row: np.ndarray) -> Draws:
+        """The recorded iterations of ``row``."""
         by_length = None if self.by_length is None else np.take(self.by_length, row, axis=0)
         return Draws(np.take(self.confidences, row, axis=0), np.take(self.drafted, row),
                      np.take(self.accepted_all, row), by_length)

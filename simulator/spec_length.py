@@ -73,8 +73,13 @@ class SpecLengthBatch:
         self.context = np.zeros(num, dtype=np.int64)
         self.remaining = np.zeros(num, dtype=np.int64)
         self.rows = np.arange(num)
-        # A model with ``episodes`` (trace replay) keeps each query inside one recorded query.
-        self.episode = np.zeros(num, dtype=np.int64) if hasattr(self.model, "episodes") else None
+        # A model with ``walk`` (trace replay) replays one recorded query per query, text position by
+        # position from its first row (``TraceReplay.walk``): ``row`` is where each slot stands, ``moved``
+        # the tokens its last iteration emitted.
+        walks = hasattr(self.model, "walk")
+        self.episode = np.zeros(num, dtype=np.int64) if walks else None
+        self.row = np.zeros(num, dtype=np.int64) if walks else None
+        self.moved = np.zeros(num, dtype=np.int64) if walks else None
 
     def start(self, rng: np.random.Generator, mask: np.ndarray) -> None:
         """Begin a new query in every slot of ``mask``: draw its domain, prompt length and recorded query."""
@@ -85,12 +90,14 @@ class SpecLengthBatch:
         self.remaining[mask] = self.tokens
         if self.episode is not None:
             self.episode[mask] = self.model.episodes(rng, domain)
+            self.row[mask] = self.model.first_rows(rng, self.episode[mask])
+            self.moved[mask] = 0
 
     def keep(self, mask: np.ndarray) -> None:
         """Drop every slot outside ``mask`` (between ``verify`` and ``draft``); new arrays, same order."""
         self.num = int(mask.sum())
         self.rows = np.arange(self.num)
-        for name in ("domain", "context", "remaining", "episode"):
+        for name in ("domain", "context", "remaining", "episode", "row", "moved"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name)[mask])
 
@@ -99,7 +106,8 @@ class SpecLengthBatch:
         if self.episode is None:
             self.draws = self.model.sample(rng, self.domain)
         else:
-            self.draws = self.model.sample(rng, self.domain, self.episode)
+            self.row = np.where(self.moved > 0, self.model.walk(rng, self.row, self.moved), self.row)
+            self.draws = self.model.at(self.row)
         self.step_seconds = np.take(self.dense_steps, self.context, axis=0)
         self.shown_seconds = np.take(self.dense_shown, self.context, axis=0)
 
@@ -121,6 +129,8 @@ class SpecLengthBatch:
         drafting = cost[drafted] + self.steering[drafted]
         seconds = self.step_seconds[self.rows, n] + drafting - cost[n]
         accepted = self.draws.accepted(n)
+        if self.moved is not None:
+            self.moved = accepted + 1
         tokens = np.minimum(accepted + 1, self.remaining)
         self.remaining -= tokens
         self.context += tokens
@@ -184,7 +194,8 @@ class SpecLengthEnv(BatchEnv[int]):
     A new query: its domain drawn from ``domain_weights``, its prompt length uniform in
     ``prompt_tokens``, and its first drafted iteration. With trace replay the query also picks the
     recorded query whose iterations it replays (``TraceReplay.episodes``: that of a uniformly random
-    text position of the domain), so acceptance stays as easy or as hard as one real query's.
+    text position of the domain), so acceptance stays as easy or as hard as one real query's; it walks
+    that query's text from its first recorded iteration as the engine would (``TraceReplay.walk``).
 
     ## Episode End
 

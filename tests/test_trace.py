@@ -112,8 +112,21 @@ def test_cli_writes_a_trace(llama_dir: Path, draft_dir: Path, tmp_path: Path,
     assert result["tau"] >= 1.0
 
 
+def test_cli_probes_every_position(llama_dir: Path, draft_dir: Path, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.parquet"
+    code, stdout, err = run(["--model", str(llama_dir), "--draft-model", str(draft_dir), "--domains", "code",
+                             "--prompts", "1", "--max-new-tokens", "8", "--draft-length", "3", "--probe",
+                             "--out", str(out), "--json"], capsys)
+    assert code == 0, err
+    traces = load_traces(out)
+    assert json.loads(stdout)["probe"] and len(traces) == 8  # a plain step per token, a draft at each
+    assert np.diff(traces["context_length"]).tolist() == [1] * 7
+
+
 @pytest.mark.parametrize("args", [["--drafter", "bogus"], ["--domains", " , "], ["--domains", "nosuchdomain"],
-                                  ["--model", "{missing}"], ["--prompts", "0"]])
+                                  ["--model", "{missing}"], ["--prompts", "0"],
+                                  ["--probe", "--temperature", "1"], ["--probe", "--verifier", "token"]])
 def test_cli_bad_input_exits_2(args: list[str], llama_dir: Path, draft_dir: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     args = [a.format(missing=tmp_path / "nowhere") for a in args]

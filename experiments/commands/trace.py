@@ -2,7 +2,9 @@
 
 Decodes the first ``--prompts`` calibration prompts (the first half of each ``<domain>.jsonl`` of the
 model's prompt sets; the toy family's are ``data/prompts``) of each domain with the chosen drafter and
-writes one row per decoding iteration (``simulator.traces``; see ``real_engine.trace``).
+writes one row per decoding iteration (``simulator.traces``; see ``real_engine.trace``). ``--probe``
+writes one row per generated token instead: the drafter drafts at every position of the greedy text
+and nothing is verified, the trace a simulated length policy walks as the engine would.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ def _folder(path: Path, flag: str, train: str) -> Path:
               help=defaults_help(("chain", "tree")))
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy decoding.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Query i decodes with seed + i.")
+@click.option("--probe", is_flag=True,
+              help="Draft at every position of the greedy text, verifying nothing (one row per token): what "
+                   "`specblock pipeline` records for its length policies. Temperature 0 only.")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
@@ -92,8 +97,8 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
             model: ModelSpec,
             draft_dir: Path | None, drafter_dir: Path | None, draft_length: int | None,
             tree_width: int | None, tree_budget: int | None, max_new_tokens: int, verifier: str | None,
-            temperature: float, seed: int, device: str | None, dtype: str | None, threads: int | None,
-            as_json: bool) -> None:
+            temperature: float, seed: int, probe: bool, device: str | None, dtype: str | None,
+            threads: int | None, as_json: bool) -> None:
     """Record one trace row per decoding iteration of the live engine."""
     spec = drafter_spec(drafter)
     given = {"depth": draft_length, "width": tree_width, "budget": tree_budget}
@@ -108,6 +113,9 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
         raise InputError(f"--max-new-tokens {max_new_tokens} is too few: give at least 1")
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads} is invalid: give 1 or more")
+    if probe and (temperature != 0.0 or verifier not in (None, "greedy")):
+        raise InputError("--probe reads each draft's accepted path off the greedy text: drop --temperature "
+                         "and --verifier, or drop --probe")
     model_dir = model.require().target
     dtype = dtype or model.dtype
     if drafter_dir is not None and not spec.trained:
@@ -155,18 +163,21 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
         click.echo(f"\r  traced {query + 1}/{len(chosen)} prompts", err=True, nl=False)
 
     recording = record(target, chosen, new, drafter, verifier=verifier, sampling=sampling,
-                       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed, progress=progress)
+                       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed, probe=probe,
+                       progress=progress)
     click.echo("", err=True)
     save_traces(recording.traces, out)
     traces = recording.traces
     tokens = sum(s.new_tokens for s in recording.stats)
     seconds = sum(s.seconds - s.prefill_seconds for s in recording.stats)
     result = {"out": str(out), "drafter": drafter, "verifier": verifier, "temperature": temperature,
-              "domains": list(names), "queries": len(chosen), "iterations": len(traces),
+              "probe": probe, "domains": list(names), "queries": len(chosen), "iterations": len(traces),
               "tau": tokens / len(traces), "mean_accepted": float(traces["accepted"].mean()),
               "tokens_per_second": tokens / seconds}
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
         return
+    rate = (f"{result['mean_accepted']:.2f} draft tokens accepted per position" if probe
+            else f"tau {result['tau']:.2f}")
     click.echo(f"wrote {out}: {result['iterations']} iterations of {result['queries']} queries, "
-               f"tau {result['tau']:.2f}, decode {result['tokens_per_second']:.1f} tokens/s")
+               f"{rate}, decode {result['tokens_per_second']:.1f} tokens/s")

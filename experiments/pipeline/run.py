@@ -6,7 +6,7 @@ Seven steps, each writing into one run folder (``--resume`` skips the finished o
 
 1. ``models``   load the target, the draft model and the tokenizer -> ``models.json``
 2. ``profile``  measure this machine's costs -> ``cost_profile.json``
-3. ``traces``   decode calibration prompts with the draft-model chain -> ``traces.parquet``
+3. ``traces``   probe the draft-model chain at every calibration answer position -> ``traces.parquet``
 4. ``simulate`` the baseline length policies in the simulator -> ``simulate.json``
 5. ``tune``     Ray Tune over the length policies (and, unless quick, the adaptation policies) ->
                 ``tune/<task>/`` with ``best_<kind>.json`` policy files, copied to ``policies/``
@@ -247,8 +247,11 @@ def step_profile(run: Run) -> dict[str, Any]:
 
 
 def step_traces(run: Run) -> dict[str, Any]:
-    """Record the calibration traces of the draft-model chain; fit its confidence calibration
-    (``calibration.json``) from them."""
+    """Record the calibration traces of the draft-model chain, probed (a draft at every position of the
+    greedy text, ``real_engine.trace.Probe``, so a simulated length policy walks the text as the engine
+    would: ``simulator.replay.TraceReplay.walk``) for ``plan.depth`` tokens past the answers the
+    simulator decodes, so that none of their drafts is cut short by the end; fit the drafter's confidence
+    calibration (``calibration.json``) from them."""
     m, plan = run.models(), run.plan
     prompts = run.prompts("calibration")
     rec = record(
@@ -256,17 +259,18 @@ def step_traces(run: Run) -> dict[str, Any]:
         prompts,
         run.drafter,
         DRAFTER,
-        max_new_tokens=plan.max_new_tokens,
+        max_new_tokens=plan.max_new_tokens + plan.depth,
         eos_id=None,
         seed=plan.seed,
+        probe=True,
     )
     save_traces(rec.traces, run.path("traces.parquet"))
     calibration = fit_calibration(rec.traces)
     write_json(run.path("calibration.json"), calibration.to_dict())
     return {
         "queries": len(prompts),
-        "iterations": len(rec.traces),
-        "tau": sum(s.new_tokens for s in rec.stats) / sum(s.iterations for s in rec.stats),
+        "positions": len(rec.traces),
+        "mean_accepted": float(rec.traces["accepted"].mean()),
         "calibrated_positions": len(calibration.knots),
     }
 
