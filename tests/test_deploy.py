@@ -81,6 +81,19 @@ def test_compare_reports_errors_intervals_and_ranking() -> None:
         0.3 * rows["fixed-3"]["measured_iteration_ms"])
 
 
+def test_compare_reports_the_forecast_from_the_held_out_prompts_own_traces() -> None:
+    runs = {"vanilla": live(100, 0.02, 0), "a": live(150, 0.05, 1), "b": live(120, 0.05, 2)}
+    predicted = {"vanilla": forecast(100), "a": forecast(165), "b": forecast(120)}
+    replayed = {"vanilla": forecast(101), "a": forecast(153), "b": forecast(114)}
+    out = compare(runs, predicted, DOMAINS, 0, {}, replayed=replayed)
+    errors = {n: replayed[n].tokens_per_second / runs[n].tokens_per_second - 1 for n in runs}
+    for name, row in out["policies"].items():
+        assert row["replay_error"] == pytest.approx(errors[name])
+        assert row["replayed_tokens_per_second"] == replayed[name].tokens_per_second
+    assert out["replay_error"] == pytest.approx(float(np.median(np.abs(list(errors.values())))))
+    assert "replay_error" not in compare(runs, predicted, DOMAINS, 0, {})  # only when replayed
+
+
 def test_a_clearly_faster_measured_best_is_called_out() -> None:
     runs = {"vanilla": live(100, 0.01, 0), "a": live(200, 0.01, 1), "b": live(120, 0.01, 2)}
     predicted = {"vanilla": forecast(100), "a": forecast(110), "b": forecast(130)}

@@ -4,6 +4,7 @@ resume, and its bad input."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -46,6 +47,7 @@ def test_smoke_pipeline_writes_every_step_and_the_summary(smoke_run: tuple[Path,
         "models.json",
         "cost_profile.json",
         "traces.parquet",
+        "held_out_traces.parquet",
         "simulate.json",
         "deploy.json",
         "deploy_profile.json",
@@ -66,6 +68,9 @@ def test_smoke_pipeline_writes_every_step_and_the_summary(smoke_run: tuple[Path,
     assert "libraspec-calibrated" in policies and "libraspec" in policies
     low, high = summary["fidelity_error_ci"]
     assert 0 <= low <= high
+    replayed = [abs(row["replay_error"]) for row in policies.values()]  # the held-out prompts' own traces
+    assert summary["replay_error"] == pytest.approx(statistics.median(replayed))
+    assert "On the held-out prompts' own text" in (out / "report.md").read_text()
     agreement = summary["rank_agreement"]
     assert -1 <= agreement["kendall_tau"] <= 1
     assert {agreement["predicted_best"], agreement["measured_best"]} <= set(policies)

@@ -13,6 +13,11 @@ Predicted: ``experiments.pipeline.fidelity.simulate`` from the cost profile and 
 queries shaped like the held-out prompts; its interval resamples the recorded calibration queries
 within each domain, the uncertainty of a forecast built from a handful of queries.
 
+Replayed: the same forecast from the held-out prompts' own probed traces instead of the calibration
+prompts' (no interval). Its error is the simulator's on the very text the engine decoded (the cost
+profile's error, and the few greedy tokens a verify's rounding turns, as bfloat16 does); the rest of
+the fidelity error is how the calibration prompts differ from the held-out ones.
+
 The fidelity error is the median over policies of |predicted / measured - 1|; its interval pairs the
 two bootstraps. The ranking is compared by Kendall's tau, and the predicted best policy is called the
 measured best within its interval when the measured best's lead over it (a paired ratio over the same
@@ -154,10 +159,13 @@ def forecast(profile: Any, traces: pd.DataFrame, policy: Any, prompts: Sequence[
 
 
 def compare(live: Mapping[str, Live], predicted: Mapping[str, Forecast], domains: Sequence[str],
-            seed: int, kinds: Mapping[str, str], baseline: str = "vanilla") -> dict[str, Any]:
+            seed: int, kinds: Mapping[str, str], baseline: str = "vanilla",
+            replayed: Mapping[str, Forecast] | None = None) -> dict[str, Any]:
     """Per policy, measured and predicted tokens/s, speedup and tau with intervals and the error; over
     all, the fidelity error with its interval, the rank agreement (see the module docstring) and each
-    adaptive policy against the best fixed length (``kinds``: policy name -> kind; vanilla has none)."""
+    adaptive policy against the best fixed length (``kinds``: policy name -> kind; vanilla has none);
+    with ``replayed`` (the forecasts from the held-out prompts' traces), each one's error and their median
+    (``replay_error``)."""
     index = resamples(domains, REPLICATES, seed)
     boot = {name: ratio_of_sums(run.tokens, run.seconds, index) for name, run in live.items()}
     pred = {name: f.replicates[np.arange(REPLICATES) % f.replicates.size] for name, f in predicted.items()}
@@ -175,8 +183,15 @@ def compare(live: Mapping[str, Live], predicted: Mapping[str, Forecast], domains
             "measured_tau": run.tau, "predicted_tau": f.tau,
             **decomposition(run, f),
         }
+        if replayed is not None:
+            again = replayed[name]
+            speed = again.tokens_per_second
+            rows[name].update({"replayed_tokens_per_second": speed, "replayed_tau": again.tau,
+                               "replay_error": speed / real - 1.0})
     errors = np.median(np.abs(np.stack([pred[n] / boot[n] - 1.0 for n in live])), axis=0)
-    return {"policies": rows,
+    replay = {} if replayed is None else {
+        "replay_error": statistics.median(abs(r["replay_error"]) for r in rows.values())}
+    return {"policies": rows, **replay,
             "fidelity_error": statistics.median(abs(r["error"]) for r in rows.values()),
             "fidelity_error_ci": interval(errors),
             "worst_error": max(abs(r["error"]) for r in rows.values()),

@@ -50,6 +50,13 @@ def verdict(deploy: dict[str, Any]) -> list[str]:
         f"within its interval (the measured best's lead over it: "
         f"{_ci(agreement['measured_best_lead_ci'], '.3f')}).",
     ]
+    if "replay_error" in deploy:
+        worst_replay = max(rows, key=lambda n: abs(rows[n]["replay_error"]))
+        lines.append(
+            f"- **On the held-out prompts' own text** (their probed traces replayed instead of the "
+            f"calibration prompts'): median error **{deploy['replay_error']:.1%}**, worst {worst_replay} at "
+            f"{rows[worst_replay]['replay_error']:+.1%}. The rest of the fidelity error is how the "
+            "calibration prompts differ from the held-out ones.")
     against = deploy.get("against_best_fixed") or {}
     for name, row in sorted(against.get("policies", {}).items()):
         low, high = row["ratio_ci"]
@@ -59,6 +66,13 @@ def verdict(deploy: dict[str, Any]) -> list[str]:
                      "not drafting counts as length 0) "
                      f"live, interval {_ci(row['ratio_ci'], '.3f')}: {outcome} it.")
     return lines
+
+
+def _replayed(row: dict[str, Any]) -> str:
+    """A policy's forecast from the held-out prompts' own traces and its error; - when not measured."""
+    if "replayed_tokens_per_second" not in row:
+        return "-"
+    return f"{row['replayed_tokens_per_second']:.1f} ({row['replay_error']:+.1%})"
 
 
 def _drafting(vocab: int | None) -> str:
@@ -86,17 +100,19 @@ def write_report(out: Path, quick: bool, seed: int) -> dict[str, Any]:
         *verdict(deploy),
         "",
         "Per iteration, measured / predicted: tau, then milliseconds of drafting (with the length policy's "
-        "own work), verifying, the rest of the loop (which the simulator does not model) and in all.",
+        "own work), verifying, the rest of the loop (which the simulator does not model) and in all. On "
+        "held-out text: the forecast from the held-out prompts' own probed traces, and its error.",
         "",
-        "| policy | measured tok/s | predicted tok/s | error | measured speedup | predicted speedup |"
-        " tau | draft ms | verify ms | rest ms | iteration ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | measured tok/s | predicted tok/s | error | on held-out text | measured speedup "
+        "| predicted speedup | tau | draft ms | verify ms | rest ms | iteration ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["measured_tokens_per_second"]):
         lines.append(
             f"| {name} | {r['measured_tokens_per_second']:.1f} {_ci(r['measured_ci'])} "
             f"| {r['predicted_tokens_per_second']:.1f} {_ci(r['predicted_ci'])} "
-            f"| {r['error']:+.1%} | {r['measured_speedup']:.3f} {_ci(r['measured_speedup_ci'], '.3f')} "
+            f"| {r['error']:+.1%} | {_replayed(r)} "
+            f"| {r['measured_speedup']:.3f} {_ci(r['measured_speedup_ci'], '.3f')} "
             f"| {r['predicted_speedup']:.3f} | {r['measured_tau']:.2f} / {r['predicted_tau']:.2f} "
             f"| {r['measured_draft_ms']:.2f} / {r['predicted_draft_ms']:.2f} "
             f"| {r['measured_verify_ms']:.2f} / {r['predicted_verify_ms']:.2f} "

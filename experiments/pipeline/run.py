@@ -12,7 +12,8 @@ Seven steps, each writing into one run folder (``--resume`` skips the finished o
                 ``tune/<task>/`` with ``best_<kind>.json`` policy files, copied to ``policies/``
 6. ``deploy``   every length policy file in the live engine on held-out prompts (round-robin prompt
                 by prompt, steady-state throughput on the profile's clock) beside the simulator's
-                prediction for the same prompts -> ``deploy.json``; the adaptation policies (never,
+                prediction for the same prompts, and from their own probed traces
+                (``held_out_traces.parquet``) -> ``deploy.json``; the adaptation policies (never,
                 always head, always full, epsilon-greedy, the cost-aware bandit, and the tuned ones)
                 serve a stream with a domain shift with online updates of the SpecBlock drafter
                 (``experiments.adapt.live``) -> ``adaptation.json``
@@ -252,37 +253,33 @@ def step_traces(run: Run) -> dict[str, Any]:
     would: ``simulator.replay.TraceReplay.walk``) for ``plan.depth`` tokens past the answers the
     simulator decodes, so that none of their drafts is cut short by the end; fit the drafter's confidence
     calibration (``calibration.json``) from them."""
-    m, plan = run.models(), run.plan
     prompts = run.prompts("calibration")
-    rec = record(
-        m["target"],
-        prompts,
-        run.drafter,
-        DRAFTER,
-        max_new_tokens=plan.max_new_tokens + plan.depth,
-        eos_id=None,
-        seed=plan.seed,
-        probe=True,
-    )
-    save_traces(rec.traces, run.path("traces.parquet"))
-    calibration = fit_calibration(rec.traces)
+    traces = _probe(run, prompts, "traces.parquet")
+    calibration = fit_calibration(traces)
     write_json(run.path("calibration.json"), calibration.to_dict())
-    return {
-        "queries": len(prompts),
-        "positions": len(rec.traces),
-        "mean_accepted": float(rec.traces["accepted"].mean()),
-        "calibrated_positions": len(calibration.knots),
-    }
+    return {"queries": len(prompts), "positions": len(traces),
+            "mean_accepted": float(traces["accepted"].mean()), "calibrated_positions": len(calibration.knots)}
 
 
-def _predict(run: Run, policy: Any, profile: Any = None, replicates: int = 0, observed: Any = None) -> Any:
+def _probe(run: Run, prompts: list[Any], name: str) -> Any:
+    """Probed traces of the draft-model chain on ``prompts`` (greedy, ``plan.depth`` tokens past the answer
+    length), saved as the run's file ``name``."""
+    plan = run.plan
+    traces = record(run.models()["target"], prompts, run.drafter, DRAFTER, eos_id=None, seed=plan.seed,
+                    max_new_tokens=plan.max_new_tokens + plan.depth, probe=True).traces
+    save_traces(traces, run.path(name))
+    return traces
+
+
+def _predict(run: Run, policy: Any, profile: Any = None, replicates: int = 0, observed: Any = None,
+             traces: Any = None) -> Any:
     """The simulator's forecast for ``policy`` (None: vanilla) on prompts like the evaluation set, from a
-    cost ``profile`` (default: the run's ``cost_profile.json``) and the calibration traces, the policy
-    shown ``observed``'s step times when given and its decisions timed here
+    cost ``profile`` (default: the run's ``cost_profile.json``) and ``traces`` (default: the calibration
+    traces), the policy shown ``observed``'s step times when given and its decisions timed here
     (``experiments.pipeline.deploy.Forecast``)."""
     plan = run.plan
     profile = load_profile(run.path("cost_profile.json")) if profile is None else profile
-    traces = load_traces(run.path("traces.parquet"))
+    traces = load_traces(run.path("traces.parquet")) if traces is None else traces
     decision = 0.0 if policy is None else decision_cost(policy, traces, profile, DRAFTER)
     return forecast(profile, traces, policy, run.prompts("evaluation"), plan.max_new_tokens, plan.sim_queries,
                     plan.seed, replicates, DRAFTER, observed, decision)
@@ -388,8 +385,11 @@ def step_deploy(run: Run) -> dict[str, Any]:
     profile = load_profile(run.path("deploy_profile.json"))
     predicted = {name: _predict(run, policies.get(name), profile, plan.forecast_replicates, tuned)
                  for name in builders}
+    held_out = _probe(run, prompts, "held_out_traces.parquet")  # the simulator's error on their own text
+    replayed = {name: _predict(run, policies.get(name), profile, 0, tuned, held_out) for name in builders}
     kinds = {name: policy.kind for name, policy in policies.items()}
-    result = compare(live.result(plan.clock), predicted, [p.domain for p in prompts], plan.seed, kinds)
+    result = compare(live.result(plan.clock), predicted, [p.domain for p in prompts], plan.seed, kinds,
+                     replayed=replayed)
     for name, row in result["policies"].items():
         row["policy"] = policy_to_dict(policies[name]) if name in policies else None
     result = {"clock": plan.clock, "prompts": len(prompts), "profile": "deploy_profile.json", **result,
@@ -407,7 +407,7 @@ def step_deploy(run: Run) -> dict[str, Any]:
 
 SUMMARY_KEYS = ("measured_tokens_per_second", "measured_ci", "predicted_tokens_per_second", "predicted_ci",
                 "error", "error_ci", "measured_speedup", "measured_speedup_ci", "predicted_speedup",
-                "measured_tau", "predicted_tau")
+                "measured_tau", "predicted_tau", "replayed_tokens_per_second", "replay_error")
 
 
 def _adaptation(run: Run) -> dict[str, Any]:
@@ -592,7 +592,7 @@ def run_pipeline(
         "policies": {
             name: {key: r[key] for key in SUMMARY_KEYS if key in r} for name, r in deploy["policies"].items()
         },
-        **{key: deploy[key] for key in ("fidelity_error", "fidelity_error_ci", "worst_error",
-                                        "rank_agreement", "against_best_fixed")},
+        **{key: deploy[key] for key in ("fidelity_error", "fidelity_error_ci", "worst_error", "replay_error",
+                                        "rank_agreement", "against_best_fixed") if key in deploy},
         "report": str(run.path("report.md")),
     }
