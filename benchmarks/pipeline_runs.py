@@ -59,9 +59,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     """One line per run, then every policy's measured tokens/s with its interval in the last run."""
     lines = [f"# Pipeline fidelity, run after run (`{command}`)", "",
              "| run | fidelity error [95% CI] | worst policy | error on the held-out text | Kendall's tau "
-             "| predicted best = measured best within interval | adaptive policies / best fixed [95% CI] "
-             "| seconds |",
-             "|---:|---|---|---:|---:|---|---|---:|"]
+             "| predicted best = measured best within interval | measured best among the simulator's ties "
+             "| adaptive policies / best fixed [95% CI] | seconds |",
+             "|---:|---|---|---:|---:|---|---|---|---:|"]
     for i, r in enumerate(rows, start=1):
         agreement, against = r["rank_agreement"], r["against_best_fixed"]
         ratios = "; ".join(f"{n} {v['ratio']:.3f} [{v['ratio_ci'][0]:.3f}, {v['ratio_ci'][1]:.3f}]"
@@ -72,6 +72,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             f"| {_replay(r)} | {agreement['kendall_tau']:.2f} "
             f"| {agreement['predicted_best']} / {agreement['measured_best']}: "
             f"{'yes' if agreement['predicted_best_within_interval'] else 'no'} "
+            f"| {_tied(agreement)} "
             f"| vs {against.get('best_fixed', '-')}: {ratios} | {r['seconds']:.0f} |")
     lines += ["", f"Median of the runs' fidelity errors: "
               f"{statistics.median(r['fidelity_error'] for r in rows):.1%}.", "",
@@ -142,10 +143,11 @@ def _pipeline_body(record: Record) -> Lines:
                      f"{run['worst_policy']} {run['worst_error']:+.1%}", _replay(run),
                      f"{agree['kendall_tau']:.2f}",
                      f"{agree['predicted_best']} / {agree['measured_best']}",
-                     "yes" if agree["predicted_best_within_interval"] else "no", f"{run['seconds']:.0f}"])
+                     "yes" if agree["predicted_best_within_interval"] else "no", _tied(agree),
+                     f"{run['seconds']:.0f}"])
     lines += table(["run", "fidelity error [95% CI]", "worst policy", "error on the held-out text",
-                    "Kendall's tau",
-                    "predicted / measured best", "predicted best within interval", "seconds"], rows)
+                    "Kendall's tau", "predicted / measured best", "predicted best within interval",
+                    "measured best among the simulator's ties", "seconds"], rows)
     policies = sorted({p for run in runs for p in run["against_best_fixed"]["policies"]})
     lines += ["", "Measured tokens/s of each adaptive policy over the run's best fixed length [95% CI]:", ""]
     header = ["policy", *(f"run {i} (vs {run['against_best_fixed']['best_fixed']})"
@@ -162,6 +164,15 @@ def _replay(run: Record) -> str:
     """A run's median error with the held-out prompts' own traces; - for a run from before it was kept."""
     error = run.get("replay_error")
     return "-" if error is None else f"{error:.1%}"
+
+
+def _tied(agreement: Record) -> str:
+    """Whether the measured best is the predicted best or one of the policies the simulator could not tell
+    from it, with those ties; - for a run from before ties were kept."""
+    if "predicted_ties" not in agreement:
+        return "-"
+    ties = ", ".join(agreement["predicted_ties"]) or "none"
+    return f"{'yes' if agreement['measured_best_tied'] else 'no'} (ties: {ties})"
 
 
 def _vanilla_ratio(run: Record) -> str:

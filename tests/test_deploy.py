@@ -102,6 +102,27 @@ def test_a_clearly_faster_measured_best_is_called_out() -> None:
     assert not agreement["predicted_best_within_interval"] and agreement["measured_best_lead_ci"][0] > 1
 
 
+def test_forecasts_the_calibration_queries_cannot_tell_apart_are_ties() -> None:
+    """Ties read the paired ratio of the forecast replicates: a forecast 1% below the best whose replicates
+    scatter around it by more ties; one 10% below on the same resamples (a steady gap) does not."""
+    rng = np.random.default_rng(0)
+    shared = rng.uniform(0.9, 1.1, 10)  # each resample of the calibration queries moves every forecast
+    best = Forecast(150.0, 2.0, 0.01, 0.003, 150.0 * shared)
+    close = Forecast(148.5, 2.0, 0.01, 0.003, 148.5 * shared * rng.uniform(0.95, 1.05, 10))
+    far = Forecast(135.0, 2.0, 0.01, 0.003, 135.0 * shared)
+    runs = {"vanilla": live(100, 0.01, 0), "best": live(140, 0.01, 1), "close": live(150, 0.01, 2),
+            "far": live(130, 0.01, 3)}
+    agreement = compare(runs, {"vanilla": forecast(100), "best": best, "close": close, "far": far},
+                        DOMAINS, 0, {})["rank_agreement"]
+    assert agreement["predicted_best"] == "best" and agreement["measured_best"] == "close"
+    assert agreement["predicted_ties"] == ["close"]
+    assert agreement["measured_best_tied"]
+    steady = {"vanilla": forecast(100), "best": best, "far": far,
+              "close": Forecast(148.5, 2.0, 0.01, 0.003, 148.5 * shared)}
+    agreement = compare(runs, steady, DOMAINS, 0, {})["rank_agreement"]
+    assert agreement["predicted_ties"] == [] and not agreement["measured_best_tied"]
+
+
 def test_decision_cost_is_what_a_policy_adds_to_a_fixed_length() -> None:
     from core.cost_profile import profile_from_json
 

@@ -75,6 +75,9 @@ def test_smoke_pipeline_writes_every_step_and_the_summary(smoke_run: tuple[Path,
     assert -1 <= agreement["kendall_tau"] <= 1
     assert {agreement["predicted_best"], agreement["measured_best"]} <= set(policies)
     assert isinstance(agreement["predicted_best_within_interval"], bool)
+    assert set(agreement["predicted_ties"]) <= set(policies) - {agreement["predicted_best"]}
+    assert agreement["measured_best_tied"] == (
+        agreement["measured_best"] in {agreement["predicted_best"], *agreement["predicted_ties"]})
     assert set(summary["against_best_fixed"]["policies"]) == {
         name for name in policies if name.startswith(("tuned-libraspec", "tuned-threshold", "tuned-heuristic",
                                                       "libraspec"))}

@@ -27,7 +27,9 @@ def record(config: dict, results: object, commit: str) -> dict:
             "git_commit": commit, "created": "2026-01-02T03:04:05+0000", "results": results}
 
 
-def pipeline_run(error: float) -> dict:
+def pipeline_run(error: float, ties: list[str] | None = None) -> dict:
+    """One run's summary; ``ties`` (None: a run from before ties were kept) the predicted best's ties."""
+    tied = {} if ties is None else {"predicted_ties": ties, "measured_best_tied": True}
     policy = {"measured_tokens_per_second": 500.0, "measured_ci": [450.0, 550.0],
               "predicted_tokens_per_second": 520.0, "predicted_ci": [500.0, 540.0], "error": error}
     return {"fidelity_error": error, "fidelity_error_ci": [0.011, 0.205], "worst_policy": "libraspec",
@@ -35,7 +37,7 @@ def pipeline_run(error: float) -> dict:
             "policies": {"fixed-3": policy, "vanilla": {**policy, "measured_tokens_per_second": 400.0}},
             "rank_agreement": {"kendall_tau": 0.75, "p_value": 0.01, "predicted_best": "fixed-3",
                                "measured_best": "fixed-3", "measured_best_lead_ci": [1.0, 1.0],
-                               "predicted_best_within_interval": True},
+                               "predicted_best_within_interval": True, **tied},
             "against_best_fixed": {"best_fixed": "fixed-3", "policies": {
                 "tuned-libraspec": {"ratio": 0.9512, "ratio_ci": [0.9034, 1.0021]}}}}
 
@@ -53,7 +55,8 @@ def results_dir(tmp_path: Path) -> Path:
     folder.mkdir()
     files = {
         "pipeline_quick": record({"command": "specblock pipeline --quick", "runs": 2},
-                                 [pipeline_run(0.0371), pipeline_run(0.0442)], PIPELINE_COMMIT),
+                                 [pipeline_run(0.0371), pipeline_run(0.0442, ["tuned-libraspec"])],
+                                 PIPELINE_COMMIT),
         "adapt_live_quick": record({"plan": {"first": 4, "mixed": 8, "max_new_tokens": 24}},
                                    {"policies": {"never": adapt_policy(54.4),
                                                  "cost_aware_bandit": adapt_policy(59.7)}}, ADAPT_COMMIT),
@@ -85,6 +88,7 @@ def test_command_writes_sections_naming_command_and_commit(results_dir: Path, tm
     assert f"commit `{PIPELINE_COMMIT[:12]}`, 2026-01-02, Test CPU, 2 CPUs" in pipeline
     assert "[pipeline_quick.md](../results/pipeline_quick.md)" in pipeline  # the report beside the file
     assert "| 1 | 3.7% [1.1%, 20.5%] |" in pipeline and "| 2 | 4.4% [1.1%, 20.5%] |" in pipeline
+    assert "| yes | - |" in pipeline and "| yes | yes (ties: tuned-libraspec) |" in pipeline  # ties once kept
     assert "| tuned-libraspec | 0.951 [0.903, 1.002] | 0.951 [0.903, 1.002] |" in pipeline
     assert "| vanilla (not drafting; no interval kept) | 0.800 | 0.800 |" in pipeline  # over fixed-3
     adapt = page[page.index("### adapt_live_quick"):]

@@ -21,7 +21,9 @@ the fidelity error is how the calibration prompts differ from the held-out ones.
 The fidelity error is the median over policies of |predicted / measured - 1|; its interval pairs the
 two bootstraps. The ranking is compared by Kendall's tau, and the predicted best policy is called the
 measured best within its interval when the measured best's lead over it (a paired ratio over the same
-resampled prompts) does not exclude 1.
+resampled prompts) does not exclude 1. Its ties are the policies the simulator cannot tell from it: the
+ratio of their forecast to its over the same resampled calibration queries does not exclude 1. Where the
+top forecasts tie, which of them is best is the calibration prompts' draw, not the simulator's finding.
 """
 
 from __future__ import annotations
@@ -195,7 +197,7 @@ def compare(live: Mapping[str, Live], predicted: Mapping[str, Forecast], domains
             "fidelity_error": statistics.median(abs(r["error"]) for r in rows.values()),
             "fidelity_error_ci": interval(errors),
             "worst_error": max(abs(r["error"]) for r in rows.values()),
-            "rank_agreement": rank_agreement(rows, boot),
+            "rank_agreement": rank_agreement(rows, boot, pred),
             "against_best_fixed": against_best_fixed(rows, boot, kinds, baseline)}
 
 
@@ -227,15 +229,21 @@ def decomposition(run: Live, f: Forecast) -> dict[str, float]:
             "measured_overhead_ms": measured - draft - verify}
 
 
-def rank_agreement(rows: Mapping[str, Mapping[str, Any]], boot: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Kendall's tau between predicted and measured tokens/s over the policies, and whether the predicted
-    best is the measured best within its interval (the paired ratio best / predicted-best includes 1)."""
+def rank_agreement(rows: Mapping[str, Mapping[str, Any]], boot: Mapping[str, np.ndarray],
+                   forecasts: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Kendall's tau between predicted and measured tokens/s over the policies; whether the predicted
+    best is the measured best within its interval (the paired ratio best / predicted-best includes 1);
+    the policies whose ``forecasts`` (replicates over the same resampled calibration queries) tie with the
+    predicted best's (their paired ratio includes 1), and whether the measured best is one of them."""
     names = list(rows)
     measured = [rows[n]["measured_tokens_per_second"] for n in names]
     predicted = [rows[n]["predicted_tokens_per_second"] for n in names]
     tau = stats.kendalltau(predicted, measured)
     best_predicted, best_measured = names[int(np.argmax(predicted))], names[int(np.argmax(measured))]
     lead = interval(boot[best_measured] / boot[best_predicted])
+    ties = [n for n in names
+            if n != best_predicted and interval(forecasts[n] / forecasts[best_predicted])[1] >= 1.0]
     return {"kendall_tau": float(tau.statistic), "p_value": float(tau.pvalue),
             "predicted_best": best_predicted, "measured_best": best_measured,
-            "measured_best_lead_ci": lead, "predicted_best_within_interval": lead[0] <= 1.0}
+            "measured_best_lead_ci": lead, "predicted_best_within_interval": lead[0] <= 1.0,
+            "predicted_ties": ties, "measured_best_tied": best_measured in (best_predicted, *ties)}

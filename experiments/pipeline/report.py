@@ -50,6 +50,14 @@ def verdict(deploy: dict[str, Any]) -> list[str]:
         f"within its interval (the measured best's lead over it: "
         f"{_ci(agreement['measured_best_lead_ci'], '.3f')}).",
     ]
+    if "predicted_ties" in agreement:  # deploy files written before ties were reported have none
+        ties = agreement["predicted_ties"]
+        told = (f"cannot tell {', '.join(ties)} from its best" if ties
+                else "tells every other policy from its best")
+        lines.append(
+            f"- **Ties**: the simulator {told} (the paired ratio of their forecasts over the same resampled "
+            "calibration queries); the measured best "
+            f"{'is' if agreement['measured_best_tied'] else '**is not**'} its best or one of these.")
     if "replay_error" in deploy:
         worst_replay = max(rows, key=lambda n: abs(rows[n]["replay_error"]))
         lines.append(
