@@ -104,7 +104,8 @@ def test_a_clearly_faster_measured_best_is_called_out() -> None:
 
 def test_forecasts_the_calibration_queries_cannot_tell_apart_are_ties() -> None:
     """Ties read the paired ratio of the forecast replicates: a forecast 1% below the best whose replicates
-    scatter around it by more ties; one 10% below on the same resamples (a steady gap) does not."""
+    scatter around it by more ties; one 10% below on the same resamples does not, nor does the same 1% gap
+    held steady over every resample."""
     rng = np.random.default_rng(0)
     shared = rng.uniform(0.9, 1.1, 10)  # each resample of the calibration queries moves every forecast
     best = Forecast(150.0, 2.0, 0.01, 0.003, 150.0 * shared)

@@ -91,6 +91,7 @@ def test_smoke_pipeline_writes_every_step_and_the_summary(smoke_run: tuple[Path,
     )
     report = (out / "report.md").read_text()
     assert "Fidelity error" in report and "Kendall's tau" in report and "LP bound" in report
+    assert "**Ties**: the simulator" in report  # whether the simulator can tell its best from the rest
     assert "| never |" in report  # the adaptation table keeps the row it is measured against
     assert report.splitlines()[2].startswith("Model `toy-16m` (target ")  # whose run it reports
     tuned = [line for line in report.splitlines() if line.startswith("- `tuned-")]
