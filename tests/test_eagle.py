@@ -18,8 +18,8 @@ from real_engine.drafters.eagle import (
     save_eagle,
 )
 from real_engine.model import ModelArgs, Output, Transformer
-from real_engine.training.baselines import BaselineConfig, eagle_loss, train_eagle
-from real_engine.training.drafter_data import prepare_drafter_data
+from real_engine.training.baselines import BaselineConfig, eagle_loss, generalization, train_eagle
+from real_engine.training.drafter_data import DrafterData, prepare_drafter_data
 from real_engine.warp import Sampling, warp
 
 VOCAB = 48
@@ -205,6 +205,57 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
     order = json.loads((tmp_path / "deep" / "draft_vocab.json").read_text())["ids"]
     assert sorted(order) == list(range(VOCAB)) and loaded.draft_ids.tolist() == order[:12]
     assert json.loads((tmp_path / "deep" / "config.json").read_text())["draft_vocab"] == 12
+
+
+def _rows(target: Transformer, folder, trained: int, held: int) -> tuple[DrafterData, DrafterData]:
+    """The target's rows for ``trained`` and ``held`` random sequences of 20 tokens."""
+    gen = torch.Generator().manual_seed(1)
+    return tuple(prepare_drafter_data(target, torch.randint(0, VOCAB, (n, 20), generator=gen), folder / name,
+                                      top_k=8, chunk_size=8, progress=False)
+                 for name, n in (("train", trained), ("held", held)))
+
+
+def test_generalization_weighs_training_sequences_spread_evenly_and_the_held_out_ones(tmp_path):
+    """``generalization`` scores ``sequences`` training sequences spread evenly (first and last included)
+    and the first held-out ones, every position, batches of unequal size weighed by their sequences."""
+    target = tiny_target()
+    data, heldout = _rows(target, tmp_path, 12, 9)
+    calls = []
+
+    def loss_fn(batch, scored):
+        calls.append(scored)
+        tokens = batch["tokens"].float()
+        return tokens.mean(), [float(tokens[:, 0].mean()), float(tokens[:, -1].mean())]
+
+    config = BaselineConfig(batch_size=4, precision="32")
+    seen = generalization(loss_fn, data, heldout, config, torch.device("cpu"), sequences=5)
+    for name, rows in (("train", data.batch([0, 3, 6, 8, 11])), ("heldout", heldout.batch(range(5)))):
+        tokens = rows["tokens"].float()
+        assert seen[name]["sequences"] == 5
+        assert seen[name]["loss"] == pytest.approx(float(tokens.mean()))
+        ends = [float(tokens[:, 0].mean()), float(tokens[:, -1].mean())]
+        assert seen[name]["agreement"] == pytest.approx(ends)
+    assert calls == [None] * 4
+
+
+def test_training_records_the_trained_drafters_generalization(tmp_path):
+    """A finished run given held-out rows records ``generalization`` in its record and ``training.json``;
+    the trained drafter (saved in bfloat16) gives about the same loss there."""
+    target = tiny_target()
+    data, heldout = _rows(target, tmp_path, 12, 6)
+    config = BaselineConfig(steps=3, batch_size=4, checkpoint_every=3, lr=5e-3, precision="32")
+    record = train_eagle(target, data, tmp_path / "eagle", config=config, unroll=2, progress=False,
+                         heldout=heldout)
+    seen = record["generalization"]
+    assert seen == json.loads((tmp_path / "eagle" / "training.json").read_text())["generalization"]
+    trained, _ = load_eagle(tmp_path / "eagle", target)
+    with torch.no_grad():
+        loss, agreement = eagle_loss(trained, target, heldout.batch(range(6)), unroll=2)
+    assert seen["heldout"]["sequences"] == 6 and seen["train"]["sequences"] == 12
+    assert seen["heldout"]["loss"] == pytest.approx(float(loss), rel=1e-2) and len(agreement) == 2
+    unfinished = train_eagle(target, data, tmp_path / "cut", config=config, unroll=2, progress=False,
+                             heldout=heldout, minutes=0)
+    assert "generalization" not in unfinished
 
 
 def test_a_reduced_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_path):

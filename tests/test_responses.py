@@ -144,7 +144,9 @@ def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_di
     assert code == 0, err
     assert json.loads(shown)["out"] == str(out) and (out / "config.json").is_file()
     cached = [p.name for p in (tmp_path / "data").iterdir()]
-    assert len(cached) == 1 and "-responses-" in cached[0]  # the target's rows for the response windows
+    # the target's rows for the trained response windows and for the held-out ones it is scored on
+    assert len(cached) == 2 and all("-responses-" in name for name in cached)
+    assert set(json.loads((out / "training.json").read_text())["generalization"]) == {"train", "heldout"}
     assert "drop it for target" in refused(["train", "target", "--responses", str(answers)])
     assert "drop it with --responses" in refused(["train", "eagle", "--responses", str(answers),
                                                   "--on-policy", "0.5"])

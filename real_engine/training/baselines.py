@@ -219,9 +219,10 @@ def _restore(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, record: d
 
 def fit_drafter(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: BaselineConfig,
                 record: dict[str, Any], checkpoint: Path, resume: bool, progress: bool,
-                minutes: float | None = None) -> dict[str, Any]:
+                minutes: float | None = None, heldout: DrafterData | None = None) -> dict[str, Any]:
     """The loop every drafter trained on the target's rows shares (its trainable parameters, by
-    ``loss_fn``); returns the record with the loss curve and final agreement."""
+    ``loss_fn``); returns the record with the loss curve, the last batch's agreement and, once every step
+    is done and given ``heldout`` rows, its ``generalization``."""
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     first = 0
@@ -260,7 +261,31 @@ def fit_drafter(net: nn.Module, loss_fn: LossFn, data: DrafterData, config: Base
     net.eval()
     record["final_agreement"] = agreement
     record["seconds_this_run"] = time.perf_counter() - began
+    if heldout is not None and record["losses"] and record["losses"][-1][0] + 1 == config.steps:
+        record["generalization"] = generalization(loss_fn, data, heldout, config, device)
     return record
+
+
+def generalization(loss_fn: LossFn, data: DrafterData, heldout: DrafterData, config: BaselineConfig,
+                   device: torch.device, sequences: int = 32) -> dict[str, Any]:
+    """The loss and top-1 agreement (``loss_fn`` at every position, without gradients) over ``sequences``
+    training sequences spread evenly over ``data`` (its domains in their proportions) and over the first
+    ``sequences`` of ``heldout``: what the drafter learned against what carries to text it never saw. A
+    held-out agreement well below the training one means it memorized its windows: more data helps."""
+    out: dict[str, Any] = {}
+    for name, rows, picked in (
+            ("train", data, torch.linspace(0, len(data) - 1, min(sequences, len(data))).round().long()),
+            ("heldout", heldout, torch.arange(min(sequences, len(heldout))))):
+        total, agreements = 0.0, torch.zeros(())
+        with torch.no_grad(), autocast(config.precision, device):
+            for chunk in picked.split(config.batch_size):
+                batch = {k: v.to(device) for k, v in rows.batch(chunk.tolist()).items()}
+                loss, agreement = loss_fn(batch, None)
+                total += loss.item() * len(chunk)
+                agreements = agreements + torch.tensor(agreement, dtype=torch.float64) * len(chunk)
+        n = len(picked)
+        out[name] = {"sequences": n, "loss": total / n, "agreement": (agreements / n).tolist()}
+    return out
 
 
 def target_data(target: Transformer, data: str | Path | DrafterData) -> DrafterData:
@@ -277,11 +302,13 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
                 config: BaselineConfig = BaselineConfig(), unroll: int | None = None, own_head: bool = False,
                 tree: TreeShape | None = None, checkpoint: str | Path | None = None, resume: bool = False,
                 minutes: float | None = None, progress: bool = True,
-                init: str | Path | None = None, draft_vocab: int = 0) -> dict[str, Any]:
+                init: str | Path | None = None, draft_vocab: int = 0,
+                heldout: str | Path | DrafterData | None = None) -> dict[str, Any]:
     """Train an EAGLE-style drafter for the frozen ``target`` on prepared ``data`` with ``unroll``
     training-time-test steps (default: as deep as ``tree`` drafts); write it (with ``tree`` as its
     default tree shape, drafting the ``draft_vocab`` tokens the target predicts most often over the
-    data, 0: all), its token order and ``training.json`` to ``out``. Returns the training record.
+    data, 0: all), its token order and ``training.json`` (with its ``generalization`` to ``heldout``
+    rows, when given) to ``out``. Returns the training record.
     ``init`` warm-starts from a saved drafter (its head choice wins over ``own_head``) with a fresh
     optimizer and schedule. Training scores the whole vocabulary, as SpecBlock's does."""
     tree = tree or TreeShape()
@@ -289,6 +316,7 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
     if unroll < 1:
         raise InputError(f"unroll is {unroll}: give at least 1 training-time-test step")
     data, out = target_data(target, data), Path(out)
+    heldout = None if heldout is None else target_data(target, heldout)
     target.requires_grad_(False)
     net = new_eagle(target, own_head, config.seed) if init is None else load_eagle(init, target)[0]
     net = net.float()
@@ -299,7 +327,7 @@ def train_eagle(target: Transformer, data: str | Path | DrafterData, out: str | 
     head = FrozenHead(target.lm_head.weight, config.precision)
     record = fit_drafter(net, lambda b, scored: eagle_loss(net, target, b, unroll, scored, head), data,
                          config, record, Path(checkpoint) if checkpoint is not None else out / "checkpoint",
-                         resume, progress, minutes)
+                         resume, progress, minutes, heldout)
     v = net.args.vocab_size
     order = frequent_targets(data, v, v)
     net.with_draft_ids(order[:draft_vocab] if 0 < draft_vocab < v else None)
@@ -333,7 +361,7 @@ def train_medusa(target: Transformer, data: str | Path | DrafterData, heldout: s
     head = FrozenHead(target.lm_head.weight, config.precision)
     record = fit_drafter(net, lambda b, scored: medusa_loss(net, target, b, scored, head), data, config,
                          record, Path(checkpoint) if checkpoint is not None else out / "checkpoint", resume,
-                         progress, minutes)
+                         progress, minutes, heldout)
     accuracies = medusa_accuracies(net, target, heldout, calibration_sequences, config.batch_size)
     tree = choose_tree(accuracies, tree_budget)
     save_medusa(net, tree, out, accuracies)

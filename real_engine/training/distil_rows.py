@@ -69,19 +69,21 @@ def draft_loss(draft: Transformer, batch: Batch, scored: torch.Tensor | None
 
 def train_cut_draft(target: Transformer, target_dir: Path, data: DrafterData, out: Path, *, layers: int,
                     config: BaselineConfig, draft_vocab: int, checkpoint: Path, resume: bool = False,
-                    minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+                    minutes: float | None = None, progress: bool = True,
+                    heldout: DrafterData | None = None) -> dict[str, Any]:
     """Cut a ``layers``-layer draft model from ``target`` (in ``target_dir``), distil it on ``data`` and
     ship it to ``out`` with its token order and a deployed shape drafting ``draft_vocab`` tokens (0 or the
-    whole vocabulary: no shape, every token); returns
-    the training record (a run stopped by ``minutes`` ships nothing: ``resume`` continues it)."""
+    whole vocabulary: no shape, every token); returns the training record, with its ``generalization``
+    to ``heldout`` rows when given (a run stopped by ``minutes`` ships nothing: ``resume`` continues it)."""
     data = target_data(target, data)
+    heldout = None if heldout is None else target_data(target, heldout)
     target.requires_grad_(False)
     draft = cut_draft(target, layers)
     record = {"train": asdict(config), "data": asdict(data.meta), "losses": [],
               "drafter": {"kind": "draft-model", "layers": layers, "cut_from": "the target's first layers",
                           "draft_vocab": draft_vocab}}
     record = fit_drafter(draft, lambda b, scored: draft_loss(draft, b, scored), data, config, record,
-                         checkpoint, resume, progress, minutes)
+                         checkpoint, resume, progress, minutes, heldout)
     done = record["losses"][-1][0] + 1 if record["losses"] else 0
     record["steps_done"] = done
     if done < config.steps:

@@ -208,9 +208,10 @@ def eagle_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainReque
     """EAGLE-style: its training-time test unrolled over ``EAGLE_TREE``, on the reduced vocabulary."""
     target, config = _feature_start("eagle", EAGLE, target_dir, request)
     data = _data(target, target_dir, request, "train", config.seed)
+    heldout = _data(target, target_dir, request, "heldout", config.seed)
     return train_eagle(target, data, out, config=config, tree=EAGLE_TREE, checkpoint=run_dir,
                        resume=request.resume, minutes=request.minutes, progress=request.progress,
-                       init=request.init, draft_vocab=DRAFT_VOCAB)
+                       init=request.init, draft_vocab=DRAFT_VOCAB, heldout=heldout)
 
 
 def medusa_recipe(target_dir: Path, out: Path, run_dir: Path, request: TrainRequest) -> dict[str, Any]:
@@ -235,7 +236,8 @@ def draft_model_recipe(target_dir: Path, out: Path, run_dir: Path, request: Trai
         return train_cut_draft(target, target_dir, _data(target, target_dir, request, "train", config.seed),
                                out, layers=CUT_LAYERS, config=config, draft_vocab=DRAFT_VOCAB,
                                checkpoint=run_dir, resume=request.resume, minutes=request.minutes,
-                               progress=request.progress)
+                               progress=request.progress,
+                               heldout=_data(target, target_dir, request, "heldout", config.seed))
     given = {**request.overrides(), **{k: v for k, v in (("minutes", request.minutes),
                                                           ("on_policy", request.on_policy)) if v is not None}}
     config = dataclasses.replace(distil.DRAFT_MODEL, **given)
