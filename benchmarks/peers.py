@@ -5,7 +5,9 @@ machine's drift touches them alike), greedy, the same new-token budget, each sto
 end-of-turn token; tokens/s is the tokens an engine emitted over its whole call (prefill included, as a
 user waits for it):
 
-- this engine: vanilla, and n-gram prompt lookup;
+- this engine: vanilla, n-gram prompt lookup and each drafter trained for the model, in the model's dtype
+  and, with ``--int4`` (the default), again in ``int4`` (its layers on 4-bit weights: a Q4_1 file's own
+  codes, as llama.cpp reads them);
 - ``transformers``: ``generate``, and its prompt-lookup assisted generation
   (``prompt_lookup_num_tokens``), on the same checkpoint folder and dtype;
 - llama.cpp through ``llama-cpp-python``: vanilla, and its prompt-lookup decoding
@@ -62,11 +64,12 @@ class Engine:
 
 
 def ours(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int, drafters: Sequence[str],
-         notes: list[str]) -> list[Engine]:
+         notes: list[str], label: str = "specblock") -> list[Engine]:
     """This engine's vanilla decoding, n-gram prompt lookup, and each of ``drafters`` trained for the
-    model, at its deployed shape (``specblock shapes --apply``) with the greedy verifier; a drafter not
-    trained yet is noted in ``notes`` and left out."""
-    model = load_model(spec.target, getattr(torch, dtype))
+    model, at its deployed shape (``specblock shapes --apply``) with the greedy verifier, in ``dtype``
+    (a name of ``RUN_DTYPES``), each engine named ``label`` and its method; a drafter not trained yet is
+    noted in ``notes`` and left out."""
+    model = load_model(spec.target, dtype)
     draft = None
 
     def run(drafter: str) -> Callable[[list[int]], list[int]]:
@@ -81,17 +84,18 @@ def ours(spec: ModelSpec, dtype: str, tokenizer: Tokenizer, new_tokens: int, dra
             return list(out.tokens)
         return call
 
-    engines = [Engine("specblock vanilla", f"this engine, {dtype}", run(VANILLA)),
-               Engine("specblock n-gram", f"this engine, {dtype}, n-gram prompt lookup", run("ngram"))]
+    engines = [Engine(f"{label} vanilla", f"this engine, {dtype}", run(VANILLA)),
+               Engine(f"{label} n-gram", f"this engine, {dtype}, n-gram prompt lookup", run("ngram"))]
     for kind in drafters:
         try:
             folder = drafter_folder(spec, kind)
         except InputError as exc:
-            notes.append(f"{kind}: {exc}")
+            if label == "specblock":  # noted once, not once per dtype
+                notes.append(f"{kind}: {exc}")
             continue
         if registry[kind].needs_draft_model:
-            draft = load_model(folder, getattr(torch, dtype))
-        engines.append(Engine(f"specblock {kind}", f"this engine, {dtype}, the {kind} drafter trained for "
+            draft = load_model(folder, dtype)
+        engines.append(Engine(f"{label} {kind}", f"this engine, {dtype}, the {kind} drafter trained for "
                               "the model at its deployed shape, greedy verification", run(kind)))
     return engines
 
@@ -157,7 +161,8 @@ def _interval(values: np.ndarray, seed: int) -> list[float]:
 def summarize(names: list[str], records: list[dict[str, Any]], seed: int,
               rival: str | None = None) -> list[dict[str, Any]]:
     """Per engine and category (and pooled): mean tokens/s and the mean per-prompt ratio to this engine's
-    vanilla, with 95% bootstrap intervals over prompts; how often its tokens equal vanilla's; and, given a
+    vanilla, with 95% bootstrap intervals over prompts; how often its tokens equal our vanilla's and its own
+    engine's vanilla's in its dtype (``own_vanilla``: lossless speculation emits that one's); and, given a
     ``rival`` engine (llama.cpp's vanilla on the quantized file, the one to beat), the mean per-prompt ratio
     to its tokens/s, with its interval."""
     rows = []
@@ -168,21 +173,33 @@ def summarize(names: list[str], records: list[dict[str, Any]], seed: int,
             return np.array([r["engines"][name]["tokens_per_second"] for r in chosen])
 
         base = speeds("specblock vanilla")
-        reference = [r["engines"]["specblock vanilla"]["tokens"] for r in chosen]
         for name in names:
             tps = speeds(name)
-            same = [r["engines"][name]["tokens"] == ref for r, ref in zip(chosen, reference, strict=True)]
+
+            def same(reference: str, name: str = name, chosen: list[dict[str, Any]] = chosen) -> float:
+                return fmean(r["engines"][name]["tokens"] == r["engines"][reference]["tokens"]
+                             for r in chosen)
+
             row = {"engine": name, "category": category, "prompts": len(chosen),
                    "tokens_per_second": float(tps.mean()), "tokens_per_second_ci": _interval(tps, seed),
                    "over_vanilla": float((tps / base).mean()),
                    "over_vanilla_ci": _interval(tps / base, seed + 1),
                    "new_tokens": fmean(r["engines"][name]["new_tokens"] for r in chosen),
-                   "same_tokens_as_vanilla": fmean(same)}
+                   "same_tokens_as_vanilla": same("specblock vanilla"),
+                   "same_tokens_as_own_vanilla": same(own_vanilla(name, names))}
             if rival is not None:
                 ratio = tps / speeds(rival)
                 row |= {"over_rival": float(ratio.mean()), "over_rival_ci": _interval(ratio, seed + 2)}
             rows.append(row)
     return rows
+
+
+def own_vanilla(name: str, names: Sequence[str]) -> str:
+    """The vanilla decoding of engine ``name``'s own engine, file and dtype: of the engines named
+    "<stem> vanilla", the one with the longest stem that ``name`` begins with ("specblock int4 n-gram":
+    "specblock int4 vanilla"; "llama.cpp Q4_1 prompt lookup": "llama.cpp Q4_1 vanilla")."""
+    stems = [v.removesuffix(" vanilla") for v in names if v.endswith(" vanilla")]
+    return max((s for s in stems if name.startswith(f"{s} ")), key=len, default="specblock") + " vanilla"
 
 
 def rival_engine(names: Sequence[str]) -> str | None:
@@ -199,29 +216,37 @@ def markdown(results: dict[str, Any], config: dict[str, Any]) -> str:
              "tokens, "
              f"{config['threads']} threads, engines interleaved prompt by prompt. tokens/s counts the whole "
              "call (prefill included). 95% bootstrap intervals over prompts. \"Same tokens\" is the share of "
-             "prompts on which an engine emitted exactly our vanilla decoding's tokens. \"Over\" columns: "
+             "prompts on which an engine emitted exactly our vanilla decoding's tokens, or its own engine's "
+             "vanilla decoding's (the same engine, file and dtype). \"Over\" columns: "
              "the mean over prompts of the engine's tokens/s over the other's on the same prompt.", ""]
     lines += [f"- {name}: {kind}" for name, kind in results["engines"].items()]
     lines += [f"- note: {note}" for note in results["notes"]]
-    rival = results.get("rival")
+    rival, own = results.get("rival"), _has_own(results)
     for category in dict.fromkeys(r["category"] for r in results["rows"]):
-        rows = [_cells(r, rival) for r in results["rows"] if r["category"] == category]
-        lines += ["", f"## {category}", "", *md_table(_header(rival), rows)]
+        rows = [_cells(r, rival, own) for r in results["rows"] if r["category"] == category]
+        lines += ["", f"## {category}", "", *md_table(_header(rival, own), rows)]
     return "\n".join(lines) + "\n"
 
 
-def _header(rival: str | None) -> list[str]:
+def _header(rival: str | None, own: bool) -> list[str]:
+    """The tables' columns: the ratio to the rival where one ran, the match to each engine's own vanilla
+    where the results have it (runs before it was measured do not)."""
     return ["engine", "prompts", "tokens/s", "over our vanilla", *([f"over {rival}"] if rival else []),
-            "mean new tokens", "same tokens as our vanilla"]
+            "mean new tokens", "same tokens as our vanilla", *(["same tokens as its vanilla"] if own else [])]
 
 
-def _cells(row: dict[str, Any], rival: str | None) -> list[Any]:
-    """A row of the tables: figures with their intervals; the ratio to the rival where one ran."""
+def _cells(row: dict[str, Any], rival: str | None, own: bool) -> list[Any]:
+    """A row of the tables (``_header``'s columns): figures with their intervals."""
     over_rival = [md_interval(row["over_rival"], row["over_rival_ci"], ".2f")] if rival else []
     return [row["engine"], row["prompts"],
             md_interval(row["tokens_per_second"], row["tokens_per_second_ci"], ".1f"),
             md_interval(row["over_vanilla"], row["over_vanilla_ci"], ".2f"), *over_rival,
-            f"{row['new_tokens']:.0f}", f"{row['same_tokens_as_vanilla']:.0%}"]
+            f"{row['new_tokens']:.0f}", f"{row['same_tokens_as_vanilla']:.0%}",
+            *([f"{row['same_tokens_as_own_vanilla']:.0%}"] if own else [])]
+
+
+def _has_own(results: dict[str, Any]) -> bool:
+    return all("same_tokens_as_own_vanilla" in r for r in results["rows"])
 
 
 def f32_gguf(spec: ModelSpec) -> Path:
@@ -242,6 +267,8 @@ def f32_gguf(spec: ModelSpec) -> Path:
 @click.option("--new-tokens", type=click.IntRange(1, 4096), default=128, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None,
               help="Our engine's and transformers' dtype [default: the model's].")
+@click.option("--int4/--no-int4", default=True, show_default=True,
+              help="Also run our engine in int4 (4-bit layers, 8-bit LM head), beside the dtype's rows.")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True)
 @click.option("--drafters", default=",".join(trainable_drafters()), show_default=True,
               help="Our trained drafters to run beside vanilla and n-gram, each at its deployed shape "
@@ -250,7 +277,7 @@ def f32_gguf(spec: ModelSpec) -> Path:
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
               show_default="benchmarks/results", help="Folder for peers.json and peers.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the rows.")
-def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, threads: int,
+def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, int4: bool, threads: int,
             drafters: str, seed: int, out: Path, as_json: bool) -> None:
     """Our engine beside transformers and llama.cpp on the same model and prompts."""
     kinds = csv_names(drafters, "--drafters", trainable_drafters())
@@ -266,6 +293,7 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
                           chat_encode=tokenizer.chat_encoder())
     notes: list[str] = []
     engines = [*ours(spec, dtype, tokenizer, new_tokens, kinds, notes),
+               *(ours(spec, "int4", tokenizer, new_tokens, kinds, notes, "specblock int4") if int4 else []),
                *hf(spec, dtype, tokenizer, new_tokens)]
     context = max(len(p.tokens) for p in chosen) + new_tokens + 64
     try:
@@ -297,7 +325,7 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
     rival = rival_engine(names)
     results = {"engines": {e.name: e.kind for e in engines}, "notes": notes, "rival": rival,
                "rows": summarize(names, records, seed, rival), "per_prompt": records}
-    config = {"model": spec.name, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
+    config = {"model": spec.name, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype, "int4": int4,
               "threads": threads, "lookup_tokens": LOOKUP_TOKENS, "domains": list(DOMAINS),
               "drafters": list(kinds)}
     saved = save_result("peers", results, config, seed=seed, directory=out)
@@ -310,22 +338,24 @@ def command(model_name: str, prompts: int, new_tokens: int, dtype: str | None, t
 
 def _peers_command(name: str, config: Record) -> str:
     return (f"specblock benchmark peers --model {config['model']}{flag('--prompts', config['prompts'], 16)}"
-            f"{flag('--new-tokens', config['new_tokens'], 128)}{flag('--threads', config['threads'], 2)}")
+            f"{flag('--new-tokens', config['new_tokens'], 128)}{flag('--threads', config['threads'], 2)}"
+            f"{'' if config.get('int4', False) else ' --no-int4'}")
 
 
 def _peers_body(record: Record) -> Lines:
     results = record["results"]
-    rival = results.get("rival")
-    rows = [_cells(r, rival) for r in results["rows"] if r["category"] == "pooled"]
+    rival, own = results.get("rival"), _has_own(results)
+    rows = [_cells(r, rival, own) for r in results["rows"] if r["category"] == "pooled"]
     notes = [f"Note: {note}" for note in results["notes"]]
     config = record["config"]
     return [f"Greedy, at most {config['new_tokens']} new tokens, {config['threads']} threads, engines "
             "interleaved prompt by prompt; tokens/s over each whole call (prefill included). Pooled over "
             "the categories (per category in the details). \"Same tokens\" is the share of prompts on which "
-            "an engine emitted exactly our vanilla decoding's tokens: different kernels round differently, "
+            "an engine emitted exactly our vanilla decoding's tokens (or, where measured, its own engine's "
+            "vanilla decoding's, in the same file and dtype): different kernels round differently, "
             "and a 16-bit model's rounding differs between a one-token step and a many-token verify, so "
             "greedy outputs part at near-ties.", *notes, "",
-            *md_table(_header(rival), rows)]
+            *md_table(_header(rival, own), rows)]
 
 
 RENDERERS: dict[str, Renderer] = {

@@ -25,6 +25,10 @@ DOMAINS = ("code", "tests", "prose", "text")
 """The shipped family's text domains: its corpus splits and prompt sets (``data/prompts/<domain>.jsonl``)."""
 VERIFIERS = verifier_names()  # the verifiers of core.verifiers, in registration order
 DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a checkpoint stores its weights in."""
+RUN_DTYPES = (*DTYPES, "int4")
+"""The dtypes a model runs in: a stored one, or ``int4``: bfloat16 activations, the decoder layers on 4-bit
+weights and the LM head on 8-bit ones (``real_engine.packed.quantize``)."""
 ROLES = ("length", "adaptation", "serving")
 """What a policy decides (``policies``): a query's speculation lengths, drafter updates across a stream of
 queries, or the lengths of every request of a batch; also the tasks of `specblock tune`."""

@@ -23,8 +23,9 @@ from torch import nn
 from core.errors import InputError
 from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from core.models import INDEX
+from core.names import RUN_DTYPES
 from real_engine.kv_cache import KVCache
-from real_engine.packed import Fused, Linear, use_half
+from real_engine.packed import Fused, Linear, quantize, use_half
 from real_engine.shared_embeddings import EMBEDDINGS_FROM, shared_tensors
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -348,9 +349,15 @@ def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-               ) -> Transformer:
-    """Load a Hugging Face checkpoint folder (``config.json`` and ``*.safetensors``, sharded or not)."""
+def load_model(folder: str | Path, dtype: torch.dtype | str = torch.float32,
+               device: str | torch.device = "cpu") -> Transformer:
+    """Load a Hugging Face checkpoint folder (``config.json`` and ``*.safetensors``, sharded or not) to run
+    in ``dtype``: a torch dtype or a name of ``RUN_DTYPES`` ("int4": bfloat16, its linears quantized by
+    ``packed.quantize``)."""
+    if isinstance(dtype, str) and dtype not in RUN_DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}: use one of {', '.join(RUN_DTYPES)}")
+    quantized = dtype == "int4"
+    dtype = torch.bfloat16 if quantized else getattr(torch, dtype) if isinstance(dtype, str) else dtype
     folder = Path(folder)
     config_path = folder / "config.json"
     if not config_path.exists():
@@ -381,7 +388,8 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_frequencies(args)
-    return use_half(model, state).to(device=device, dtype=dtype).eval()
+    model = use_half(model, state).to(device=device, dtype=dtype).eval()
+    return quantize(model, model.lm_head) if quantized else model
 
 
 def save_model(model: Transformer, folder: str | Path, dtype: torch.dtype = torch.bfloat16,

@@ -20,6 +20,15 @@ float32 model whose checkpoint holds float32 weights (a GGUF's F32 tensors) runs
 float32 weights, reordered, not rounded: torch's default (MKL) float32 linear at one to a few rows is
 likewise the slow one (``benchmarks/cpu_linear.py`` times both).
 
+A model run in ``int4`` (``quantize``) reads 4-bit weights: its decoder layers' linears run on torch's
+int4 kernel (``_weight_int4pack_mm_for_cpu``: groups of ``GROUP`` weights along the input, each with a
+bfloat16 scale and zero, w = (q - 8) * scale + zero) and its LM head on the int8 one
+(``_weight_int8pack_mm``: a bfloat16 scale per row), with bfloat16 activations, as llama.cpp runs a Q4_1
+file (its layers Q4_1, its output Q8_0). The codes are found from the weights, a group's minimum and
+maximum mapping to 0 and 15: weights dequantized from a Q4_1 block (d * q + m, its minimum and maximum
+coded 0 and 15) give back the block's own codes, with d and m rounded to bfloat16. Both kernels compute a
+row the same whatever rows run with it, so a verify's rows equal one-token steps bit for bit.
+
 A small decode step costs more in calls than in arithmetic (each product and its checks cost a fixed
 overhead per call), so ``Fused`` runs linears that share an input (query, key and value; gate and
 up) as one packed product, and the repacking check reads the parameters directly.
@@ -36,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.errors import InputError
+
 # torch marks the two FBGEMM entry points deprecated, but the quantized-op route to the same kernel
 # adds a per-call overhead as large as the whole gain on the layers' small matrices.
 warnings.filterwarnings("ignore", message="fbgemm_.*is deprecated")
@@ -46,26 +57,63 @@ FBGEMM = (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")
 ONEDNN = torch.backends.mkldnn.is_available()
 ONEDNN_BF16 = ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 ONEDNN_ROWS = 1  # the row count oneDNN's reorder is told to expect (it serves every count)
+INT4 = all(hasattr(torch.ops.aten, op) for op in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm"))
+GROUP = 32  # weights per 4-bit group along a row, each with its scale and zero (a Q4_1 block)
+INT4_TILES = 2  # the inner k tiles of the int4 packing (torch's CPU kernel)
+INT4_ROWS = 16  # the int4 packing takes whole multiples of this many output rows
 
 
 def _kind(layer: Linear, x: torch.Tensor) -> str | None:
     """Which prepacked kernel serves ``layer`` on input ``x``: "fp16" (FBGEMM, a half-marked layer on
-    float32), "fp32" (oneDNN, any other float32 layer), "bf16" (oneDNN, a bfloat16 layer) or None
-    (torch's own linear: training, another device or dtype, an empty input)."""
+    float32), "fp32" (oneDNN, any other float32 layer), "int4" or "int8" (torch's, a layer ``quantize``
+    marked, on bfloat16), "bf16" (oneDNN, a bfloat16 layer) or None (torch's own linear: training,
+    another device or dtype, an empty input)."""
     if torch.is_grad_enabled() or not x.is_cpu or x.numel() == 0:
         return None
     if x.dtype is torch.float32:
         return "fp16" if layer.packs_half else "fp32" if ONEDNN else None
+    if x.dtype is torch.bfloat16 and layer.bits:
+        return f"int{layer.bits}"
     if x.dtype is torch.bfloat16 and ONEDNN_BF16:
         return "bf16"
     return None
 
 
-def _run(kind: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _quantize(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` [out, in] packed for the ``bits``-bit kernel: 4, its codes packed and the scales and
+    zeros ([in / GROUP, out, 2], bfloat16) of each group's minimum-to-maximum range; 8, its int8 rows and
+    each row's scale (bfloat16, the row's largest magnitude over 127)."""
+    w = weight.detach().float()
+    if bits == 8:
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+        return (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+    groups = w.view(w.shape[0], -1, GROUP)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scale = ((high - low) / 15).clamp_min(torch.finfo(torch.bfloat16).tiny)
+    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+    # then the scale and zero that fit the group best given its codes (least squares): from a 16-bit
+    # model's weights, rounded from the file's, this recovers the block's d and m better than its ends
+    u = codes.float() - 8  # w = (q - 8) s + z
+    du, dw = u - u.mean(dim=2, keepdim=True), groups - groups.mean(dim=2, keepdim=True)
+    spread = (du * du).sum(dim=2)
+    scale = torch.where(spread > 0, (du * dw).sum(dim=2) / spread.clamp_min(1e-30), scale)
+    zero = (groups - u * scale[..., None]).mean(dim=2)
+    scale, zero = scale.to(torch.bfloat16), zero.to(torch.bfloat16)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view_as(w), INT4_TILES)
+    return packed, torch.stack((scale, zero), dim=2).transpose(0, 1).contiguous()
+
+
+def _run(kind: str, x: torch.Tensor, packed: Any, bias: torch.Tensor | None) -> torch.Tensor:
     """The product of ``x`` and a pack of kind ``kind`` (see ``_kind``)."""
-    if kind != "fp16":
+    if kind in ("bf16", "fp32"):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    y = torch.fbgemm_linear_fp16_weight_fp32_activation(x.reshape(-1, x.shape[-1]), packed, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if kind == "fp16":
+        y = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, packed, bias)
+    else:
+        y = (torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed[0], GROUP, packed[1]) if kind == "int4"
+             else torch.ops.aten._weight_int8pack_mm(rows, *packed))
+        y = y if bias is None else y + bias
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -77,14 +125,14 @@ class _Pack:
 
     def __init__(self) -> None:
         self.sources: list[tuple[dict[str, Any], str, torch.Tensor | None, int]] = []
-        self.tensor: torch.Tensor | None = None
+        self.tensor: Any = None  # a packed tensor, or a quantized kind's (codes, scales)
         self.bias: torch.Tensor | None = None
         self.kind: str | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Pack:
         return _Pack()
 
-    def get(self, layers: tuple[Linear, ...], x: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    def get(self, layers: tuple[Linear, ...], x: torch.Tensor) -> tuple[str, Any] | None:
         """The kernel's kind and the pack of ``layers``' weights for input ``x``, repacked if a weight or
         bias was replaced or changed in place; None where the product runs unpacked (``_kind``). A decode
         step runs this check for every product, so it reads the parameter dicts directly."""
@@ -99,15 +147,16 @@ class _Pack:
                 return self._repack(layers, kind)
         return (kind, self.tensor) if self.sources else self._repack(layers, kind)
 
-    def _repack(self, layers: tuple[Linear, ...], kind: str) -> tuple[str, torch.Tensor] | None:
+    def _repack(self, layers: tuple[Linear, ...], kind: str) -> tuple[str, Any] | None:
         weights = [m.weight for m in layers]
         self.sources, self.tensor, self.kind = [], None, None
-        wanted = torch.bfloat16 if kind == "bf16" else torch.float32
-        if not all(w.dtype is wanted and (kind != "fp16" or m.packs_half)
+        wanted = torch.float32 if kind in ("fp16", "fp32") else torch.bfloat16
+        if not all(w.dtype is wanted and (kind != "fp16" or m.packs_half) and m.bits == layers[0].bits
                    for m, w in zip(layers, weights, strict=True)):
             return None
         stacked = torch.cat([w.detach() for w in weights])
         self.tensor = (torch.fbgemm_pack_gemm_matrix_fp16(stacked) if kind == "fp16" else
+                       _quantize(stacked, layers[0].bits) if kind.startswith("int") else
                        torch.ops.mkldnn._reorder_linear_weight(stacked, ONEDNN_ROWS))
         self.kind = kind
         biases = [m.bias for m in layers]
@@ -121,11 +170,13 @@ class _Pack:
 
 class Linear(nn.Linear):
     """``nn.Linear`` with the same parameters and state dict, packed for CPU inference: in fp16 once
-    ``packs_half`` is set, else reordered in its own dtype (``_kind``)."""
+    ``packs_half`` is set, in ``bits`` bits once ``quantize`` sets them, else reordered in its own dtype
+    (``_kind``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.packs_half = False
+        self.bits = 0  # 4 or 8: runs on the quantized kernel of that width (bfloat16 input)
         self._pack = _Pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +185,7 @@ class Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         return _run(packed[0], x, packed[1], self.bias)
 
-    def _packed(self, x: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    def _packed(self, x: torch.Tensor) -> tuple[str, Any] | None:
         return self._pack.get((self,), x)
 
 
@@ -178,7 +229,7 @@ def cut_rows(layer: Linear, ids: torch.Tensor) -> Linear:
     w = layer.weight
     cut = Linear(w.shape[1], ids.numel(), bias=False, device=w.device, dtype=w.dtype)
     cut.weight = nn.Parameter(w.detach()[ids.to(w.device)], requires_grad=False)
-    cut.packs_half = layer.packs_half
+    cut.packs_half, cut.bits = layer.packs_half, layer.bits
     return cut
 
 
@@ -190,3 +241,18 @@ def use_half(module: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
             if isinstance(m, Linear):
                 m.packs_half = FBGEMM
     return module
+
+
+def quantize(model: nn.Module, head: nn.Module | None = None) -> nn.Module:
+    """Mark ``model`` (a bfloat16 one) to run in ``int4``: ``head`` (its LM head) on 8-bit weights, every
+    other ``Linear`` whose shape the int4 kernel takes (inputs a whole number of groups, outputs of 16) on
+    4-bit ones, the rest as they are; the weights stay, and the packs are made from them at the first
+    call. InputError where torch lacks the kernels."""
+    if not INT4:
+        raise InputError("this torch has no CPU int4 and int8 weight kernels: run in bfloat16 instead")
+    for m in model.modules():
+        if m is head:
+            m.bits = 8
+        elif isinstance(m, Linear) and m.in_features % GROUP == 0 and m.out_features % INT4_ROWS == 0:
+            m.bits = 4
+    return model

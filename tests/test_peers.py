@@ -32,6 +32,20 @@ def test_our_rows_run_the_models_trained_drafters_and_note_the_others(
     vanilla = engines[0].run(prompt)
     assert len(vanilla) > 0 and all(e.run(prompt) == vanilla for e in engines[1:])
     assert all(e.run(prompt) == vanilla for e in engines) and len(built) == 3  # reused: no build per call
+    # in int4, under their own names: the drafter not trained is noted once
+    quantized = ours(spec, "int4", Tokenizer.load(folder), 12, ("draft-model", "eagle"), notes,
+                     "specblock int4")
+    assert [e.name for e in quantized] == ["specblock int4 vanilla", "specblock int4 n-gram",
+                                           "specblock int4 draft-model"] and len(notes) == 1
+    assert "int4" in quantized[0].kind and len(quantized[0].run(prompt)) > 0
+
+
+def test_each_engine_has_its_own_vanilla() -> None:
+    names = ["specblock vanilla", "specblock n-gram", "specblock int4 vanilla", "specblock int4 n-gram",
+             "llama.cpp Q4_1 vanilla", "llama.cpp Q4_1 prompt lookup", "transformers prompt lookup"]
+    assert [peers.own_vanilla(n, names) for n in names] == [
+        "specblock vanilla", "specblock vanilla", "specblock int4 vanilla", "specblock int4 vanilla",
+        "llama.cpp Q4_1 vanilla", "llama.cpp Q4_1 vanilla", "specblock vanilla"]  # no transformers vanilla
 
 
 def test_summary_sets_each_engine_against_our_vanilla_and_the_rival_prompt_by_prompt() -> None:
@@ -49,4 +63,5 @@ def test_summary_sets_each_engine_against_our_vanilla_and_the_rival_prompt_by_pr
     assert pooled["over_rival_ci"][0] <= pooled["over_rival"] <= pooled["over_rival_ci"][1]
     assert rows[("ours", "chat")]["over_rival"] == 0.5 and rows[("ours", "chat")]["prompts"] == 1
     assert rows[("llama.cpp Q4_1 vanilla", "pooled")]["same_tokens_as_vanilla"] == 0.0
+    assert rows[("llama.cpp Q4_1 vanilla", "pooled")]["same_tokens_as_own_vanilla"] == 1.0
     assert "over_rival" not in summarize(names, records, 0)[0]

@@ -11,7 +11,7 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import DTYPES, drafter_choices, registry, trained_drafters
+from core.names import RUN_DTYPES, drafter_choices, registry, trained_drafters
 from core.paths import RESULTS, repo_relative
 from core.verifiers import DRAFT_SHAPES, verifier_names
 from experiments.cli import (
@@ -111,7 +111,7 @@ def _model(path: Path, flag: str, train: str) -> Path:
 @click.option("--tree-budget", type=int, default=16, show_default=True, help="Draft-model tree: nodes kept.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
-@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
+@click.option("--dtype", type=click.Choice(RUN_DTYPES), default=None, show_default="the model's own")
 @click.option("--tag", default=None, help="Name the results bench_<tag> (default: bench for the toy family, "
               "bench_<model> for another model).")
 @click.option("--out", type=OUT_FOLDER, default=RESULTS,
@@ -226,8 +226,8 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
 
     if threads is not None:
         torch.set_num_threads(threads)
-    target = load_model(model_dir, getattr(torch, dtype), device)
-    draft = load_model(draft_dir, getattr(torch, dtype), device) if draft_dir is not None else None
+    target = load_model(model_dir, dtype, device)
+    draft = load_model(draft_dir, dtype, device) if draft_dir is not None else None
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     context = min(m.args.max_position_embeddings for m in (target, draft) if m is not None)
     deepest = max(settings.depth, int((settings.chain or {}).get("depth", 0)))

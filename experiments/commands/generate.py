@@ -14,7 +14,7 @@ from core.errors import InputError
 from core.files import MAX_PROMPT_BYTES, read_text
 from core.models import ModelSpec
 from core.names import (
-    DTYPES,
+    RUN_DTYPES,
     VANILLA,
     DrafterSpec,
     draft_options,
@@ -170,7 +170,7 @@ class _Stream:
               default=None, show_default="the model's own",
               help="The cost profile whose iteration times the policy sees (the one it was tuned on).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
-@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own",
+@click.option("--dtype", type=click.Choice(RUN_DTYPES), default=None, show_default="the model's own",
               help="The dtype the models load in.")
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--chat", is_flag=True,
@@ -199,9 +199,7 @@ def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir:
             flag = draft_options[name].flag
             raise InputError(f"{flag} shapes a chain, not a tree or paths: drop it, or drop --tree-width and "
                              "--paths")
-    import torch  # torch and the engine: not for --help
-
-    from real_engine.decode import generate, make_drafter
+    from real_engine.decode import generate, make_drafter  # torch and the engine: not for --help
     from real_engine.model import load_model
     from real_engine.tokenizer import Tokenizer
     from real_engine.warp import Sampling
@@ -220,10 +218,10 @@ def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir:
     if length_policy is not None:
         profile_path = model_profile(model, profile_path)
     device = resolve_device(device)
-    target = load_model(model_dir, getattr(torch, dtype), device)
+    target = load_model(model_dir, dtype, device)
     draft = None
     if needs_draft:
-        draft = load_model(folder, getattr(torch, dtype), device)
+        draft = load_model(folder, dtype, device)
     speculator = make_drafter(drafter, target, draft, folder=folder, **given)
     if length_policy is not None:
         from core.cost_profile import load_profile  # numpy: only with a policy

@@ -21,7 +21,7 @@ import click
 from core.errors import InputError
 from core.files import MAX_PROFILE_BYTES, read_json
 from core.models import ModelSpec
-from core.names import DTYPES, trained_drafters
+from core.names import RUN_DTYPES, trained_drafters
 from experiments.cli import SEED, model_arg, model_option, resolve_device
 
 
@@ -45,7 +45,7 @@ def _model_folder(path: Path, flag: str, train: str) -> Path:
                    "the model, else random weights of the shipped shape).")
 @click.option("--repeats", type=int, default=None, help="Timed repeats per configuration (median kept).")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
-@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
+@click.option("--dtype", type=click.Choice(RUN_DTYPES), default=None, show_default="the model's own")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
 @click.option("--clock", "clock_kind", type=click.Choice(("wall", "cpu")), default="wall", show_default=True,
               help="wall: elapsed time; cpu: CPU seconds of this process (reproducible on a shared CPU "
@@ -90,8 +90,8 @@ def command(model: ModelSpec, draft_dir: Path | None, out: Path | None, quick: b
     if threads is not None:
         torch.set_num_threads(threads)
     device = resolve_device(device)
-    target = load_model(model_dir, getattr(torch, dtype), device)
-    draft = None if draft_dir is None else load_model(draft_dir, getattr(torch, dtype), device)
+    target = load_model(model_dir, dtype, device)
+    draft = None if draft_dir is None else load_model(draft_dir, dtype, device)
     vocab = None if draft_dir is None else deployed_vocab(draft_dir)  # timed drafting as it is deployed
     grid = prof.QUICK if quick else prof.FULL
     if repeats is not None:

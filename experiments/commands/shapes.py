@@ -17,7 +17,7 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import DTYPES, registry, trained_drafters
+from core.names import RUN_DTYPES, registry, trained_drafters
 from core.paths import RESULTS
 from experiments.cli import (
     OUT_FOLDER,
@@ -52,7 +52,7 @@ TUNABLE = (*trained_drafters(),
               show_default="benchmarks/results", help="Results folder.")
 @click.option("--tag", default=None, show_default="shapes for the toy family, shapes_<model> for another",
               help="Results file name.")
-@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own",
+@click.option("--dtype", type=click.Choice(RUN_DTYPES), default=None, show_default="the model's own",
               help="The dtype the shapes are timed in (float32: any change to the greedy output is a bug "
                    "and stops the sweep; 16-bit: rounding may part greedy outputs at near-ties, and each "
                    "shape's share of identical outputs is reported).")

@@ -18,7 +18,7 @@ import click
 
 from core.errors import InputError
 from core.models import ModelSpec
-from core.names import DTYPES, drafter_names, drafter_spec
+from core.names import RUN_DTYPES, drafter_names, drafter_spec
 from core.verifiers import default_verifier, defaults_help, verifier_names
 from experiments.cli import (
     SEED,
@@ -90,7 +90,7 @@ def _folder(path: Path, flag: str, train: str) -> Path:
               help="Draft at every position of the greedy text, verifying nothing (one row per token): what "
                    "`specblock pipeline` records for its length policies. Temperature 0 only.")
 @click.option("--device", default=None, help="torch device [default: cuda if available, else cpu].")
-@click.option("--dtype", type=click.Choice(DTYPES), default=None, show_default="the model's own")
+@click.option("--dtype", type=click.Choice(RUN_DTYPES), default=None, show_default="the model's own")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a summary) on stdout.")
 def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path | None, out: Path,
@@ -140,7 +140,7 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
     tree_drafter = (given["width"] or 1) > 1 or spec.trained  # a trained drafter: its top-k tree
     verifier = verifier or default_verifier(temperature, "tree" if tree_drafter else "chain")
     device = resolve_device(device)
-    target = load_model(model_dir, getattr(torch, dtype), device)
+    target = load_model(model_dir, dtype, device)
     tokenizer = Tokenizer.load(model_dir, target.args.vocab_size, target.args.eos_token_id)
     room = target.args.max_position_embeddings - max_new_tokens - (given["depth"] or 16) - 1
     if room < 1:
@@ -152,7 +152,7 @@ def command(drafter: str, domains: str | None, prompts: int, prompt_file: Path |
     else:
         chosen = [replace(p, tokens=p.tokens[-room:])
                   for p in load_prompt_file(prompt_file, prompts, tokenizer.encode, tokenizer.chat_encoder())]
-    draft = load_model(draft_dir, getattr(torch, dtype), device) if spec.needs_draft_model else None
+    draft = load_model(draft_dir, dtype, device) if spec.needs_draft_model else None
 
     def new() -> object:
         return make_drafter(drafter, target, draft, folder=folder, **given)

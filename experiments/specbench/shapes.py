@@ -174,8 +174,8 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
         raise InputError(f"no {kind} in {folders[missing[0]]}: train it with `specblock train {train}` or "
                          "pass --drafters-dir")
     torch.manual_seed(seed)
-    target = load_model(model_dir, getattr(torch, dtype))
-    draft = next((load_model(folders[n], getattr(torch, dtype)) for n in names if uses_draft[n]), None)
+    target = load_model(model_dir, dtype)
+    draft = next((load_model(folders[n], dtype) for n in names if uses_draft[n]), None)
     tokenizer = Tokenizer.load(model_dir)
     prompts = [list(p.tokens) for p in load_prompts(domains, count, tokenizer.encode, "calibration", 192,
                                                     folder=prompts_dir, chat_encode=tokenizer.chat_encoder())]
