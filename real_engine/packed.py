@@ -25,9 +25,10 @@ int4 kernel (``_weight_int4pack_mm_for_cpu``: groups of ``GROUP`` weights along 
 bfloat16 scale and zero, w = (q - 8) * scale + zero) and its LM head on the int8 one
 (``_weight_int8pack_mm``: a bfloat16 scale per row), with bfloat16 activations, as llama.cpp runs a Q4_1
 file (its layers Q4_1, its output Q8_0). The codes are found from the weights, a group's minimum and
-maximum mapping to 0 and 15: weights dequantized from a Q4_1 block (d * q + m, its minimum and maximum
-coded 0 and 15) give back the block's own codes, with d and m rounded to bfloat16. Both kernels compute a
-row the same whatever rows run with it, so a verify's rows equal one-token steps bit for bit.
+maximum mapping to 0 and 15, then the scale and zero refitted to them: weights dequantized from a Q4_1
+block (d * q + m, its minimum and maximum coded 0 and 15) give back the block's own codes, with d and m
+rounded to bfloat16. Both kernels compute a row the same whatever rows run with it, so the linears add
+no difference between a verify's rows and one-token steps (attention still has one: docs/design.md).
 
 A small decode step costs more in calls than in arithmetic (each product and its checks cost a fixed
 overhead per call), so ``Fused`` runs linears that share an input (query, key and value; gate and
@@ -80,9 +81,9 @@ def _kind(layer: Linear, x: torch.Tensor) -> str | None:
 
 
 def _quantize(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` [out, in] packed for the ``bits``-bit kernel: 4, its codes packed and the scales and
-    zeros ([in / GROUP, out, 2], bfloat16) of each group's minimum-to-maximum range; 8, its int8 rows and
-    each row's scale (bfloat16, the row's largest magnitude over 127)."""
+    """``weight`` [out, in] packed for the ``bits``-bit kernel: 4, each group's codes (its minimum to
+    maximum in 16 steps) packed, and the scales and zeros that fit them best ([in / GROUP, out, 2],
+    bfloat16); 8, its int8 rows and each row's scale (bfloat16, the row's largest magnitude over 127)."""
     w = weight.detach().float()
     if bits == 8:
         scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
