@@ -27,8 +27,11 @@ bfloat16 scale and zero, w = (q - 8) * scale + zero) and its LM head on the int8
 file (its layers Q4_1, its output Q8_0). The codes are found from the weights, a group's minimum and
 maximum mapping to 0 and 15, then the scale and zero refitted to them: weights dequantized from a Q4_1
 block (d * q + m, its minimum and maximum coded 0 and 15) give back the block's own codes, with d and m
-rounded to bfloat16. Both kernels compute a row the same whatever rows run with it, so the linears add
-no difference between a verify's rows and one-token steps (attention still has one: docs/design.md).
+rounded to bfloat16. The int4 and int8 kernels' cost grows with the rows faster than oneDNN's: past
+``INT4_MOST_ROWS`` rows (a prefill, a large tree's verify) a quantized layer runs on oneDNN over the same
+weights dequantized once to bfloat16 ((q - 8) * scale + zero, rounded), a second copy of the layer.
+Each kernel computes a row the same whatever rows run with it, so below
+that a verify's rows take the one-token steps' path (attention still parts them: docs/design.md).
 
 A small decode step costs more in calls than in arithmetic (each product and its checks cost a fixed
 overhead per call), so ``Fused`` runs linears that share an input (query, key and value; gate and
@@ -62,6 +65,7 @@ INT4 = all(hasattr(torch.ops.aten, op) for op in ("_weight_int4pack_mm_for_cpu",
 GROUP = 32  # weights per 4-bit group along a row, each with its scale and zero (a Q4_1 block)
 INT4_TILES = 2  # the inner k tiles of the int4 packing (torch's CPU kernel)
 INT4_ROWS = 16  # the int4 packing takes whole multiples of this many output rows
+INT4_MOST_ROWS = 8  # more input rows than this run on the dequantized weights (the module docstring)
 
 
 def _kind(layer: Linear, x: torch.Tensor) -> str | None:
@@ -81,13 +85,16 @@ def _kind(layer: Linear, x: torch.Tensor) -> str | None:
 
 
 def _quantize(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` [out, in] packed for the ``bits``-bit kernel: 4, each group's codes (its minimum to
-    maximum in 16 steps) packed, and the scales and zeros that fit them best ([in / GROUP, out, 2],
-    bfloat16); 8, its int8 rows and each row's scale (bfloat16, the row's largest magnitude over 127)."""
+    """``weight`` [out, in] packed for the ``bits``-bit kernel, then the weights the pack gives, in
+    bfloat16 reordered for oneDNN (for many rows): 4, each group's codes (its minimum to maximum in 16
+    steps) packed and the scales and zeros that fit them best ([in / GROUP, out, 2], bfloat16); 8, its
+    int8 rows and each row's scale (bfloat16, the row's largest magnitude over 127)."""
     w = weight.detach().float()
     if bits == 8:
         scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
-        return (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+        codes = (w / scale.float()[:, None]).round().clamp(-127, 127)
+        weights = (codes * scale.float()[:, None]).to(torch.bfloat16)
+        return (codes.to(torch.int8), scale, torch.ops.mkldnn._reorder_linear_weight(weights, ONEDNN_ROWS))
     groups = w.view(w.shape[0], -1, GROUP)
     low, high = groups.amin(dim=2), groups.amax(dim=2)
     scale = ((high - low) / 15).clamp_min(torch.finfo(torch.bfloat16).tiny)
@@ -101,19 +108,24 @@ def _quantize(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tens
     zero = (groups - u * scale[..., None]).mean(dim=2)
     scale, zero = scale.to(torch.bfloat16), zero.to(torch.bfloat16)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view_as(w), INT4_TILES)
-    return packed, torch.stack((scale, zero), dim=2).transpose(0, 1).contiguous()
+    weights = (u * scale.float()[..., None] + zero.float()[..., None]).view_as(w).to(torch.bfloat16)
+    return (packed, torch.stack((scale, zero), dim=2).transpose(0, 1).contiguous(),
+            torch.ops.mkldnn._reorder_linear_weight(weights, ONEDNN_ROWS))
 
 
 def _run(kind: str, x: torch.Tensor, packed: Any, bias: torch.Tensor | None) -> torch.Tensor:
-    """The product of ``x`` and a pack of kind ``kind`` (see ``_kind``)."""
+    """The product of ``x`` and a pack of kind ``kind`` (see ``_kind``); a quantized layer's many rows run
+    on its dequantized weights."""
+    rows = x.reshape(-1, x.shape[-1])
+    if kind in ("int4", "int8") and rows.shape[0] > INT4_MOST_ROWS:
+        kind, packed = "bf16", packed[-1]
     if kind in ("bf16", "fp32"):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    rows = x.reshape(-1, x.shape[-1])
     if kind == "fp16":
         y = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, packed, bias)
     else:
         y = (torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed[0], GROUP, packed[1]) if kind == "int4"
-             else torch.ops.aten._weight_int8pack_mm(rows, *packed))
+             else torch.ops.aten._weight_int8pack_mm(rows, packed[0], packed[1]))
         y = y if bias is None else y + bias
     return y.view(*x.shape[:-1], y.shape[-1])
 

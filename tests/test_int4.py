@@ -12,7 +12,7 @@ import torch
 from core.errors import InputError
 from real_engine.decode import generate, make_drafter
 from real_engine.model import load_model
-from real_engine.packed import GROUP, INT4, Linear, _quantize, quantize
+from real_engine.packed import GROUP, INT4, INT4_MOST_ROWS, Linear, _quantize, quantize
 
 pytestmark = pytest.mark.skipif(not INT4, reason="this torch lacks the CPU int4 and int8 weight kernels")
 
@@ -30,7 +30,7 @@ def _q4_1(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
 
 def test_a_q4_1_blocks_weights_give_back_its_codes() -> None:
     weight, codes = _q4_1(48, 96)
-    packed, scales = _quantize(weight.bfloat16(), 4)  # from the bfloat16 weights a 16-bit model holds
+    packed, scales, _ = _quantize(weight.bfloat16(), 4)  # from the bfloat16 weights a 16-bit model holds
     scale, zero = (scales[..., i].float().t().repeat_interleave(GROUP, dim=1) for i in (0, 1))
     dequantized = (codes - 8) * scale + zero
     # the identity's rows read every weight back through the kernel: each equals its code's value (a code
@@ -49,14 +49,30 @@ def test_a_row_computes_the_same_alone_or_with_others(bits: int) -> None:
     layer, odd = Linear(64, 48, bias=True).bfloat16(), Linear(64, 40).bfloat16()
     quantize(torch.nn.Sequential(layer, odd), head=layer if bits == 8 else None)
     assert layer.bits == bits and odd.bits == 0  # 40 outputs: not a shape the int4 kernel packs
-    x = torch.randn(1, 9, 64, dtype=torch.bfloat16)
+    x = torch.randn(1, INT4_MOST_ROWS, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
         assert layer._packed(x)[0] == f"int{bits}"
         together = layer(x)
-        alone = torch.cat([layer(x[:, i:i + 1]) for i in range(9)], dim=1)
+        alone = torch.cat([layer(x[:, i:i + 1]) for i in range(x.shape[1])], dim=1)
     assert torch.equal(together, alone)
     reference = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
     torch.testing.assert_close(together.float(), reference, rtol=0.1, atol=0.1)  # a 4- or 8-bit rounding
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_many_rows_run_on_the_dequantized_weights(bits: int) -> None:
+    """Past ``INT4_MOST_ROWS`` rows a quantized layer runs on its codes' weights in bfloat16: the product
+    its kernel gives, up to that rounding."""
+    torch.manual_seed(0)
+    layer = Linear(64, 48, bias=True).bfloat16()
+    quantize(layer, head=layer if bits == 8 else None)
+    x = torch.randn(1, 3 * INT4_MOST_ROWS, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        many = layer(x)
+        few = torch.cat([layer(x[:, i:i + INT4_MOST_ROWS]) for i in range(0, x.shape[1], INT4_MOST_ROWS)], 1)
+    torch.testing.assert_close(many.float(), few.float(), rtol=0.02, atol=0.02)
+    codes_weights = layer._pack.tensor[2]
+    assert codes_weights.dtype is torch.bfloat16 and not torch.equal(many, few)  # another kernel's rounding
 
 
 def test_an_int4_model_quantizes_its_layers_and_head_and_decodes_near_its_bfloat16_self(
