@@ -116,11 +116,11 @@ def _quantize(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tens
 def _run(kind: str, x: torch.Tensor, packed: Any, bias: torch.Tensor | None) -> torch.Tensor:
     """The product of ``x`` and a pack of kind ``kind`` (see ``_kind``); a quantized layer's many rows run
     on its dequantized weights."""
-    rows = x.reshape(-1, x.shape[-1])
-    if kind in ("int4", "int8") and rows.shape[0] > INT4_MOST_ROWS:
+    if kind in ("int4", "int8") and x.numel() > INT4_MOST_ROWS * x.shape[-1]:
         kind, packed = "bf16", packed[-1]
     if kind in ("bf16", "fp32"):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    rows = x.reshape(-1, x.shape[-1])
     if kind == "fp16":
         y = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, packed, bias)
     else:
