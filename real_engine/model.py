@@ -357,6 +357,9 @@ def load_model(folder: str | Path, dtype: torch.dtype | str = torch.float32,
     if isinstance(dtype, str) and dtype not in RUN_DTYPES:
         raise InputError(f"unknown dtype {dtype!r}: use one of {', '.join(RUN_DTYPES)}")
     quantized = dtype == "int4"
+    if quantized and torch.device(device).type != "cpu":
+        raise InputError(f"int4 runs on torch's CPU kernels, not on {device}: use --device cpu, or --dtype "
+                         "bfloat16 there")
     dtype = torch.bfloat16 if quantized else getattr(torch, dtype) if isinstance(dtype, str) else dtype
     folder = Path(folder)
     config_path = folder / "config.json"

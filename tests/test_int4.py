@@ -97,3 +97,5 @@ def test_an_int4_model_quantizes_its_layers_and_head_and_decodes_near_its_bfloat
 def test_an_unknown_dtype_is_refused(llama_dir: Path) -> None:
     with pytest.raises(InputError, match="use one of float32, bfloat16, float16, int4"):
         load_model(llama_dir, "int3")
+    with pytest.raises(InputError, match="CPU kernels, not on cuda"):  # refused, not run unquantized
+        load_model(llama_dir, "int4", "cuda")
