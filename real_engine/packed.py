@@ -256,6 +256,14 @@ def use_half(module: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
     return module
 
 
+def run_dtype(model: nn.Module) -> str:
+    """The dtype ``model`` runs in, named as ``core.names.RUN_DTYPES`` names it: ``int4`` once ``quantize``
+    marked it, else its weights' (what picks a drafter's deployed shape, ``drafters.trained.shape_file``)."""
+    if any(isinstance(m, Linear) and m.bits == 4 for m in model.modules()):
+        return "int4"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def quantize(model: nn.Module, head: nn.Module | None = None) -> nn.Module:
     """Mark ``model`` (a bfloat16 one) to run in ``int4``: ``head`` (its LM head) on 8-bit weights, every
     other ``Linear`` whose shape the int4 kernel takes (inputs a whole number of groups, outputs of 16) on

@@ -135,8 +135,8 @@ def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_di
     answers = tmp_path / "answers"
     respond(target, PROMPTS, encode, answers, PLAN)
     monkeypatch.setattr(recipes.TrainRequest, "data",
-                        lambda self: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8, heldout=1,
-                                                        code_share=0.0))
+                        lambda self, sequences=None: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8,
+                                                                        heldout=1, code_share=0.0))
     out = tmp_path / "eagle"
     code, shown, err = cli(["train", "eagle", "--model", str(llama_dir), "--responses", str(answers),
                             "--steps", "1", "--out", str(out), "--run-dir", str(tmp_path / "run"),
@@ -151,6 +151,14 @@ def test_a_feature_drafter_trains_on_the_responses(target: Transformer, llama_di
     assert "drop it with --responses" in refused(["train", "eagle", "--responses", str(answers),
                                                   "--on-policy", "0.5"])
 
+
+
+def test_a_requests_sequences_win_over_a_recipes_own_count() -> None:
+    from real_engine.training.recipes import DataRecipe, TrainRequest
+
+    assert TrainRequest().data().sequences == DataRecipe().sequences  # the feature drafters' default
+    assert TrainRequest().data(500).sequences == 500  # a recipe's own, e.g. the cut draft model's
+    assert TrainRequest(sequences=7).data(500).sequences == 7  # --sequences given
 
 
 def test_a_model_trains_on_the_responses_it_ships_by_default(build, tmp_path: Path) -> None:
@@ -202,9 +210,10 @@ def test_a_draft_model_cut_from_the_target_ships_its_layers_only(
 
     answers = tmp_path / "answers"
     respond(target, PROMPTS, encode, answers, PLAN)
+    asked = []
     monkeypatch.setattr(recipes.TrainRequest, "data",
-                        lambda self: recipes.DataRecipe(sequences=4, seq_len=12, top_k=8, heldout=1,
-                                                        code_share=0.0))
+                        lambda self, sequences=None: asked.append(sequences) or recipes.DataRecipe(
+                            sequences=4, seq_len=12, top_k=8, heldout=1, code_share=0.0))
     monkeypatch.setattr(recipes, "CUT_LAYERS", 1)
     monkeypatch.setattr(recipes, "DRAFT_VOCAB", 16)
     copy = tmp_path / "target"
@@ -215,6 +224,7 @@ def test_a_draft_model_cut_from_the_target_ships_its_layers_only(
                             "--data-dir", str(tmp_path / "data"), "--threads", "1", "--json"])
     assert code == 0, err
     assert json.loads(shown)["steps_done"] == 2
+    assert asked == [recipes.CUT_SEQUENCES] * 2  # its own data size, training and held-out rows
     with safe_open(str(out / "model.safetensors"), "pt") as saved:
         names = set(saved.keys())
     assert not any("embed_tokens" in n or "lm_head" in n for n in names)

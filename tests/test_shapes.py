@@ -16,6 +16,7 @@ from real_engine.decode import make_drafter
 from real_engine.drafters.specblock import SpecBlock, save_specblock
 from real_engine.drafters.trained import deployed_shape, write_shape
 from real_engine.model import load_model
+from real_engine.packed import run_dtype
 
 
 @pytest.fixture
@@ -134,6 +135,27 @@ def test_the_ngram_lookup_is_swept_and_deployed_without_weights(llama_dir: Path,
     assert (drafter.depth, drafter.max_ngram) == (best["depth"], best["max_ngram"])
     assert make_drafter("ngram", target, folder=folder, depth=5).depth == 5  # an option overrides it
     assert make_drafter("ngram", target, folder=folder, deployed=False).depth == 4
+
+
+def test_shapes_timed_in_another_dtype_deploy_for_runs_in_it_alone(
+        llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A step's cost by rows differs by dtype, so does the fastest shape: `shapes --dtype D --apply` (D not
+    the model's own) saves drafting-D.json, which a run in D reads before drafting.json, and no other."""
+    folder = tmp_path / "drafters" / "ngram"
+    write_shape("ngram", folder, {"depth": 2, "max_ngram": 2}, {"speedup": 1.0})  # the model's own dtype's
+    main(["shapes", "--model", str(llama_dir), "--drafters", "ngram", "--drafters-dir", str(folder.parent),
+          "--out", str(tmp_path), "--prompts", "1", "--rounds", "1", "--max-new-tokens", "4", "--apply",
+          "--dtype", "bfloat16"])
+    assert "-> drafting-bfloat16.json" in capsys.readouterr().out
+    assert json.loads((folder / "drafting.json").read_text())["shape"] == {"depth": 2, "max_ngram": 2}
+    write_shape("ngram", folder, {"depth": 7, "max_ngram": 1}, {"speedup": 1.0}, "bfloat16")  # a known one
+    assert deployed_shape("ngram", folder, "bfloat16") == {"depth": 7, "max_ngram": 1}
+    assert deployed_shape("ngram", folder, "int4") == deployed_shape("ngram", folder) == {"depth": 2,
+                                                                                          "max_ngram": 2}
+    for dtype, depth in (("float32", 2), ("bfloat16", 7), ("int4", 2)):  # int4: no shape of its own yet
+        target = load_model(llama_dir, dtype)
+        assert run_dtype(target) == dtype
+        assert make_drafter("ngram", target, folder=folder).depth == depth
 
 
 def test_a_deployed_specblock_chain_is_sampled_and_block_verified_at_temperature_one(

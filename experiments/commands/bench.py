@@ -166,7 +166,7 @@ def command(drafters: str, verifiers: str, temperatures: str, categories: str | 
     if draft_length is None and (draft_dir / "config.json").is_file():
         from real_engine.drafters.draft_model import CHAIN_OPTIONS
 
-        deployed = deployed_shape("draft-model", draft_dir)
+        deployed = deployed_shape("draft-model", draft_dir, dtype or model.dtype)
         if deployed.get("width", 1) == 1 and "depth" in deployed:  # a deployed chain
             chain = {k: v for k, v in deployed.items() if k in ("depth", "vocab", *CHAIN_OPTIONS)}
     settings = Settings(
@@ -248,7 +248,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
         notes.append("hf-assisted: transformers is not installed, skipped")
         hf = False
     chains = [n for n in trained_drafters() if n in available  # a deployed chain samples at T > 0
-              and deployed_shape(n, drafters_dir / n).get("width") == 1]
+              and deployed_shape(n, drafters_dir / n, dtype).get("width") == 1]
     configs, plan_notes = plan(settings, available, hf, chains, model or None)
     notes.extend(plan_notes)
     peer = HFPeer(model_dir, draft_dir, device) if hf else None
@@ -271,7 +271,7 @@ def _run(settings: Any, model_dir: Path, draft_dir: Path | None, drafters_dir: P
     results = {"rows": measured["rows"], "agreement": agree, "text_acceptance": on_text,
                "rank_confusion": confusion, "notes": notes, "per_prompt": measured["per_prompt"]}
     config = {k: v for k, v in dataclasses.asdict(settings).items() if k != "categories"}
-    config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n) for n in trained_drafters()
+    config.update(deployed_shapes={n: deployed_shape(n, drafters_dir / n, dtype) for n in trained_drafters()
                                    if n in available and n in settings.drafters})
     config.update(categories={c: len(p) for c, p in prompts.items()}, prompt_token_limit=limit, device=device,
                   dtype=dtype,

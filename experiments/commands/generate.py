@@ -211,7 +211,8 @@ def command(model: ModelSpec, draft_dir: Path | None, drafter: str, drafter_dir:
     width = tree_width
     if spec is not None and "width" in spec.shape_options and width is None and paths is None:
         saved = _drafter_folder(model, spec, draft_dir, drafter_dir)
-        width = (deployed_shape(drafter, saved) if saved else {}).get("width", None if spec.trained else 1)
+        deployed = deployed_shape(drafter, saved, dtype) if saved else {}
+        width = deployed.get("width", None if spec.trained else 1)
     verifier = verifier or _auto_verifier(temperature, spec, width, paths or 1)
     check_fit(verifier, spec, width, _which(lambda s: "paths" in s.options))  # those sample i.i.d. paths
     folder = _drafter_folder(model, spec, draft_dir, drafter_dir)  # where its weights or drafting.json lie

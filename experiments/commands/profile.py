@@ -92,7 +92,7 @@ def command(model: ModelSpec, draft_dir: Path | None, out: Path | None, quick: b
     device = resolve_device(device)
     target = load_model(model_dir, dtype, device)
     draft = None if draft_dir is None else load_model(draft_dir, dtype, device)
-    vocab = None if draft_dir is None else deployed_vocab(draft_dir)  # timed drafting as it is deployed
+    vocab = None if draft_dir is None else deployed_vocab(draft_dir, dtype=dtype)  # drafting as deployed
     grid = prof.QUICK if quick else prof.FULL
     if repeats is not None:
         grid = dataclasses.replace(grid, repeats=repeats)

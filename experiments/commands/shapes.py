@@ -4,8 +4,10 @@ Greedy tokens/s of every shape of each drafter's registered ``shapes``
 (``experiments.specbench.shapes.shape_grids``) over vanilla, round-robin on the calibration prompts; writes
 ``<out>/<tag>.json`` and ``.md``; ``--apply`` saves each drafter's fastest shape as its folder's
 ``drafting.json``, which ``generate`` (and for the trained drafters ``bench`` and ``trace``) then use; the
-draft model's lies in ``<drafters-dir>/draft``. ``--model`` chooses the model: its target, its drafters folder
-(default ``--drafters-dir``) and its prompt sets.
+draft model's lies in ``<drafters-dir>/draft``. Timed in a ``--dtype`` other than the model's own, they
+are saved as ``drafting-<dtype>.json``, which runs in that dtype read before ``drafting.json``.
+``--model`` chooses the model: its target, its drafters folder (default ``--drafters-dir``) and its
+prompt sets.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ TUNABLE = (*trained_drafters(),
               help="The dtype the shapes are timed in (float32: any change to the greedy output is a bug "
                    "and stops the sweep; 16-bit: rounding may part greedy outputs at near-ties, and each "
                    "shape's share of identical outputs is reported).")
-@click.option("--apply", is_flag=True, help="Save each drafter's fastest shape as its drafting.json.")
+@click.option("--apply", is_flag=True, help="Save each drafter's fastest shape as its drafting.json (with a "
+              "--dtype other than the model's own, as its drafting-<dtype>.json, which runs in it read).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results.")
 def command(drafters: str, domains: str | None, count: int, rounds: int, max_new_tokens: int,
             model: ModelSpec, drafters_dir: Path | None, threads: int, seed: int, out: Path, tag: str | None,
@@ -65,6 +68,7 @@ def command(drafters: str, domains: str | None, count: int, rounds: int, max_new
     import torch  # torch and the engine: not for --help
 
     from experiments.specbench.shapes import label, run
+    from real_engine.drafters.trained import shape_name
 
     for flag, value in (("--prompts", count), ("--rounds", rounds), ("--max-new-tokens", max_new_tokens),
                         ("--threads", threads)):
@@ -76,16 +80,19 @@ def command(drafters: str, domains: str | None, count: int, rounds: int, max_new
     if not names or not doms:
         raise InputError("--drafters and --domains need at least one name each: e.g. --drafters specblock")
     model_dir = model.require().target
+    own = dtype in (None, model.dtype)  # else the shapes are saved for runs in --dtype alone
     torch.set_num_threads(threads)
     result = run(model_dir, model.drafters if drafters_dir is None else drafters_dir, names, doms, count,
                  max_new_tokens, rounds, seed, out, tag or model_result("shapes", model.name), apply,
                  model_prompts(model, doms), model.name, progress=not as_json,
-                 train_as=model_arg(model) if drafters_dir is None else None, dtype=dtype or model.dtype)
+                 train_as=model_arg(model) if drafters_dir is None else None, dtype=dtype or model.dtype,
+                 own_dtype=own)
     if as_json:
         click.echo(json.dumps(result))
         return
+    saved = f" -> {shape_name(None if own else dtype)}" if apply else ""
     for name, rows in result["drafters"].items():
         best = rows[0]
         click.echo(f"{name}: best {label(best['shape'])} at {best['speedup']:.2f}x vanilla "
-                   f"(tau {best['tau']:.2f})" + (" -> drafting.json" if apply else ""))
+                   f"(tau {best['tau']:.2f}){saved}")
     click.echo(f"results: {result['path']}")

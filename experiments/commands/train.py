@@ -82,7 +82,8 @@ def _responses(kind: str, model: ModelSpec, given: Path | None, on_policy: float
 @model_option("The model to distil a draft model from, or to train a drafter for (tokenizer and target "
               "build the toy family: toy-16m only).")
 @click.option("--sequences", type=int, default=None,
-              help="Corpus windows of the target's rows to train on (drafters; default 1920).")
+              help="Windows of the target's rows to train on (drafters; default: the recipe's, "
+                   "real_engine/training/recipes.py).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=RUNS / "drafter-data",
               show_default="runs/drafter-data", help="Cache of the target's rows (drafters).")
 @click.option("--init", "init_dir", type=click.Path(path_type=Path), default=None,

@@ -13,7 +13,8 @@ tokens/s would mix in); its quartiles show the spread, and the pooled tokens/s r
 ``make_drafter`` (and so ``generate``, and for the trained drafters ``bench`` and ``trace``) uses when
 no option is given.
 The draft model's shapes (chains and top-k trees) are tuned the same way; its ``drafting.json`` lies
-in the draft model's folder.
+in the draft model's folder. Shapes timed in a dtype other than the model's own are saved for runs in
+that dtype alone (``drafters.trained.shape_file``).
 """
 
 from __future__ import annotations
@@ -155,10 +156,11 @@ def markdown(result: Mapping[str, Any], config: Mapping[str, Any]) -> str:
 def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequence[str], count: int,
         max_new_tokens: int, rounds: int, seed: int, out: Path, tag: str, apply: bool,
         prompts_dir: Path, model: str, progress: bool = True, train_as: str | None = None,
-        dtype: str = "float32") -> dict[str, Any]:
+        dtype: str = "float32", own_dtype: bool = True) -> dict[str, Any]:
     """Load (in ``dtype``), sweep, write ``out/<tag>.json`` and ``.md``; with ``apply`` save the best
-    shapes. The calibration prompts come from ``prompts_dir`` (the model's), ``model`` names the model in
-    the results, and a missing drafter's fix names ``--model train_as`` when given."""
+    shapes, as the drafters' shapes (``own_dtype``: ``dtype`` is the model's own) or as their shapes for
+    runs in ``dtype`` alone. The calibration prompts come from ``prompts_dir`` (the model's), ``model``
+    names the model in the results, and a missing drafter's fix names ``--model train_as`` when given."""
     tried = shape_grids()
     unknown = [n for n in names if n not in tried]
     if unknown:
@@ -193,6 +195,7 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
         for name, rows in result["drafters"].items():
             best = rows[0]
             write_shape(name, folders[name], best["shape"],
-                        {"speedup": round(best["speedup"], 3), "tau": round(best["tau"], 3),
-                         "chosen_by": f"specblock shapes ({path.name}): the fastest of {len(rows)} shapes"})
+                        {"speedup": round(best["speedup"], 3), "tau": round(best["tau"], 3), "dtype": dtype,
+                         "chosen_by": f"specblock shapes ({path.name}): the fastest of {len(rows)} shapes"},
+                        None if own_dtype else dtype)
     return {"path": str(path), **result}

@@ -66,7 +66,7 @@ from real_engine.drafters.ngram import NgramIndex, lookup_chain
 from real_engine.drafters.trained import deployed_shape
 from real_engine.drafters.vocab import load_vocab
 from real_engine.model import Output, Transformer
-from real_engine.packed import Linear, cut_rows
+from real_engine.packed import Linear, cut_rows, run_dtype
 from real_engine.ragged import packed_forward
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
@@ -438,7 +438,7 @@ def build_draft_model(target: Transformer, draft: Transformer | None, folder: st
                          f"target's ({target.args.vocab_size}): use a draft model with the target's "
                          "tokenizer")
     if deployed and folder is not None and paths is None:
-        saved = deployed_shape("draft-model", folder)
+        saved = deployed_shape("draft-model", folder, run_dtype(target))
         if (width or 1) > 1:  # a tree asked for: a deployed chain's options do not apply to it
             saved = {k: v for k, v in saved.items() if k not in CHAIN_OPTIONS}
         given = {"depth": depth, "width": width, "budget": budget, "min_confidence": min_confidence,

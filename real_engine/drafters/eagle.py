@@ -47,7 +47,7 @@ from real_engine.drafters.trained import train_hint, trained_shape
 from real_engine.drafters.vocab import drafting_vocab
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
-from real_engine.packed import Linear, cut_rows, use_half
+from real_engine.packed import Linear, cut_rows, run_dtype, use_half
 from real_engine.tree import DraftTree, best_subtree, expand_topk
 from real_engine.warp import Sampling, warp
 
@@ -320,8 +320,8 @@ def build_eagle(target: Transformer, draft: Transformer | None, folder: str | Pa
     ``ModelSpec.drafter_folder``): a dynamic tree ``depth`` deep, ``width`` the top-k (children per node
     and frontier width), ``budget`` tokens in all, drafting the ``vocab`` most frequent tokens; options not
     given keep the deployed shape (``deployed``), else the saved tree shape and vocabulary."""
-    folder, shape = trained_shape("eagle", folder, deployed, depth=depth, width=width, budget=budget,
-                                  vocab=vocab)
+    folder, shape = trained_shape("eagle", folder, deployed, run_dtype(target), depth=depth, width=width,
+                                  budget=budget, vocab=vocab)
     with train_hint("eagle"):
         return eagle_drafter(folder, target, shape.get("depth"), shape.get("width"), shape.get("budget"),
                              shape.get("vocab"))

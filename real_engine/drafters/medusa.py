@@ -33,7 +33,7 @@ from core.files import MAX_CONFIG_BYTES, atomic_write, read_json, write_json
 from real_engine.drafters.base import clock
 from real_engine.drafters.trained import train_hint, trained_shape
 from real_engine.model import Output, Transformer
-from real_engine.packed import Linear, use_half
+from real_engine.packed import Linear, run_dtype, use_half
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
 
@@ -248,7 +248,7 @@ def build_medusa(target: Transformer, draft: Transformer | None, folder: str | P
     ``ModelSpec.drafter_folder``): a static tree of ``budget`` nodes (re-chosen from the saved
     calibration accuracies) cut at ``depth``; options not given keep the deployed shape (``deployed``),
     else the saved tree."""
-    folder, shape = trained_shape("medusa", folder, deployed, depth=depth, budget=budget)
+    folder, shape = trained_shape("medusa", folder, deployed, run_dtype(target), depth=depth, budget=budget)
     with train_hint("medusa"):
         net, tree = load_medusa(folder, target, shape.get("budget"))
         depth = shape.get("depth")

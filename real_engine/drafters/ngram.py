@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from core.errors import InputError
 from real_engine.drafters.trained import deployed_shape
 from real_engine.model import Output, Transformer
+from real_engine.packed import run_dtype
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling
 
@@ -104,5 +105,5 @@ def build_ngram(target: Transformer, draft: Transformer | None, folder: str | Pa
     """The ``ngram`` drafter (``make_drafter``): chains of ``depth`` (4) tokens looked up with n-grams of up
     to ``max_ngram`` (3) tokens; it runs no model. Given a model's ``folder`` (and ``deployed``), options
     left None take the shape `specblock shapes --apply` saved there for that model."""
-    saved = deployed_shape("ngram", folder) if deployed and folder is not None else {}
+    saved = deployed_shape("ngram", folder, run_dtype(target)) if deployed and folder is not None else {}
     return NgramDrafter(depth or int(saved.get("depth", 4)), max_ngram or int(saved.get("max_ngram", 3)))

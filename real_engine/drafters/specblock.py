@@ -55,7 +55,7 @@ from real_engine.drafters.trained import train_hint, trained_shape
 from real_engine.drafters.vocab import drafting_vocab
 from real_engine.kv_cache import KVCache
 from real_engine.model import DecoderLayer, ModelArgs, Output, RMSNorm, Transformer, rope, rope_frequencies
-from real_engine.packed import Linear, cut_rows, use_half
+from real_engine.packed import Linear, cut_rows, run_dtype, use_half
 from real_engine.tree import DraftTree
 from real_engine.warp import Sampling, warp
 
@@ -541,8 +541,8 @@ def build_specblock(target: Transformer, draft: Transformer | None, folder: str 
     children per node at most (1 drafts a chain that still stops where the rank head gives up), drafting
     the folder's ``vocab`` most frequent tokens (the vocabulary's size: all); options not given keep
     the deployed shape (``deployed``), else the trained settings."""
-    folder, shape = trained_shape("specblock", folder, deployed, blocks=blocks, budget=budget, width=width,
-                                  vocab=vocab)
+    folder, shape = trained_shape("specblock", folder, deployed, run_dtype(target), blocks=blocks,
+                                  budget=budget, width=width, vocab=vocab)
     options: dict[str, Any] = {k: shape[k] for k in ("blocks", "budget") if k in shape}
     if "width" in shape:
         options["children"] = tuple(min(c, shape["width"]) for c in CHILDREN)

@@ -59,15 +59,17 @@ def drafting_vocab(folder: str | Path, kind: str, vocab_size: int, count: int | 
     return load_vocab(folder, count, kind)
 
 
-def deployed_count(folder: str | Path, kind: str = "draft-model") -> int | None:
-    """How many of its most frequent tokens the ``kind`` drafter in ``folder`` drafts as deployed (the
-    ``vocab`` of its saved shape, ``trained.deployed_shape``); None where it drafts every token."""
-    count = deployed_shape(kind, folder).get("vocab")
+def deployed_count(folder: str | Path, kind: str = "draft-model", dtype: str | None = None) -> int | None:
+    """How many of its most frequent tokens the ``kind`` drafter in ``folder`` drafts as deployed for runs
+    in ``dtype`` (the ``vocab`` of its saved shape, ``trained.deployed_shape``); None where it drafts every
+    token."""
+    count = deployed_shape(kind, folder, dtype).get("vocab")
     return None if count is None else int(count)
 
 
-def deployed_vocab(folder: str | Path, kind: str = "draft-model") -> torch.Tensor | None:
-    """The token ids the ``kind`` drafter in ``folder`` drafts as deployed (``deployed_count``), None where
-    it drafts every token: what a profile times it drafting."""
-    count = deployed_count(folder, kind)
+def deployed_vocab(folder: str | Path, kind: str = "draft-model", dtype: str | None = None
+                   ) -> torch.Tensor | None:
+    """The token ids the ``kind`` drafter in ``folder`` drafts as deployed for runs in ``dtype``
+    (``deployed_count``), None where it drafts every token: what a profile times it drafting."""
+    count = deployed_count(folder, kind, dtype)
     return None if count is None else load_vocab(folder, count, kind)
