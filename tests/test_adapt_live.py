@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 
@@ -262,6 +263,9 @@ def test_samples_retimed_before_a_stream_replace_the_profiles(llama_dir) -> None
     target = load_model(llama_dir)
     timed = retime(target, SpecBlock.for_target(target, seed=0), repeats=1, seed=0)
     assert set(timed["update"]) == set(timed["update_single"]) == {"head", "full"}
+    # a stream right after another reuses the decoding timed after it and times its updates alone
+    assert set(retime(target, SpecBlock.for_target(target, seed=0), repeats=1, seed=0, decoding=False)) == {
+        "update", "update_single", "update_windows"}
     paper = load_profile(PAPER_PROFILE)
     assert with_samples(paper, None) is paper
     retimed = with_samples(paper, timed)
@@ -397,7 +401,11 @@ def test_a_tiny_stream_gives_every_policy_its_figures(tmp_path, overlap: bool,
     assert 0 <= result["signals"]["head_share"] <= 1
     if retime:  # updates re-timed before each training policy's stream; the never stream trains none
         assert list(result["simulator_profile"]["retimed"]) == list(POLICIES)[1:]
-        assert set(result["simulator_profile"]["bracket"]) == set(POLICIES)
+        bracket = result["simulator_profile"]["bracket"]
+        assert set(bracket) == set(POLICIES)
+        for first, then in itertools.pairwise(POLICIES):  # decoding timed once between two streams
+            steps = ("vanilla_ms", "verify9_ms", "prefill128_ms")  # drafting: at each stream's own shapes
+            assert [bracket[then]["before"][k] for k in steps] == [bracket[first]["after"][k] for k in steps]
     figures = result["figures"]
     assert list(POLICIES) == ["never", "always_head", "always_full", "epsilon_greedy", "cost_aware_bandit"]
     assert list(figures["policies"]) == list(POLICIES)

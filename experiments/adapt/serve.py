@@ -43,21 +43,22 @@ def log(message: str) -> None:
 
 
 def retime(target: Any, net: Any, repeats: int, seed: int, feedback: Sequence[Any] | None = None,
-           updates: bool = True, clock: str = "cpu") -> dict[str, Any]:
+           updates: bool = True, clock: str = "cpu", decoding: bool = True) -> dict[str, Any]:
     """The cost profile's samples of what the stream runs, timed now as ``real_engine.profile`` times
-    them (on ``clock``: ``"cpu"``, or ``"thread"`` while an update may train beside): verification and
-    plain steps, SpecBlock drafting (recording feedback, as the stream's drafter does) and query starts
-    on ``RETIME``
-    (``repeats`` rounds each), and with ``updates`` the SpecBlock updates (``repeats`` rounds) on
-    ``feedback`` (served queries' ``Feedback``; synthetic when None)."""
+    them (on ``clock``: ``"cpu"``, or ``"thread"`` while an update may train beside): with ``decoding``,
+    verification and plain steps, SpecBlock drafting (recording feedback, as the stream's drafter does)
+    and query starts on ``RETIME`` (``repeats`` rounds each), and with ``updates`` the SpecBlock updates
+    (``repeats`` rounds) on ``feedback`` (served queries' ``Feedback``; synthetic when None)."""
     grid = replace(prof.FULL, **RETIME, repeats=repeats)
     timer = make_timer(target.lm_head.weight.device, clock)
     decode = Bench(timer, repeats, grid.warmup)
-    verify, vanilla = prof.verify_samples(target, grid, decode, seed)
-    draft = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
-    prefill = prof.prefill_samples(target, net, grid, decode, seed)
-    timed = {"verify": verify, "vanilla": vanilla, "draft": {"specblock": draft["specblock"].rows},
-             "prefill": prefill}
+    timed: dict[str, Any] = {}
+    if decoding:
+        verify, vanilla = prof.verify_samples(target, grid, decode, seed)
+        draft = prof.draft_samples(target, {"specblock": net}, grid, decode, seed, recording=True)
+        prefill = prof.prefill_samples(target, net, grid, decode, seed)
+        timed.update(verify=verify, vanilla=vanilla, draft={"specblock": draft["specblock"].rows},
+                     prefill=prefill)
     if updates:
         bench = Bench(timer, repeats, 0)
         full, single, windows = specblock_update_samples(target, net, grid.update_batch, bench, seed,
@@ -176,6 +177,7 @@ def serve(
     rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in policies}
     drafters, timed = {}, {}
     feedback = None  # the never stream's last buffered queries, once it has run
+    last: dict[str, Any] = {}  # the decoding samples timed right after the previous stream
     began = time.perf_counter()
     for kind, spec in policies.items():
         drafters[kind] = drafter = SpecBlockDrafter(load_specblock(drafter_dir, target), **DRAFT)
@@ -186,10 +188,11 @@ def serve(
                               on_iteration=keep if kind == "never" else None)
         if plan.retime_repeats > 0:  # the drafter as the server runs it (an adapting one drafts every token)
             # a policy of kind never charges no update: timing them (on synthetic feedback before any
-            # stream has run) would only add minutes to the experiment
-            timed[kind] = {"before": retime(target, drafter.net, plan.retime_repeats, seed, feedback,
-                                            updates=spec["kind"] != "never", clock=clock),
-                           "during": [], "at": []}
+            # stream has run) would only add minutes to the experiment. Decoding was timed moments ago,
+            # right after the previous stream: those samples serve as this stream's "before" too
+            before = retime(target, drafter.net, plan.retime_repeats, seed, feedback,
+                            updates=spec["kind"] != "never", clock=clock, decoding=not last)
+            timed[kind] = {"before": {**last, **before}, "during": [], "at": []}
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: profile samples re-timed")
         due = plan.retime_every or len(stream)
         for index, (domain, prompt, new_tokens) in enumerate(stream):
@@ -211,6 +214,7 @@ def serve(
             timed[kind]["after"] = retime(target, drafter.net, plan.retime_repeats, seed, clock=clock,
                                           updates=False)
             log(f"[{time.perf_counter() - began:5.0f} s] {kind}: decoding re-timed after the stream")
+            last = timed[kind]["after"]
         if kind == "never":  # it never trains, so its buffers hold its last queries' feedback
             queries = {id(f): f for buffer in (server.adapter.full, server.adapter.head)
                        for f, _ in buffer.drain()}
