@@ -261,7 +261,8 @@ def _shapes_body(record: Record) -> Lines:
     result = record["results"]
     lines = [f"Greedy, round-robin with vanilla decoding ({result['vanilla_tokens_per_second']:.1f} "
              "tokens/s). Speedup: median over prompts of vanilla's time over the shape's (quartiles beside "
-             "it). With `--apply` the command saves each fastest shape as the drafter's `drafting.json`.", ""]
+             "it). With `--apply` the command saves each fastest shape as the drafter's "
+             f"`{record['config'].get('saved_as', 'drafting.json')}`.", ""]
     rows = []
     header = ["drafter", "shapes measured", "fastest shape", "tokens/s", "speedup [quartiles]", "tau"]
     exact = record["config"].get("dtype", "float32") == "float32"  # 16-bit runs count identical outputs

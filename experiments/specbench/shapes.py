@@ -33,7 +33,7 @@ from core.names import drafter_spec, registry
 from core.paths import repo_relative
 from experiments.provenance import save_result
 from real_engine.decode import generate, make_drafter
-from real_engine.drafters.trained import trained_available, write_shape
+from real_engine.drafters.trained import shape_name, trained_available, write_shape
 from real_engine.model import load_model
 from real_engine.tokenizer import Tokenizer
 from real_engine.trace import load_prompts
@@ -188,7 +188,8 @@ def run(model_dir: Path, drafters_dir: Path, names: Sequence[str], domains: Sequ
               "prompts_dir": repo_relative(prompts_dir),
               "drafters": list(names), "domains": list(domains), "prompts": count,
               "max_new_tokens": max_new_tokens, "rounds": rounds, "threads": torch.get_num_threads(),
-              "drafters_dir": repo_relative(drafters_dir), "apply": apply, "dtype": dtype}
+              "drafters_dir": repo_relative(drafters_dir), "apply": apply, "dtype": dtype,
+              "saved_as": shape_name(None if own_dtype else dtype)}
     path = save_result(tag, result, config, seed, out)
     write_text(out / f"{tag}.md", markdown(result, config))
     if apply:
