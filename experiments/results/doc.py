@@ -5,7 +5,8 @@ its config, seed, package versions, machine and commit. A renderer per family (t
 ``renderers()``) names the command that writes the file and turns its key figures into a compact table;
 a file no renderer reads gets a one-line entry, so a new results file never breaks the page. The page
 leads with the real models: one part per model a file's config names (``config.model``), the models
-other than the shipped toy family first, then the toy family's part, which also holds the files of no
+other than the shipped toy family first, each opening with its headline against the targets
+(``experiments.results.headline``), then the toy family's part, which also holds the files of no
 model (the tests' reference). The output depends on the files only (sorted, no clock), so ``specblock
 results --check`` can compare it.
 """
@@ -20,6 +21,7 @@ from core.files import MAX_RECORD_BYTES, read_json
 from core.models import TOY, registry
 from core.paths import REPO, repo_relative
 from experiments.report_format import Lines, Record, Renderer, recorded
+from experiments.results.headline import headline
 from experiments.results.renderers import renderers
 
 GENERATOR = "specblock results"
@@ -88,6 +90,7 @@ def render(folder: Path, link_base: str) -> str:
         raise InputError(f"{folder}: no results files (*.json) there: give --results the folder the "
                          "benchmarks write, benchmarks/results")
     parts: dict[str, dict[str, Lines]] = {}
+    files: dict[str, dict[str, Record]] = {}  # model -> results file name -> its record, for the headline
     others: Lines = []
     for path in paths:
         name = path.stem
@@ -95,6 +98,8 @@ def render(folder: Path, link_base: str) -> str:
                            "writes it, or remove it")
         key = family(name)
         lines = None
+        if isinstance(record, dict):
+            files.setdefault(model_of(record), {})[name] = record
         if key is not None and isinstance(record, dict) and "results" in record:
             lines = section(name, record, renderers()[key], folder, link_base)
         if lines is None:
@@ -109,6 +114,8 @@ def render(folder: Path, link_base: str) -> str:
             "file records; the files hold every figure unrounded, with their config and seed.", ""]
     for model in sorted(parts, key=lambda m: (m == TOY.name, m)):  # the real models lead
         page += [f"## {part_title(model)}", ""]
+        if model != TOY.name:
+            page += headline(files[model].get(f"bench_{model}"), files[model].get("peers"))
         for key, lines in parts[model].items():
             if lines:
                 page += [f"### {renderers()[key].title}", "", *lines]
