@@ -30,13 +30,19 @@ def bench_file() -> dict:
     return record(config, {"rows": rows}, PIPELINE_COMMIT)
 
 
-def peers_file() -> dict:
-    """Two prompts per category; ours runs twice llama.cpp's vanilla and four times its lookup on each."""
-    names = ["specblock vanilla", "specblock draft-model", "llama.cpp Q4_1 vanilla",
-             "llama.cpp Q4_1 prompt lookup"]
+NAMES = ["specblock vanilla", "specblock draft-model", "llama.cpp Q4_1 vanilla",
+         "llama.cpp Q4_1 prompt lookup"]
+
+
+def peers_file(lookup: tuple[float, ...] = (25.0, 25.0, 25.0, 25.0)) -> dict:
+    """Two prompts per category; ours runs twice llama.cpp's vanilla on each, and llama.cpp's prompt
+    lookup runs at ``lookup`` tokens/s prompt by prompt."""
+    names = NAMES
     speeds = dict(zip(names, (50.0, 100.0, 50.0, 25.0), strict=True))
     per_prompt = [{"category": c, "engines": {n: {"tokens_per_second": speeds[n]} for n in names}}
                   for c in ("chat", "chat", "code", "code")]
+    for prompt, tps in zip(per_prompt, lookup, strict=True):
+        prompt["engines"][names[3]]["tokens_per_second"] = tps
     pooled = [{"engine": n, "category": "pooled", "tokens_per_second": speeds[n],
                "over_rival": speeds[n] / 50.0, "over_rival_ci": [speeds[n] / 50.0] * 2} for n in names]
     results = {"engines": dict.fromkeys(names, "an engine"), "rival": "llama.cpp Q4_1 vanilla",
@@ -65,6 +71,18 @@ def test_our_fastest_engine_is_read_against_llama_cpps_vanilla_and_prompt_lookup
     assert f"over llama.cpp Q4_1 prompt lookup | above 1.0x | {ours}: 4.00 [4.00, 4.00] | met" in lines
     per_prompt = peers_file()["results"]["per_prompt"]
     assert peer_ratio(per_prompt, "llama.cpp Q4_1 prompt lookup", "specblock vanilla")[0] == 0.5
+
+
+def test_the_ratio_to_prompt_lookup_is_paired_per_prompt_with_its_interval_within_categories():
+    """Ours over lookup at 50 and 200 tok/s on chat, 100 and 100 on code: ratios 2, 0.5, 1, 1."""
+    per_prompt = peers_file((50.0, 200.0, 100.0, 100.0))["results"]["per_prompt"]
+    mean, ci = peer_ratio(per_prompt, NAMES[1], NAMES[3])
+    assert mean == 1.125  # the mean of per-prompt ratios, not the ratio of mean tokens/s (0.89)
+    # each resample keeps two chat and two code prompts: the mean is 0.75, 1.125 or 1.5 (chances 1/4,
+    # 1/2, 1/4); resampled across categories, four chat ratios of 0.5 would reach 0.5
+    assert ci == [0.75, 1.5]
+    lines = "\n".join(headline(None, peers_file((50.0, 200.0, 100.0, 100.0))))
+    assert "prompt lookup | above 1.0x | specblock draft-model: 1.12 [" in lines and "unsettled" in lines
 
 
 def test_no_files_or_another_layout_give_no_headline():

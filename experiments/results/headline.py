@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.names import VANILLA
 from experiments.intervals import REPLICATES, interval, resamples
 from experiments.report_format import Lines, Record, table
 from experiments.report_format import interval as md_interval
+from experiments.specbench.report import config_label, fastest
 
 SPEEDUP_TARGETS: dict[tuple[float, str], float] = {(0.0, "chat"): 2.0, (0.0, "code"): 2.5, (1.0, "all"): 1.5}
 """(temperature, category) -> the speedup over this engine's vanilla the best drafter should reach."""
@@ -37,20 +37,14 @@ def verdict(target: float, ci: Sequence[float]) -> str:
     return "missed" if ci[1] < target else "unsettled (the interval straddles it)"
 
 
-def _fastest(rows: Sequence[Record], temperature: float, category: str) -> Record | None:
-    chosen = [r for r in rows if r["temperature"] == temperature and r["category"] == category
-              and r["drafter"] not in (VANILLA, "hf-vanilla") and r.get("speedup_ci")]
-    return max(chosen, key=lambda r: r["speedup"], default=None)
-
-
 def bench_lines(record: Record) -> list[list[str]]:
     """One table row per speedup target the bench file measured: its fastest configuration there."""
     out = []
     for (temperature, category), target in SPEEDUP_TARGETS.items():
-        best = _fastest(record["results"]["rows"], temperature, category)
-        if best is None:
+        best = fastest(record["results"]["rows"]).get((temperature, category))
+        if best is None or not best.get("speedup_ci"):
             continue
-        label = "/".join(str(best[k]) for k in ("drafter", "shape", "verifier") if best[k])
+        label = config_label(best)
         out.append([f"speedup over our vanilla, T={temperature:g}, {category}", f"at least {target:.1f}x",
                     f"{label}: {md_interval(best['speedup'], best['speedup_ci'], '.2f')}",
                     verdict(target, best["speedup_ci"])])

@@ -198,7 +198,8 @@ def _bench_command(name: str, config: Record) -> str:
             f"{tag}")
 
 
-def _config_label(row: Record) -> str:
+def config_label(row: Record) -> str:
+    """A bench row's configuration as the page names it: ``draft-model/chain/greedy`` (+ its policy)."""
     return "/".join(str(row[key]) for key in ("drafter", "shape", "verifier") if row[key]) + (
         f" + {row['policy']}" if row.get("policy") else "")
 
@@ -212,7 +213,7 @@ def _pooled(row: Record) -> str:
 def _bench_body(record: Record) -> Lines:
     rows = record["results"]["rows"]
     categories = list(record["config"]["categories"])
-    speedups = {(_config_label(r), r["temperature"], r["category"]): r["speedup"] for r in rows}
+    speedups = {(config_label(r), r["temperature"], r["category"]): r["speedup"] for r in rows}
     lines = ["Speedup: tokens/s over vanilla decoding's in the same run, all categories pooled (with its 95% "
              "interval over prompts), then per category; tau: new tokens per target forward; draft ms: the "
              "drafter's time per iteration."]
@@ -223,27 +224,33 @@ def _bench_body(record: Record) -> Lines:
     lines.append("")
     out = []
     for r in (r for r in rows if r["category"] == "all"):
-        label = _config_label(r)
+        label = config_label(r)
         per_category = [speedups.get((label, r["temperature"], c)) for c in categories]
         out.append([f"{r['temperature']:g}", label, f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
                     _pooled(r), *("-" if s is None else f"{s:.2f}x" for s in per_category),
                     f"{r['draft_ms']:.2f}", {True: "yes", False: "no"}.get(r.get("greedy_identical"), "-")])
     return [*lines, *table(["T", "configuration", "tau", "tok/s", "speedup", *categories, "draft ms",
-                            "greedy identical"], out), "", *_fastest(rows)]
+                            "greedy identical"], out), "", *_fastest_lines(rows)]
 
 
-def _fastest(rows: Sequence[Record]) -> Lines:
-    """The fastest configuration by temperature and category (pooled first), with its interval and tau:
-    what the bench says to deploy, and the figure a speedup goal is read against."""
+def fastest(rows: Sequence[Record]) -> dict[tuple[float, str], Record]:
+    """The fastest drafting configuration by (temperature, category): what the bench says to deploy, and
+    the figure a speedup goal is read against (``experiments.results.headline``)."""
     best: dict[tuple[float, str], Record] = {}
     for r in (r for r in rows if r["drafter"] not in (VANILLA, "hf-vanilla")):
         key = (r["temperature"], r["category"])
         if key not in best or r["speedup"] > best[key]["speedup"]:
             best[key] = r
+    return best
+
+
+def _fastest_lines(rows: Sequence[Record]) -> Lines:
+    """The fastest configuration by temperature and category (pooled first), with its interval and tau."""
+    best = fastest(rows)
     order = sorted(best, key=lambda k: (k[0], k[1] != "all", k[1]))
     return ["The fastest configuration by temperature and category:", "",
             *table(["T", "category", "fastest", "speedup", "tau"],
-                   [[f"{t:g}", c, _config_label(best[t, c]), _pooled(best[t, c]), f"{best[t, c]['tau']:.2f}"]
+                   [[f"{t:g}", c, config_label(best[t, c]), _pooled(best[t, c]), f"{best[t, c]['tau']:.2f}"]
                     for t, c in order])]
 
 
