@@ -188,6 +188,15 @@ def test_every_step_loads_the_models_in_the_models_own_dtype(tmp_path: Path) -> 
     assert loaded["draft"].lm_head.weight.dtype is torch.bfloat16
 
 
+def test_the_quick_plan_serves_no_adaptation_stream_and_says_where_one_is(tmp_path: Path) -> None:
+    from core.models import TOY
+
+    run = pipeline.Run(tmp_path, QUICK, TOY.target, TOY.draft_model, model=TOY)
+    note = pipeline._adaptation(run)
+    assert list(note) == ["skipped"] and "specblock adapt-live --quick --model toy-16m" in note["skipped"]
+    assert not any(tmp_path.iterdir())  # nothing served, nothing written
+
+
 def test_pipeline_runs_passes_the_model_to_each_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import pipeline_runs
 

@@ -1,6 +1,6 @@
 """The plan of a live adaptation stream (``experiments.adapt.live``): its size, where its domain mix
 first shifts, the range of each query's length and how often the engine is re-timed; the paper's
-2,000-query plan, the quick one, and the pipelines' small ones.
+2,000-query plan, the quick one (also the full pipeline's) and the smoke pipeline's.
 
 The stream's phases (``experiments.adapt.live.phase_counts``): the first serves ``shift`` queries and the
 later ones share the rest equally. Over the shipped family's four domains there are two (the mix shifts
@@ -46,9 +46,6 @@ QUICK_PLAN = StreamPlan(queries=16, shift=8, min_new_tokens=48, max_new_tokens=6
 QUICK_SIZES = (QUICK_PLAN.queries, 200)
 """Stream sizes ``--quick`` has written: this plan's and, in results files written before it fitted in
 5 minutes, 200 queries."""
-PIPELINE_PLAN = StreamPlan(queries=12, shift=6, min_new_tokens=20, max_new_tokens=28, sim_seeds=4,
-                           retime_repeats=1)
-"""The quick pipeline's adaptation step (``make run``): a small stream of the same shape."""
 SMOKE_PLAN = StreamPlan(queries=8, shift=4, min_new_tokens=8, max_new_tokens=12, sim_seeds=2,
                         retime_repeats=0)
 """The smoke pipeline's adaptation step (``specblock pipeline --smoke``, the tests): over the shipped

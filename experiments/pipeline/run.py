@@ -13,9 +13,9 @@ Seven steps, each writing into one run folder (``--resume`` skips the finished o
 6. ``deploy``   every length policy file in the live engine on held-out prompts (round-robin prompt
                 by prompt, steady-state throughput on the profile's clock) beside the simulator's
                 prediction for the same prompts, and from their own probed traces
-                (``held_out_traces.parquet``) -> ``deploy.json``; the adaptation policies (never,
-                always head, always full, epsilon-greedy, the cost-aware bandit, and the tuned ones)
-                serve a stream with a domain shift with online updates of the SpecBlock drafter
+                (``held_out_traces.parquet``) -> ``deploy.json``; unless quick, the adaptation policies
+                (never, always head, always full, epsilon-greedy, the cost-aware bandit, and the tuned
+                ones) serve a stream with a domain shift with online updates of the SpecBlock drafter
                 (``experiments.adapt.live``) -> ``adaptation.json``
 7. ``report``   ``report.md`` and ``report.png``: predicted against measured tokens/s per policy, the
                 fidelity error (median absolute relative error), the tuned policies, the LP table
@@ -42,7 +42,7 @@ from core.files import MAX_POLICY_BYTES, MAX_RECORD_BYTES, read_json, write_json
 from core.models import TOY, ModelSpec
 from core.paths import repo_relative
 from experiments.adapt import live as adapt_live
-from experiments.adapt.plan import PIPELINE_PLAN, QUICK_PLAN, SMOKE_PLAN, StreamPlan
+from experiments.adapt.plan import QUICK_PLAN, SMOKE_PLAN, StreamPlan
 from experiments.cli import drafter_folder, model_arg, model_domains, model_profile, model_prompts
 from experiments.folders import LOCK, PROFILE_MAX_AGE_HOURS, check_writable, hold, measurement_age
 from experiments.pipeline.deploy import LiveRun, compare, decision_cost, forecast
@@ -96,7 +96,7 @@ class PipelinePlan:
     clock: str = "cpu"  # the profile's and the deployment's clock (process CPU time on one thread)
     seed: int = 0
     prompt_file: str | None = None  # a user's prompt file instead of the model's sets (its categories)
-    stream: StreamPlan = QUICK_PLAN  # the adaptation stream the deploy step serves
+    stream: StreamPlan | None = QUICK_PLAN  # the adaptation stream the deploy step serves (None: none)
 
 
 FULL = PipelinePlan(quick=False)
@@ -109,18 +109,14 @@ QUICK = PipelinePlan(
     sim_queries=256,
     forecast_replicates=30,
     adapt=False,
-    stream=PIPELINE_PLAN,
+    stream=None,  # `specblock adapt-live --quick` serves it alone: the quick plan stays within 10 minutes
 )
 SMOKE = replace(
     QUICK,
-    calibration=2,
-    evaluation=2,
-    max_new_tokens=24,
-    prompt_tokens=64,
-    tune_samples=1,
-    tune_queries=32,
-    sim_queries=64,
-    forecast_replicates=5,
+    calibration=2, evaluation=2,
+    max_new_tokens=24, prompt_tokens=64,
+    tune_samples=1, tune_queries=32,
+    sim_queries=64, forecast_replicates=5,
     stream=SMOKE_PLAN,
 )
 
@@ -411,8 +407,11 @@ SUMMARY_KEYS = ("measured_tokens_per_second", "measured_ci", "predicted_tokens_p
 
 
 def _adaptation(run: Run) -> dict[str, Any]:
-    """Serve the adaptation stream with the default and tuned adaptation policies (SpecBlock drafter);
-    per policy, measured and simulated tokens/s and tau; a note instead when the drafter cannot run."""
+    """Serve the adaptation stream with the default and tuned adaptation policies (SpecBlock drafter): per
+    policy, measured and simulated tokens/s and tau; a note instead when the plan has no stream or the
+    drafter cannot run."""
+    if run.plan.stream is None:
+        return {"skipped": f"not with --quick: `specblock adapt-live --quick --model {run.model.name}`"}
     policies = adapt_live.default_policies()
     for path in sorted((run.out / "policies").glob("tuned-*.json")):
         spec = read_json(path, MAX_POLICY_BYTES, "policy file", "delete it to tune it again")
