@@ -6,9 +6,9 @@ its config, seed, package versions, machine and commit. A renderer per family (t
 a file no renderer reads gets a one-line entry, so a new results file never breaks the page. The page
 leads with the real models: one part per model a file's config names (``config.model``), the models
 other than the shipped toy family first, each opening with its headline against the targets
-(``experiments.results.headline``), then the toy family's part, which also holds the files of no
-model (the tests' reference). The output depends on the files only (sorted, no clock), so ``specblock
-results --check`` can compare it.
+(``experiments.results.headline``) and its main job against its goals (``experiments.results.loop``),
+then the toy family's part, which also holds the files of no model (the tests' reference). The output
+depends on the files only (sorted, no clock), so ``specblock results --check`` can compare it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from core.models import TOY, registry
 from core.paths import REPO, repo_relative
 from experiments.report_format import Lines, Record, Renderer, recorded
 from experiments.results.headline import headline
+from experiments.results.loop import loop_goals
 from experiments.results.renderers import renderers
 
 GENERATOR = "specblock results"
@@ -116,6 +117,7 @@ def render(folder: Path, link_base: str) -> str:
         page += [f"## {part_title(model)}", ""]
         if model != TOY.name:
             page += headline(files[model].get(f"bench_{model}"), files[model].get("peers"))
+            page += loop_goals(model, files[model])
         for key, lines in parts[model].items():
             if lines:
                 page += [f"### {renderers()[key].title}", "", *lines]
