@@ -69,8 +69,8 @@ def test_the_simulators_fidelity_is_read_against_ten_percent():
 
 
 def test_speculation_switches_off_at_the_lowest_rate_where_no_drafting_wins_by_its_whole_interval():
-    serve = serve_file({"1": [1.1, 1.05, 1.2], "4": [0.97, 0.9, 1.02], "16": [0.8, 0.7, 0.9],
-                        "32": [0.7, 0.6, 0.8]})
+    serve = serve_file({"32": [0.7, 0.6, 0.8], "1": [1.1, 1.05, 1.2], "4": [0.97, 0.9, 1.02],
+                        "16": [0.8, 0.7, 0.9]})  # in the file's order, not by rate
     assert answer_rows(serve, None)[0][2:] == [
         "16 requests/s (best speculating: goodput, 0.80 [0.70, 0.90]x)", "answered"]
     never = answer_rows(serve_file({"1": [1.1, 1.05, 1.2], "4": [0.97, 0.9, 1.02]}), None)

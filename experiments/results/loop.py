@@ -122,8 +122,7 @@ def answer_rows(serve: Record | None, breakeven: Record | None) -> list[list[str
                      "the lowest rate where not drafting beats every speculating setting",
                      *_switch_off(serve)])
     if breakeven:
-        cells = [m for m in breakeven["results"]["maps"] if not m["simulated"]]
-        for m in cells:
+        for m in (m for m in breakeven["results"]["maps"] if not m["simulated"]):
             length = max(c["length"] for c in m["cells"])
             at_one = next(c for c in m["cells"] if c["length"] == length and c["factor"] == 1.0)
             even = next(b for b in m["break_even"] if b["length"] == length)
@@ -141,7 +140,7 @@ def _switch_off(serve: Record) -> list[str]:
     short of 1 by its whole interval, with that ratio; 'not within the rates measured' if none."""
     policies = serve["results"]["policies"]
     speculating = {name: p for name, p in policies.items() if name != "none" and "over_none" in p}
-    for rate in policies["none"]["rates"]:
+    for rate in sorted(policies["none"]["rates"], key=float):
         name, best = max(((n, p["over_none"][rate]) for n, p in speculating.items()),
                          key=lambda item: item[1]["ratio"])
         if best["ratio_ci"][1] < 1.0:
