@@ -68,3 +68,9 @@ def recorded(record: Record) -> str:
 def benchmark(module: str) -> str:
     """``specblock benchmark NAME`` for the script ``benchmarks/<module>.py``."""
     return f"specblock benchmark {module}"
+
+
+def run_seconds(run: Record) -> str:
+    """A pipeline run's wall time in seconds, marked where the run was resumed (then its steps' sum, each
+    step timed in the process that ran it)."""
+    return f"{run['seconds']:.0f}" + (" (resumed)" if run.get("resumed") else "")

@@ -49,6 +49,7 @@ def test_a_goal_over_runs_says_in_how_many_each_verdict_held():
 def test_a_quick_run_misses_when_its_median_or_its_worst_policy_is_past_the_goal():
     worst = pipeline_run(0.05)
     worst["worst_error"] = -0.25  # the median within 10%, the worst policy past 20%
+    worst["resumed"] = True  # its seconds are its steps' sum
     runs = [pipeline_run(0.1), pipeline_run(0.11), worst]
     quick = record({"command": "specblock pipeline --quick", "runs": 3}, runs, PIPELINE_COMMIT)
     full = pipelines(0.051, command=f"specblock pipeline --model {MODEL}")
@@ -59,7 +60,8 @@ def test_a_quick_run_misses_when_its_median_or_its_worst_policy_is_past_the_goal
     tuned = rows["tuned LibraSpec or threshold, live, over the best fixed length"]
     assert tuned[2].startswith("quick 1: tuned-libraspec 0.951 [0.903, 1.002]; ") and "full 1:" in tuned[2]
     assert tuned[3] == "unsettled in all 4 runs"
-    assert rows["the quick pipeline's wall time"][2:] == ["120, 120, 120 s (Test CPU)", "met in all 3 runs"]
+    assert rows["the quick pipeline's wall time"][2:] == ["120, 120, 120 (resumed) s (Test CPU)",
+                                                          "met in all 3 runs"]
 
 
 def test_the_simulators_fidelity_is_read_against_ten_percent():

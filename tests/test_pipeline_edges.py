@@ -209,7 +209,9 @@ def test_pipeline_runs_passes_the_model_to_each_run(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(pipeline_runs.subprocess, "run", fake)
     assert pipeline_runs.run_once(tmp_path / "r", False, "smollm2-135m") == {"x": 1}
     argv = seen[0]
-    assert argv[argv.index("--model") + 1] == "smollm2-135m" and "--quick" in argv
+    assert argv[argv.index("--model") + 1] == "smollm2-135m" and "--quick" in argv and "--resume" not in argv
+    pipeline_runs.run_once(tmp_path / "r", True, "smollm2-135m", resume=True)
+    assert "--resume" in seen[1] and "--quick" not in seen[1]
 
 
 def test_not_drafting_counts_as_the_fixed_length_0() -> None:

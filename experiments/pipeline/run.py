@@ -102,7 +102,7 @@ class PipelinePlan:
 FULL = PipelinePlan(quick=False)
 QUICK = PipelinePlan(
     quick=True,
-    max_new_tokens=48,  # with 64, a 2-core machine of half the memory bandwidth reached the 10-minute mark
+    max_new_tokens=48,  # 64 reached the 10-minute goal on a slower 2-core machine (pipeline_quick at c73a6ba)
     prompt_tokens=128,
     tune_samples=4,
     tune_queries=128,

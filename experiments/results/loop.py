@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from experiments.adapt.plan import result_name
 from experiments.cli import model_result
-from experiments.report_format import Lines, Record, table
+from experiments.report_format import Lines, Record, run_seconds, table
 from experiments.report_format import interval as md_interval
 from experiments.results.headline import verdict
 
@@ -85,7 +85,7 @@ def fidelity_rows(quick: Record | None, full: Record | None) -> list[list[str]]:
                                    for label, (name, c) in zip(labels, best, strict=True)),
                          counted([verdict(1.0, c["ratio_ci"]) for _, c in best])])
     if runs["quick"]:
-        seconds = ", ".join(f"{r['seconds']:.0f}" for r in runs["quick"])
+        seconds = ", ".join(run_seconds(r) for r in runs["quick"])
         rows.append(["the quick pipeline's wall time", f"at most {QUICK_SECONDS:.0f} s on 2 CPU cores",
                      f"{seconds} s ({quick['machine']['cpu']})",
                      counted([at_most(QUICK_SECONDS, r["seconds"]) for r in runs["quick"]])])
